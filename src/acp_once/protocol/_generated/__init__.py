@@ -1,0 +1,1 @@
+"""Pydantic models generated from the vendored ACP v2 schema."""
