@@ -1,0 +1,191 @@
+"""Binds an `Agent` to a JSON-RPC connection, with typed calls back to the client.
+
+Inbound requests are dispatched through an explicit table (method name -> params model ->
+handler); the initialize rules are enforced by `InitializeGate` before anything is dispatched.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Self
+
+import anyio
+from pydantic import BaseModel
+
+from acp_once.agent.interface import Agent
+from acp_once.protocol import methods as m
+from acp_once.protocol import schema as s
+from acp_once.protocol.initialization import InitializeGate
+from acp_once.rpc.connection import Connection, RequestContext
+from acp_once.rpc.streams import FrameStream
+
+__all__ = ["AgentSideConnection", "CallContext", "ClientPeer", "to_wire"]
+
+_connection_ids = itertools.count(1)
+
+
+def to_wire(model: Any) -> Any:
+    """The JSON-ready form of a wire model (camelCase, unset fields left out)."""
+    if isinstance(model, BaseModel):
+        return model.model_dump(by_alias=True, exclude_unset=True)
+    return model
+
+
+class ClientPeer:
+    """Typed calls from the agent to the client on one connection."""
+
+    def __init__(self, connection: Connection) -> None:
+        self._conn = connection
+
+    async def session_update(self, params: s.UpdateSessionNotification | dict[str, Any]) -> None:
+        """Send a `session/update` notification.
+
+        Raises:
+            ConnectionClosed: the connection has ended.
+        """
+        await self._conn.notify(m.SESSION_UPDATE, to_wire(params))
+
+    async def request_permission(
+        self, params: s.RequestPermissionRequest, *, timeout: float | None = None
+    ) -> s.RequestPermissionResponse:
+        """Ask the client's user for permission.
+
+        Raises:
+            AcpError: the client answered with an error.
+            ConnectionClosed: the connection ended first.
+            RequestTimeout: no answer within `timeout` (a `$/cancel_request` was sent).
+        """
+        result = await self._conn.request(
+            m.SESSION_REQUEST_PERMISSION, to_wire(params), timeout=timeout
+        )
+        return s.RequestPermissionResponse.model_validate(result)
+
+    async def ext_request(
+        self, method: str, params: Any = None, *, timeout: float | None = None
+    ) -> Any:
+        """Send any other request (extensions); returns the raw result."""
+        return await self._conn.request(method, params, timeout=timeout)
+
+    async def ext_notification(self, method: str, params: Any = None) -> None:
+        """Send any other notification (extensions)."""
+        await self._conn.notify(method, params)
+
+
+@dataclass(frozen=True, slots=True)
+class CallContext:
+    """What a handler knows about the call it serves.
+
+    Attributes:
+        connection: the connection the call arrived on (its `id` is unique in this process).
+        request: the request's engine context (None for notifications); `request.on_cancel`
+            lets a handler decide what `$/cancel_request` means for it.
+    """
+
+    connection: AgentSideConnection
+    request: RequestContext | None
+
+    @property
+    def client(self) -> ClientPeer:
+        return self.connection.client
+
+
+_Route = Callable[[Any, CallContext], Awaitable[Any]]
+
+
+class AgentSideConnection:
+    """Serves one `Agent` on one frame stream.
+
+    Use as `async with AgentSideConnection(agent, stream) as conn: await conn.wait_closed()`.
+    """
+
+    def __init__(
+        self, agent: Agent, stream: FrameStream, *, name: str | None = None, max_inflight: int = 256
+    ) -> None:
+        self.agent = agent
+        self.id = f"conn-{next(_connection_ids)}"
+        self._gate = InitializeGate()
+        self._rpc = Connection(
+            stream,
+            on_request=self._on_request,
+            on_notification=self._on_notification,
+            gate=self._gate,
+            max_inflight=max_inflight,
+            name=name or self.id,
+        )
+        self.client = ClientPeer(self._rpc)
+        self.client_info: s.InitializeRequest | None = None
+        # The explicit dispatch table: method -> handler. Params models come from
+        # acp_once.protocol.methods.AGENT_METHODS.
+        self._routes: dict[str, _Route] = {
+            m.INITIALIZE: self._initialize,
+            m.AUTH_LOGIN: agent.login,
+            m.AUTH_LOGOUT: agent.logout,
+            m.SESSION_NEW: agent.new_session,
+            m.SESSION_LIST: agent.list_sessions,
+            m.SESSION_RESUME: agent.resume_session,
+            m.SESSION_CLOSE: agent.close_session,
+            m.SESSION_DELETE: agent.delete_session,
+            m.SESSION_FORK: agent.fork_session,
+            m.SESSION_PROMPT: agent.prompt,
+            m.SESSION_SET_CONFIG_OPTION: agent.set_config_option,
+            m.TOOL_CALL_CANCEL: agent.cancel_tool_call,
+            m.TERMINAL_CANCEL: agent.cancel_terminal,
+        }
+        self._notification_routes: dict[str, _Route] = {m.SESSION_CANCEL: agent.cancel}
+
+    @property
+    def rpc(self) -> Connection:
+        """The underlying JSON-RPC connection."""
+        return self._rpc
+
+    async def __aenter__(self) -> Self:
+        await self._rpc.__aenter__()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        try:
+            return await self._rpc.__aexit__(exc_type, exc, tb)
+        finally:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(10):
+                await self.agent.connection_closed(self)
+
+    @property
+    def closed(self) -> bool:
+        return self._rpc.closed
+
+    async def wait_closed(self) -> None:
+        """Wait until the client goes away."""
+        await self._rpc.wait_closed()
+
+    async def _initialize(self, params: s.InitializeRequest, ctx: CallContext) -> Any:
+        result = await self.agent.initialize(params, ctx)
+        self.client_info = params
+        return result
+
+    async def _on_request(
+        self, method: str, params: dict[str, Any] | None, req: RequestContext
+    ) -> Any:
+        ctx = CallContext(self, req)
+        route = self._routes.get(method)
+        if route is None:
+            return await self.agent.ext_method(method, params, ctx)
+        typed = m.AGENT_METHODS[method].params.validate_python(params or {})
+        return to_wire(await route(typed, ctx))
+
+    async def _on_notification(self, method: str, params: dict[str, Any] | None) -> None:
+        ctx = CallContext(self, None)
+        route = self._notification_routes.get(method)
+        if route is None:
+            if method != m.CANCEL_REQUEST:
+                await self.agent.ext_notification(method, params, ctx)
+            return
+        typed = m.AGENT_METHODS[method].params.validate_python(params or {})
+        await route(typed, ctx)

@@ -1,0 +1,162 @@
+"""Binds a `Client` to a JSON-RPC connection, with typed calls to the agent."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from types import TracebackType
+from typing import Any, Self, TypeVar
+
+from pydantic import BaseModel
+
+from acp_once.client.interface import Client
+from acp_once.protocol import methods as m
+from acp_once.protocol import schema as s
+from acp_once.protocol.methods import SetSessionConfigOptionParams
+from acp_once.rpc.connection import Connection, PendingCall, RequestContext
+from acp_once.rpc.streams import FrameStream
+
+__all__ = ["AgentPeer", "ClientSideConnection"]
+
+_M = TypeVar("_M", bound=BaseModel)
+
+
+def _wire(model: Any) -> Any:
+    if isinstance(model, BaseModel):
+        return model.model_dump(by_alias=True, exclude_unset=True)
+    return model
+
+
+class AgentPeer:
+    """Typed calls from the client to the agent on one connection.
+
+    Every request method raises `AcpError` (the agent answered with an error; e.g.
+    `SessionNotFound`), `ConnectionClosed` (the outcome is unknown), or `RequestTimeout`.
+    """
+
+    def __init__(self, connection: Connection) -> None:
+        self._conn = connection
+
+    async def _call(self, method: str, params: Any, result: type[_M], timeout: float | None) -> _M:
+        raw = await self._conn.request(method, _wire(params), timeout=timeout)
+        return result.model_validate(raw)
+
+    async def initialize(
+        self, params: s.InitializeRequest, *, timeout: float | None = 60.0
+    ) -> s.InitializeResponse:
+        return await self._call(m.INITIALIZE, params, s.InitializeResponse, timeout)
+
+    async def new_session(
+        self, params: s.NewSessionRequest, *, timeout: float | None = 60.0
+    ) -> s.NewSessionResponse:
+        return await self._call(m.SESSION_NEW, params, s.NewSessionResponse, timeout)
+
+    async def list_sessions(
+        self, params: s.ListSessionsRequest, *, timeout: float | None = 60.0
+    ) -> s.ListSessionsResponse:
+        return await self._call(m.SESSION_LIST, params, s.ListSessionsResponse, timeout)
+
+    async def resume_session(
+        self, params: s.ResumeSessionRequest, *, timeout: float | None = 300.0
+    ) -> s.ResumeSessionResponse:
+        return await self._call(m.SESSION_RESUME, params, s.ResumeSessionResponse, timeout)
+
+    async def close_session(
+        self, params: s.CloseSessionRequest, *, timeout: float | None = 60.0
+    ) -> s.CloseSessionResponse:
+        return await self._call(m.SESSION_CLOSE, params, s.CloseSessionResponse, timeout)
+
+    async def delete_session(
+        self, params: s.DeleteSessionRequest, *, timeout: float | None = 60.0
+    ) -> s.DeleteSessionResponse:
+        return await self._call(m.SESSION_DELETE, params, s.DeleteSessionResponse, timeout)
+
+    async def fork_session(
+        self, params: s.ForkSessionRequest, *, timeout: float | None = 60.0
+    ) -> s.ForkSessionResponse:
+        return await self._call(m.SESSION_FORK, params, s.ForkSessionResponse, timeout)
+
+    async def prompt(
+        self, params: s.PromptRequest, *, timeout: float | None = None
+    ) -> s.PromptResponse:
+        """Send `session/prompt`; returns once the agent inserted the message (a held prompt
+        waits, so the default is no timeout)."""
+        return await self._call(m.SESSION_PROMPT, params, s.PromptResponse, timeout)
+
+    async def start_prompt(self, params: s.PromptRequest) -> PendingCall:
+        """Send `session/prompt` and return the pending call (to cancel it or wait later)."""
+        return await self._conn.start_request(m.SESSION_PROMPT, _wire(params))
+
+    async def set_config_option(
+        self, params: SetSessionConfigOptionParams, *, timeout: float | None = 60.0
+    ) -> s.SetSessionConfigOptionResponse:
+        return await self._call(
+            m.SESSION_SET_CONFIG_OPTION, params, s.SetSessionConfigOptionResponse, timeout
+        )
+
+    async def cancel(self, params: s.CancelSessionNotification) -> None:
+        """Send `session/cancel` (a notification; never resent)."""
+        await self._conn.notify(m.SESSION_CANCEL, _wire(params))
+
+    async def ext_request(
+        self, method: str, params: Any = None, *, timeout: float | None = 60.0
+    ) -> Any:
+        return await self._conn.request(method, params, timeout=timeout)
+
+    async def ext_notification(self, method: str, params: Any = None) -> None:
+        await self._conn.notify(method, params)
+
+
+_Route = Callable[[Any], Awaitable[Any]]
+
+
+class ClientSideConnection:
+    """Serves one `Client` on one frame stream and gives typed calls to the agent (`.agent`).
+
+    Use as `async with ClientSideConnection(client, stream) as conn:`.
+    """
+
+    def __init__(self, client: Client, stream: FrameStream, *, name: str = "client") -> None:
+        self.client = client
+        self._rpc = Connection(
+            stream, on_request=self._on_request, on_notification=self._on_notification, name=name
+        )
+        self.agent = AgentPeer(self._rpc)
+
+    @property
+    def rpc(self) -> Connection:
+        return self._rpc
+
+    @property
+    def closed(self) -> bool:
+        return self._rpc.closed
+
+    async def wait_closed(self) -> None:
+        await self._rpc.wait_closed()
+
+    async def __aenter__(self) -> Self:
+        await self._rpc.__aenter__()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        return await self._rpc.__aexit__(exc_type, exc, tb)
+
+    async def _on_request(
+        self, method: str, params: dict[str, Any] | None, req: RequestContext
+    ) -> Any:
+        if method == m.SESSION_REQUEST_PERMISSION:
+            typed = s.RequestPermissionRequest.model_validate(params or {})
+            return _wire(await self.client.request_permission(typed, self))
+        return await self.client.ext_method(method, params)
+
+    async def _on_notification(self, method: str, params: dict[str, Any] | None) -> None:
+        if method == m.SESSION_UPDATE:
+            await self.client.session_update(
+                s.UpdateSessionNotification.model_validate(params or {})
+            )
+        elif method != m.CANCEL_REQUEST:
+            await self.client.ext_notification(method, params)

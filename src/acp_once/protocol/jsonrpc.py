@@ -1,0 +1,189 @@
+"""JSON-RPC 2.0 envelopes as ACP v2 uses them: decoding, validation and encoding.
+
+`decode(frame)` never raises: it returns a `Request`, `Notification`, `Response` or
+`ErrorResponse`, or an `Invalid` that says which error to answer (-32700 for invalid JSON,
+-32600 for an invalid envelope or a batch) and to which id, if any. ACP v2 uses no batches, so a
+JSON array gets one -32600 with `id: null` and none of its entries is processed (digest 1.4).
+
+Ids are strings or integers, never null and never fractional (digest 1.2). Encoding uses orjson;
+the hot path builds plain dicts and never goes through pydantic.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from acp_once.protocol.errors import INVALID_REQUEST, PARSE_ERROR, AcpError
+
+__all__ = [
+    "ErrorResponse",
+    "Invalid",
+    "Message",
+    "Notification",
+    "Request",
+    "RequestId",
+    "Response",
+    "decode",
+    "encode_error",
+    "encode_notification",
+    "encode_request",
+    "encode_result",
+    "is_request_id",
+]
+
+RequestId = int | str
+"""A JSON-RPC request id: a string or an integer (int64); never null."""
+
+_INT64 = 2**63
+
+
+def is_request_id(value: object) -> bool:
+    """True when `value` is a valid ACP v2 request id."""
+    if isinstance(value, str):
+        return True
+    return isinstance(value, int) and not isinstance(value, bool) and -_INT64 <= value < _INT64
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    id: RequestId
+    method: str
+    params: dict[str, Any] | None
+
+
+@dataclass(frozen=True, slots=True)
+class Notification:
+    method: str
+    params: dict[str, Any] | None
+
+
+@dataclass(frozen=True, slots=True)
+class Response:
+    id: RequestId
+    result: Any
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorResponse:
+    id: RequestId | None
+    error: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Invalid:
+    """A frame that is not a usable message.
+
+    Attributes:
+        code: -32700 (not JSON) or -32600 (not a valid envelope).
+        message: one short sentence for the error response.
+        id: the request id to answer, when one could be read; otherwise None (`id: null`).
+        answer: False when no error response may be sent (an invalid notification or response:
+            JSON-RPC never answers those).
+    """
+
+    code: int
+    message: str
+    id: RequestId | None = None
+    answer: bool = True
+
+
+Message = Request | Notification | Response | ErrorResponse | Invalid
+
+
+def _loads(frame: bytes | str) -> Any:
+    try:
+        return orjson.loads(frame)
+    except orjson.JSONDecodeError:
+        # orjson refuses escaped lone surrogates ("\ud800"), which JSON allows. Such a frame
+        # is valid JSON with a value we cannot use; let the stdlib parse it so that validation
+        # can answer -32602 for the field (an idempotencyKey, say) instead of -32700.
+        return json.loads(frame)
+
+
+def decode(frame: bytes | str) -> Message:
+    """Classify one frame. Never raises."""
+    try:
+        obj = _loads(frame)
+    except (ValueError, RecursionError):
+        return Invalid(PARSE_ERROR, "Parse error")
+    if isinstance(obj, list):
+        return Invalid(INVALID_REQUEST, "Batches are not supported")
+    if not isinstance(obj, dict):
+        return Invalid(INVALID_REQUEST, "A message must be a JSON object")
+    return decode_object(obj)
+
+
+def decode_object(obj: dict[str, Any]) -> Message:
+    """Classify an already parsed JSON object. Never raises."""
+    has_id = "id" in obj
+    raw_id: Any = obj.get("id")
+    id_ok = is_request_id(raw_id)
+    method = obj.get("method")
+    if obj.get("jsonrpc") != "2.0":
+        return Invalid(
+            INVALID_REQUEST,
+            'jsonrpc must be "2.0"',
+            raw_id if id_ok else None,
+            answer=has_id and method is not None,
+        )
+    if method is not None:
+        if not isinstance(method, str):
+            return Invalid(INVALID_REQUEST, "method must be a string", answer=has_id)
+        params = obj.get("params")
+        if params is not None and not isinstance(params, dict):
+            return Invalid(
+                INVALID_REQUEST,
+                "params must be an object",
+                raw_id if id_ok else None,
+                answer=has_id,
+            )
+        if not has_id:
+            return Notification(method, params)
+        if not id_ok:
+            # digest 1.2: null or fractional ids get -32600 with id null, unprocessed
+            return Invalid(INVALID_REQUEST, "Request id must be a string or an integer")
+        return Request(raw_id, method, params)
+    if "result" in obj:
+        if not id_ok:
+            return Invalid(INVALID_REQUEST, "Response id is invalid", answer=False)
+        return Response(raw_id, obj["result"])
+    if "error" in obj:
+        error = obj["error"]
+        if not isinstance(error, dict):
+            return Invalid(INVALID_REQUEST, "error must be an object", answer=False)
+        return ErrorResponse(raw_id if id_ok else None, error)
+    return Invalid(
+        INVALID_REQUEST,
+        "Not a request, notification or response",
+        raw_id if id_ok else None,
+        answer=has_id,
+    )
+
+
+def encode_request(id: RequestId, method: str, params: Any) -> bytes:
+    """Encode a request; `params` None leaves the member out."""
+    if params is None:
+        return orjson.dumps({"jsonrpc": "2.0", "id": id, "method": method})
+    return orjson.dumps({"jsonrpc": "2.0", "id": id, "method": method, "params": params})
+
+
+def encode_notification(method: str, params: Any) -> bytes:
+    """Encode a notification; `params` None leaves the member out."""
+    if params is None:
+        return orjson.dumps({"jsonrpc": "2.0", "method": method})
+    return orjson.dumps({"jsonrpc": "2.0", "method": method, "params": params})
+
+
+def encode_result(id: RequestId, result: Any) -> bytes:
+    """Encode a success response."""
+    return orjson.dumps({"jsonrpc": "2.0", "id": id, "result": result})
+
+
+def encode_error(id: RequestId | None, error: AcpError | dict[str, Any]) -> bytes:
+    """Encode an error response; `id` None is written as `null`."""
+    body = error.to_wire() if isinstance(error, AcpError) else error
+    return orjson.dumps({"jsonrpc": "2.0", "id": id, "error": body})

@@ -1,0 +1,444 @@
+"""A method-agnostic JSON-RPC 2.0 engine over a `FrameStream`, on anyio.
+
+One `Connection` per transport connection. It correlates outbound requests with their answers,
+runs each inbound request in its own task and cancel scope, implements `$/cancel_request` in
+both directions (exactly one answer per request; unknown ids ignored), and holds the single
+boundary where exceptions become error responses:
+
+- `AcpError` -> its own code, message and data;
+- pydantic `ValidationError` -> -32602 naming the fields, never the library's text or input;
+- anything else -> -32603 "Internal error", with the traceback logged.
+
+Methods are strings and params are dicts here: typed faces live in `acp_once.agent` and
+`acp_once.client`. The connection's tasks live in a task group that `async with` opens and
+closes in the same task.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, Protocol, Self
+
+import anyio
+from anyio.abc import TaskGroup
+from pydantic import ValidationError
+
+from acp_once.protocol import jsonrpc
+from acp_once.protocol.errors import (
+    AcpError,
+    InternalError,
+    InvalidRequest,
+    MethodNotFound,
+    RequestCancelled,
+    error_from_wire,
+    invalid_params_from_validation,
+)
+from acp_once.protocol.framing import OversizedFrame, sniff_request_id
+from acp_once.protocol.initialization import CANCEL_REQUEST
+from acp_once.protocol.jsonrpc import RequestId
+from acp_once.rpc.errors import ConnectionClosed, FrameTooLarge, RequestTimeout
+from acp_once.rpc.streams import FrameStream
+
+__all__ = [
+    "Connection",
+    "Gate",
+    "NotificationHandler",
+    "PendingCall",
+    "RequestContext",
+    "RequestHandler",
+]
+
+logger = logging.getLogger("acp_once.rpc")
+
+_SHUTDOWN_WRITE_TIMEOUT = 2.0
+
+
+class Gate(Protocol):
+    """Admission rules applied to inbound messages before dispatch (e.g. `InitializeGate`)."""
+
+    def admit_request(self, method: str) -> None: ...
+    def initialize_done(self, ok: bool) -> None: ...
+    def admit_notification(self, method: str) -> bool: ...
+
+
+@dataclass(eq=False, slots=True)
+class RequestContext:
+    """What a request handler knows about the request it serves.
+
+    A handler that must decide for itself what a `$/cancel_request` means (an already inserted
+    prompt answers success, a held one is withdrawn) calls `on_cancel(callback)`; the engine then
+    calls the callback instead of cancelling the handler's scope.
+    """
+
+    id: RequestId
+    method: str
+    connection: Connection
+    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    cancel_requested: bool = False
+    _cancel_callback: Callable[[], None] | None = None
+
+    def on_cancel(self, callback: Callable[[], None] | None) -> None:
+        """Take over `$/cancel_request` for this request (None gives it back to the engine).
+
+        If a cancel already arrived, the callback runs at once.
+        """
+        self._cancel_callback = callback
+        if callback is not None and self.cancel_requested:
+            callback()
+
+    def _cancel(self) -> None:
+        self.cancel_requested = True
+        if self._cancel_callback is not None:
+            self._cancel_callback()
+        else:
+            self.scope.cancel()
+
+
+RequestHandler = Callable[[str, dict[str, Any] | None, RequestContext], Awaitable[Any]]
+"""`(method, params, ctx) -> result`: the result must be JSON-serialisable (dicts, lists...)."""
+NotificationHandler = Callable[[str, dict[str, Any] | None], Awaitable[None]]
+"""`(method, params) -> None`. Runs inline in the reader, in arrival order: it must not wait for
+an answer from the peer."""
+
+
+async def _no_requests(method: str, params: dict[str, Any] | None, ctx: RequestContext) -> Any:
+    raise MethodNotFound(f"Method not found: {method}")
+
+
+async def _no_notifications(method: str, params: dict[str, Any] | None) -> None:
+    return None
+
+
+class PendingCall:
+    """An outbound request awaiting its answer."""
+
+    __slots__ = ("_done", "_outcome", "connection", "id", "method")
+
+    def __init__(self, connection: Connection, id: RequestId, method: str) -> None:
+        self.connection = connection
+        self.id = id
+        self.method = method
+        self._done = anyio.Event()
+        self._outcome: tuple[bool, Any] | None = None
+
+    @property
+    def done(self) -> bool:
+        return self._outcome is not None
+
+    def _resolve(self, ok: bool, value: Any) -> None:
+        if self._outcome is None:
+            self._outcome = (ok, value)
+            self._done.set()
+
+    async def result(self, timeout: float | None = None) -> Any:
+        """Wait for the answer and return its `result`.
+
+        Raises:
+            AcpError: the peer answered with an error (the subclass matching its code).
+            ConnectionClosed: the connection ended first; the outcome is unknown.
+            FrameTooLarge: the answer exceeded the frame limit.
+            RequestTimeout: no answer within `timeout` seconds; `$/cancel_request` was sent.
+        """
+        try:
+            with anyio.fail_after(math.inf if timeout is None else timeout):
+                await self._done.wait()
+        except TimeoutError:
+            await self.cancel()
+            raise RequestTimeout(f"No answer to '{self.method}' within {timeout} s") from None
+        assert self._outcome is not None
+        ok, value = self._outcome
+        if ok:
+            return value
+        raise value
+
+    async def cancel(self) -> None:
+        """Ask the peer to cancel (`$/cancel_request`); the definite answer still arrives."""
+        if not self.done:
+            await self.connection.notify(CANCEL_REQUEST, {"requestId": self.id}, quiet=True)
+
+
+class Connection:
+    """A JSON-RPC connection over one `FrameStream`.
+
+    Use as `async with Connection(stream, ...) as conn:`; leaving the block closes the stream,
+    cancels inbound handlers and fails outbound requests with `ConnectionClosed`.
+
+    Args:
+        stream: the transport.
+        on_request: handles inbound requests (default: -32601 for every method).
+        on_notification: handles inbound notifications (default: ignore).
+        gate: admission rules checked before dispatch (the agent side passes `InitializeGate`).
+        max_inflight: inbound requests handled at once; beyond it the reader waits (bounded).
+        name: shown in logs.
+    """
+
+    def __init__(
+        self,
+        stream: FrameStream,
+        *,
+        on_request: RequestHandler = _no_requests,
+        on_notification: NotificationHandler = _no_notifications,
+        gate: Gate | None = None,
+        max_inflight: int = 256,
+        name: str = "acp",
+    ) -> None:
+        self._stream = stream
+        self._on_request = on_request
+        self._on_notification = on_notification
+        self._gate = gate
+        self._name = name
+        self._slots = anyio.Semaphore(max_inflight)
+        self._send_lock = anyio.Lock()
+        self._ids = itertools.count(0)
+        self._pending: dict[RequestId, PendingCall] = {}
+        self._inflight: dict[RequestId, RequestContext] = {}
+        self._tg: TaskGroup | None = None
+        self._closed = anyio.Event()
+        self._close_reason: BaseException | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Self:
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        self._tg.start_soon(self._read_loop, name=f"{self._name}-reader")
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        assert self._tg is not None
+        self._shutdown(ConnectionClosed("Connection closed"))
+        self._tg.cancel_scope.cancel()
+        try:
+            return await self._tg.__aexit__(exc_type, exc, tb)
+        finally:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(_SHUTDOWN_WRITE_TIMEOUT):
+                await self._stream.aclose()
+
+    @property
+    def closed(self) -> bool:
+        """True once the peer went away or the connection was closed."""
+        return self._closed.is_set()
+
+    async def wait_closed(self) -> None:
+        """Wait until the connection has ended (peer gone or closed locally)."""
+        await self._closed.wait()
+
+    def _shutdown(self, reason: BaseException) -> None:
+        if self._closed.is_set():
+            return
+        self._close_reason = reason
+        self._closed.set()
+        pending, self._pending = self._pending, {}
+        for call in pending.values():
+            call._resolve(
+                False, ConnectionClosed(f"Connection closed before '{call.method}' was answered")
+            )
+        for ctx in list(self._inflight.values()):
+            ctx.scope.cancel()
+
+    # -- outbound --------------------------------------------------------------------------
+
+    async def _send(self, frame: bytes) -> None:
+        if self._closed.is_set():
+            raise ConnectionClosed("Connection is closed")
+        try:
+            async with self._send_lock:
+                await self._stream.send(frame)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
+            self._shutdown(ConnectionClosed("Connection lost while sending"))
+            raise ConnectionClosed("Connection lost while sending") from exc
+
+    async def start_request(self, method: str, params: Any = None) -> PendingCall:
+        """Send a request and return its `PendingCall` without waiting for the answer.
+
+        Raises:
+            ConnectionClosed: the connection is closed, or broke while sending.
+        """
+        id = next(self._ids)
+        call = PendingCall(self, id, method)
+        self._pending[id] = call
+        try:
+            await self._send(jsonrpc.encode_request(id, method, params))
+        except BaseException:
+            self._pending.pop(id, None)
+            raise
+        return call
+
+    async def request(
+        self, method: str, params: Any = None, *, timeout: float | None = None
+    ) -> Any:
+        """Send a request and return the `result` of its answer.
+
+        If the caller is cancelled while waiting, `$/cancel_request` is sent for it.
+
+        Raises:
+            AcpError: the peer answered with an error.
+            ConnectionClosed: the connection ended before the answer; the outcome is unknown.
+            RequestTimeout: no answer within `timeout`.
+        """
+        call = await self.start_request(method, params)
+        try:
+            return await call.result(timeout)
+        except anyio.get_cancelled_exc_class():
+            with anyio.CancelScope(shield=True), anyio.move_on_after(_SHUTDOWN_WRITE_TIMEOUT):
+                await call.cancel()
+            raise
+        finally:
+            self._pending.pop(call.id, None)
+
+    async def notify(self, method: str, params: Any = None, *, quiet: bool = False) -> None:
+        """Send a notification.
+
+        Raises:
+            ConnectionClosed: the connection is closed (unless `quiet`, which drops it silently).
+        """
+        try:
+            await self._send(jsonrpc.encode_notification(method, params))
+        except ConnectionClosed:
+            if not quiet:
+                raise
+
+    # -- inbound ---------------------------------------------------------------------------
+
+    async def _read_loop(self) -> None:
+        reason: BaseException = ConnectionClosed("Peer closed the connection")
+        try:
+            while True:
+                try:
+                    frame = await self._stream.receive()
+                except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
+                    break
+                if isinstance(frame, OversizedFrame):
+                    await self._on_oversized(frame)
+                    continue
+                await self._dispatch(jsonrpc.decode(frame))
+        except OSError as exc:
+            reason = ConnectionClosed(f"Connection lost: {exc.strerror or exc}")
+        finally:
+            self._shutdown(reason)
+
+    async def _dispatch(self, msg: jsonrpc.Message) -> None:
+        match msg:
+            case jsonrpc.Request():
+                await self._on_inbound_request(msg)
+            case jsonrpc.Notification():
+                await self._on_inbound_notification(msg)
+            case jsonrpc.Response(id=id, result=result):
+                call = self._pending.pop(id, None)
+                if call is None:
+                    logger.debug("%s: dropping answer for unknown id", self._name)
+                else:
+                    call._resolve(True, result)
+            case jsonrpc.ErrorResponse(id=id, error=error):
+                call = self._pending.pop(id, None) if id is not None else None
+                if call is None:
+                    logger.warning(
+                        "%s: peer sent an error for no pending request: %s",
+                        self._name,
+                        error.get("code"),
+                    )
+                else:
+                    call._resolve(False, error_from_wire(error))
+            case jsonrpc.Invalid(code=code, message=message, id=id, answer=answer):
+                logger.warning("%s: invalid message from peer (%s): %s", self._name, code, message)
+                if answer:
+                    await self._answer_quietly(
+                        jsonrpc.encode_error(id, {"code": code, "message": message})
+                    )
+
+    async def _on_oversized(self, frame: OversizedFrame) -> None:
+        id = sniff_request_id(frame.head)
+        looks_like_request = b'"method"' in frame.head
+        logger.warning("%s: dropped a frame of %d bytes over the limit", self._name, frame.size)
+        if looks_like_request:
+            error = InvalidRequest("Message exceeds the maximum frame size")
+            await self._answer_quietly(jsonrpc.encode_error(id, error))
+        elif id is not None:
+            call = self._pending.pop(id, None)
+            if call is not None:
+                call._resolve(False, FrameTooLarge(f"The answer to '{call.method}' was too large"))
+
+    async def _on_inbound_notification(self, msg: jsonrpc.Notification) -> None:
+        if msg.method == CANCEL_REQUEST:
+            request_id: Any = (msg.params or {}).get("requestId")
+            if jsonrpc.is_request_id(request_id):
+                ctx = self._inflight.get(request_id)
+                if ctx is not None and not ctx.cancel_requested:
+                    ctx._cancel()
+            # unknown or answered ids: ignore, never a second answer
+            if self._gate is None or self._gate.admit_notification(msg.method):
+                await self._call_notification_handler(msg)
+            return
+        if self._gate is not None and not self._gate.admit_notification(msg.method):
+            logger.debug("%s: ignoring '%s' before initialization", self._name, msg.method)
+            return
+        await self._call_notification_handler(msg)
+
+    async def _call_notification_handler(self, msg: jsonrpc.Notification) -> None:
+        try:
+            await self._on_notification(msg.method, msg.params)
+        except Exception:
+            logger.exception("%s: notification handler for '%s' failed", self._name, msg.method)
+
+    async def _on_inbound_request(self, msg: jsonrpc.Request) -> None:
+        if msg.id in self._inflight:
+            # digest D19: echoing the id would look like the original's answer
+            await self._answer_quietly(
+                jsonrpc.encode_error(None, InvalidRequest("Request id is already in use"))
+            )
+            return
+        if self._gate is not None:
+            try:
+                self._gate.admit_request(msg.method)
+            except AcpError as exc:
+                await self._answer_quietly(jsonrpc.encode_error(msg.id, exc))
+                return
+        ctx = RequestContext(msg.id, msg.method, self)
+        self._inflight[msg.id] = ctx
+        await self._slots.acquire()
+        assert self._tg is not None
+        self._tg.start_soon(self._serve, msg, ctx, name=f"{self._name}-{msg.method}")
+
+    async def _serve(self, msg: jsonrpc.Request, ctx: RequestContext) -> None:
+        frame: bytes | None = None
+        ok = False
+        try:
+            with ctx.scope:
+                try:
+                    result = await self._on_request(msg.method, msg.params, ctx)
+                    frame = jsonrpc.encode_result(msg.id, result)
+                    ok = True
+                except AcpError as exc:
+                    frame = jsonrpc.encode_error(msg.id, exc)
+                except ValidationError as exc:
+                    frame = jsonrpc.encode_error(msg.id, invalid_params_from_validation(exc))
+                except Exception:
+                    logger.exception("%s: handler for '%s' failed", self._name, msg.method)
+                    frame = jsonrpc.encode_error(msg.id, InternalError())
+            if frame is None and not self._closed.is_set():
+                # the scope was cancelled: by $/cancel_request, or by shutdown of the handler
+                frame = jsonrpc.encode_error(msg.id, RequestCancelled())
+        finally:
+            self._slots.release()
+            self._inflight.pop(msg.id, None)
+            if self._gate is not None and msg.method == "initialize":
+                self._gate.initialize_done(ok)
+        if frame is not None:
+            await self._answer_quietly(frame)
+
+    async def _answer_quietly(self, frame: bytes) -> None:
+        try:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(_SHUTDOWN_WRITE_TIMEOUT * 30):
+                await self._send(frame)
+        except ConnectionClosed:
+            logger.debug("%s: answer dropped, the connection is closed", self._name)

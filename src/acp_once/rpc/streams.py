@@ -1,0 +1,62 @@
+"""The one contract between the engine and a transport: a stream of frames.
+
+A transport gives the engine a `FrameStream`: `receive()` returns the next frame (the bytes of one
+JSON-RPC message) or an `OversizedFrame` report, and raises `anyio.EndOfStream` when the peer is
+gone; `send(frame)` returns once the transport has accepted the frame (that is the
+backpressure: a slow peer slows the sender, nothing queues without bound); `aclose()` ends it.
+Transports know nothing of methods or ids.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import anyio
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from acp_once.protocol.framing import FrameEvent
+
+__all__ = ["FrameStream", "MemoryFrameStream", "memory_pair"]
+
+
+@runtime_checkable
+class FrameStream(Protocol):
+    async def receive(self) -> FrameEvent:
+        """Return the next frame. Raises `anyio.EndOfStream` when the peer has finished."""
+        ...
+
+    async def send(self, frame: bytes) -> None:
+        """Deliver one frame. Raises `anyio.BrokenResourceError` (or `ClosedResourceError`) when
+        the peer is gone."""
+        ...
+
+    async def aclose(self) -> None:
+        """Close the stream; idempotent."""
+        ...
+
+
+class MemoryFrameStream:
+    """One end of an in-memory frame pipe (for fast unit tests)."""
+
+    def __init__(
+        self, send: MemoryObjectSendStream[bytes], receive: MemoryObjectReceiveStream[bytes]
+    ) -> None:
+        self._send = send
+        self._receive = receive
+
+    async def receive(self) -> FrameEvent:
+        return await self._receive.receive()
+
+    async def send(self, frame: bytes) -> None:
+        await self._send.send(frame)
+
+    async def aclose(self) -> None:
+        await self._send.aclose()
+        await self._receive.aclose()
+
+
+def memory_pair(buffer: int = 0) -> tuple[MemoryFrameStream, MemoryFrameStream]:
+    """Two connected in-memory frame streams. `buffer` 0 gives full backpressure."""
+    a_send, b_receive = anyio.create_memory_object_stream[bytes](buffer)
+    b_send, a_receive = anyio.create_memory_object_stream[bytes](buffer)
+    return MemoryFrameStream(a_send, a_receive), MemoryFrameStream(b_send, b_receive)

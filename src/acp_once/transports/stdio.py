@@ -1,0 +1,231 @@
+"""stdio: newline-delimited JSON over pipes (ACP's baseline transport, digest 7.1).
+
+- `stdio_frames()`: the agent side, on the process's own stdin and stdout. Nothing but ACP
+  frames is ever written to stdout; logs belong on stderr.
+- `spawn(command)`: the client side, starting the agent as a subprocess. Leaving the block shuts
+  it down cleanly: close its stdin, wait, then terminate, then kill, each step time-boxed.
+
+Both give a `FrameStream` (see `acp_once.rpc.streams`). Frames above `max_frame` bytes are
+reported as `OversizedFrame`, never held in memory, and the stream lives on.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import stat
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
+
+import anyio
+from anyio.abc import ByteReceiveStream, ByteSendStream, Process
+
+from acp_once.protocol.framing import DEFAULT_MAX_FRAME, FrameEvent, LineFramer
+
+__all__ = [
+    "AgentProcess",
+    "ByteStreamFrames",
+    "FdReceiveStream",
+    "FdSendStream",
+    "spawn",
+    "stdio_frames",
+]
+
+_READ_SIZE = 256 * 1024
+
+
+class ByteStreamFrames:
+    """A `FrameStream` over a pair of byte streams, framing with newlines."""
+
+    def __init__(
+        self,
+        receive: ByteReceiveStream,
+        send: ByteSendStream,
+        *,
+        max_frame: int = DEFAULT_MAX_FRAME,
+    ) -> None:
+        self._rx = receive
+        self._tx = send
+        self._framer = LineFramer(max_frame)
+        self._events: collections.deque[FrameEvent] = collections.deque()
+        self._eof = False
+
+    async def receive(self) -> FrameEvent:
+        while not self._events:
+            if self._eof:
+                raise anyio.EndOfStream
+            try:
+                chunk = await self._rx.receive(_READ_SIZE)
+            except (anyio.EndOfStream, anyio.BrokenResourceError):
+                self._eof = True
+                self._events.extend(self._framer.close())
+                continue
+            self._events.extend(self._framer.feed(chunk))
+        return self._events.popleft()
+
+    async def send(self, frame: bytes) -> None:
+        await self._tx.send(frame + b"\n")
+
+    async def aclose(self) -> None:
+        with contextlib.suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
+            await self._tx.aclose()
+        with contextlib.suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
+            await self._rx.aclose()
+
+
+def _pollable(fd: int) -> bool:
+    mode = os.fstat(fd).st_mode
+    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
+
+
+class FdReceiveStream(ByteReceiveStream):
+    """Reads a file descriptor: non-blocking with readiness waits for pipes and sockets, a worker
+    thread for anything else (a regular file, a terminal)."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._poll = _pollable(fd)
+        if self._poll:
+            os.set_blocking(fd, False)
+        self._closed = False
+
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        while True:
+            if self._closed:
+                raise anyio.ClosedResourceError
+            if not self._poll:
+                data = await anyio.to_thread.run_sync(
+                    os.read, self._fd, max_bytes, abandon_on_cancel=True
+                )
+            else:
+                try:
+                    data = os.read(self._fd, max_bytes)
+                except BlockingIOError:
+                    await anyio.wait_readable(self._fd)
+                    continue
+            if not data:
+                raise anyio.EndOfStream
+            return data
+
+    async def aclose(self) -> None:
+        self._closed = True
+
+
+class FdSendStream(ByteSendStream):
+    """Writes a file descriptor, waiting for room when a pipe is full (backpressure)."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._poll = _pollable(fd)
+        if self._poll:
+            os.set_blocking(fd, False)
+        self._closed = False
+
+    async def send(self, item: bytes) -> None:
+        view = memoryview(item)
+        while view:
+            if self._closed:
+                raise anyio.ClosedResourceError
+            try:
+                if self._poll:
+                    written = os.write(self._fd, view)
+                else:
+                    written = await anyio.to_thread.run_sync(os.write, self._fd, view)
+            except BlockingIOError:
+                await anyio.wait_writable(self._fd)
+                continue
+            except (BrokenPipeError, ConnectionResetError) as exc:
+                raise anyio.BrokenResourceError from exc
+            view = view[written:]
+
+    async def aclose(self) -> None:
+        self._closed = True
+
+
+def stdio_frames(max_frame: int = DEFAULT_MAX_FRAME) -> ByteStreamFrames:
+    """The agent side: frames over this process's own stdin and stdout.
+
+    Python's `sys.stdout` is pointed at stderr afterwards, so a stray `print()` cannot corrupt
+    the protocol stream.
+    """
+    stdin_fd = sys.stdin.fileno()
+    stdout_fd = os.dup(sys.stdout.fileno())
+    sys.stdout.flush()
+    # anything printed from now on goes to stderr, not into the ACP stream
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    return ByteStreamFrames(FdReceiveStream(stdin_fd), FdSendStream(stdout_fd), max_frame=max_frame)
+
+
+@dataclass(slots=True)
+class AgentProcess:
+    """A spawned agent: its frame stream and its process."""
+
+    frames: ByteStreamFrames
+    process: Process
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self.process.returncode
+
+
+@contextlib.asynccontextmanager
+async def spawn(
+    command: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+    max_frame: int = DEFAULT_MAX_FRAME,
+    stderr: int | None = None,
+    shutdown_timeout: float = 5.0,
+) -> AsyncIterator[AgentProcess]:
+    """Start `command` with pipes on stdin/stdout and yield its frame stream.
+
+    `stderr` None lets the agent's logs through to ours; pass `subprocess.DEVNULL` to drop them.
+    On exit: close the agent's stdin (its cue to finish), wait up to `shutdown_timeout`, then
+    SIGTERM, wait again, then SIGKILL.
+
+    Raises:
+        OSError: the command could not be started.
+    """
+    process = await anyio.open_process(
+        list(command),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        env=dict(env) if env is not None else None,
+        cwd=cwd,
+    )
+    assert process.stdin is not None and process.stdout is not None
+    frames = ByteStreamFrames(process.stdout, process.stdin, max_frame=max_frame)
+    try:
+        yield AgentProcess(frames, process)
+    finally:
+        with anyio.CancelScope(shield=True):
+            await _shutdown(process, shutdown_timeout)
+
+
+async def _shutdown(process: Process, timeout: float) -> None:
+    if process.stdin is not None:
+        with contextlib.suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
+            await process.stdin.aclose()
+    for step in ("wait", "terminate", "kill"):
+        if step == "terminate":
+            with contextlib.suppress(ProcessLookupError):
+                process.terminate()
+        elif step == "kill":
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+        with anyio.move_on_after(timeout):
+            await process.wait()
+        if process.returncode is not None:
+            break
+    if process.stdout is not None:
+        with contextlib.suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
+            await process.stdout.aclose()
