@@ -56,6 +56,15 @@ async def tiny_agent(
         yield conn, proc
 
 
+def _text(notification: s.UpdateSessionNotification) -> str:
+    update = notification.update
+    assert isinstance(update, s.SessionUpdateAgentMessage)
+    assert update.content is not None
+    block = update.content[0]
+    assert isinstance(block, s.ContentBlockText)
+    return block.text
+
+
 def _init() -> s.InitializeRequest:
     return s.InitializeRequest.model_validate(
         {"protocolVersion": 2, "info": {"name": "test-client", "version": "1"}}
@@ -86,7 +95,7 @@ async def test_requests_both_ways_over_real_pipes() -> None:
             answer2 = await conn.agent.prompt(_prompt(session_id, "permission"))
             assert client.permission_asked.is_set()
             assert answer2.message_id != answer.message_id
-            texts = [u.update.content[0].text for u in client.updates]  # type: ignore[union-attr]
+            texts = [_text(u) for u in client.updates]
             assert texts == ["hello", "permission:yes"]
 
 
@@ -113,7 +122,7 @@ async def test_ten_mebibyte_messages_both_directions() -> None:
             echoed = await conn.agent.ext_request("_echo", {"blob": "y" * size})
             assert echoed == {"blob": "y" * size}
             await conn.agent.prompt(_prompt(session_id, f"big:{size}"))
-            text = client.updates[-1].update.content[0].text  # type: ignore[union-attr]
+            text = _text(client.updates[-1])
             assert len(text) == size
 
 

@@ -71,6 +71,8 @@ class LineFramer:
             piece = chunk[start:stop]
             if self._skipped >= 0:
                 self._skipped += len(piece)
+                if len(self._head) < _HEAD_BYTES:
+                    self._head += piece[: _HEAD_BYTES - len(self._head)]
             elif len(self._buffer) + len(piece) > self._max:
                 self._head = (bytes(self._buffer[:_HEAD_BYTES]) + piece[:_HEAD_BYTES])[:_HEAD_BYTES]
                 self._skipped = len(self._buffer) + len(piece)

@@ -1,1 +1,88 @@
+"""Where sessions, their retained history and their idempotency keys are kept.
 
+One interface at the level of our records, `SessionStore`, and its backends: `MemoryStore`
+(the reference, enough for stdio while the process lives) and `SqliteStore` (survives
+restarts and is shared by the processes that open the same file). The backend-agnostic
+contract every backend must pass is `acp_once.storage.contract`.
+
+    async with open_store("sqlite:sessions.db") as store:
+        outcome = await store.insert_user_message(
+            session_id, message_id=mid, update=update_json,
+            idempotency_key=key, prompt_digest=digest,
+        )
+"""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
+
+from acp_once.storage.base import (
+    UNCHANGED,
+    InsertOutcome,
+    InvalidCursor,
+    KeyRecord,
+    SchemaOutOfDate,
+    SessionExists,
+    SessionMissing,
+    SessionRecord,
+    SessionStore,
+    StorageError,
+    TimelineEntry,
+    Unchanged,
+)
+from acp_once.storage.memory import MemoryStore
+from acp_once.storage.sqlite import SqliteStore, migrate_database
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+__all__ = [
+    "UNCHANGED",
+    "InsertOutcome",
+    "InvalidCursor",
+    "KeyRecord",
+    "MemoryStore",
+    "SchemaOutOfDate",
+    "SessionExists",
+    "SessionMissing",
+    "SessionRecord",
+    "SessionStore",
+    "SqliteStore",
+    "StorageError",
+    "TimelineEntry",
+    "Unchanged",
+    "migrate_database",
+    "open_store",
+]
+
+
+@asynccontextmanager
+async def open_store(url: str, *, migrate: bool = True) -> AsyncIterator[SessionStore]:
+    """Open the store named by `url` for the duration of the `async with` block.
+
+    * `memory:` a new, empty `MemoryStore`;
+    * `sqlite:PATH` a `SqliteStore` on the file PATH (relative to the working directory,
+      created if missing; `sqlite::memory:` is a private in-memory database).
+
+    Raises:
+        ValueError: an unsupported scheme or a missing path.
+        SchemaOutOfDate: `migrate=False` and the SQLite schema is out of date.
+    """
+    scheme, sep, rest = url.partition(":")
+    if not sep:
+        raise ValueError(f"store URL {url!r} has no scheme; use 'memory:' or 'sqlite:PATH'")
+    if scheme == "memory":
+        if rest:
+            raise ValueError("the 'memory:' store URL takes nothing after the colon")
+        async with MemoryStore() as memory:
+            yield memory
+    elif scheme == "sqlite":
+        if not rest:
+            raise ValueError("the 'sqlite:' store URL needs a path, as in 'sqlite:sessions.db'")
+        async with SqliteStore.open(rest, migrate=migrate) as sqlite:
+            yield sqlite
+    else:
+        raise ValueError(
+            f"unsupported store URL scheme {scheme!r}; supported: 'memory:', 'sqlite:PATH'"
+        )

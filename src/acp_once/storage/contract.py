@@ -1,0 +1,702 @@
+"""The backend-agnostic `SessionStore` contract, shipped so every backend runs the same suite.
+
+Each check is a plain coroutine function taking a *store factory*: a zero-argument callable
+returning an async context manager that opens a store on fresh, empty storage and closes it
+(`MemoryStore`, `lambda: SqliteStore.open(new_file())`, ...). A check raises
+`ContractViolation` (an AssertionError) when the backend breaks the contract.
+
+With pytest (see tests/storage/test_contract.py)::
+
+    @pytest.mark.anyio
+    @pytest.mark.parametrize("check", CHECKS, ids=lambda check: check.__name__)
+    async def test_contract(check: Check, store_factory: StoreFactory) -> None:
+        await check(store_factory)
+
+Without pytest: `failures = await run_contract(factory)`; an empty list means it passed.
+
+The checks assume that the store's clock is the real time (stores bump `updated_at` to "now"
+on timeline writes); the records they create use small `updated_at` values.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
+from typing import Final, TypeAlias
+
+import anyio
+import orjson
+
+from acp_once.storage.base import (
+    UNCHANGED,
+    InsertOutcome,
+    InvalidCursor,
+    KeyRecord,
+    SessionExists,
+    SessionMissing,
+    SessionRecord,
+    SessionStore,
+    StorageError,
+    TimelineEntry,
+    encode_cursor,
+)
+
+__all__ = ["CHECKS", "Check", "ContractViolation", "StoreFactory", "run_contract"]
+
+StoreFactory: TypeAlias = Callable[[], AbstractAsyncContextManager[SessionStore]]
+"""Opens a store on fresh, empty storage for the duration of an `async with` block."""
+
+Check: TypeAlias = Callable[[StoreFactory], Awaitable[None]]
+
+
+class ContractViolation(AssertionError):
+    """A backend broke the `SessionStore` contract."""
+
+
+# -- helpers ------------------------------------------------------------------------------------
+
+
+def _expect(condition: bool, message: str) -> None:
+    if not condition:
+        raise ContractViolation(message)
+
+
+def _equal(actual: object, expected: object, what: str) -> None:
+    if actual != expected:
+        raise ContractViolation(f"{what}: expected {expected!r}, got {actual!r}")
+
+
+async def _raises(
+    expected: type[BaseException], call: Awaitable[object], what: str
+) -> BaseException:
+    try:
+        await call
+    except expected as exc:
+        return exc
+    raise ContractViolation(f"{what}: expected {expected.__name__}, nothing was raised")
+
+
+def _session(
+    session_id: str,
+    *,
+    cwd: str = "/work/project",
+    updated_at: float = 100.0,
+    title: str | None = None,
+    dirs: tuple[str, ...] = (),
+    forked_from: str | None = None,
+) -> SessionRecord:
+    return SessionRecord(
+        session_id=session_id,
+        cwd=cwd,
+        additional_directories=dirs,
+        title=title,
+        created_at=50.0,
+        updated_at=updated_at,
+        forked_from=forked_from,
+    )
+
+
+def _user_update(message_id: str, text: str) -> bytes:
+    return orjson.dumps(
+        {
+            "sessionUpdate": "user_message",
+            "messageId": message_id,
+            "content": [{"type": "text", "text": text}],
+        }
+    )
+
+
+def _agent_update(message_id: str, text: str) -> bytes:
+    return orjson.dumps(
+        {
+            "sessionUpdate": "agent_message",
+            "messageId": message_id,
+            "content": [{"type": "text", "text": text}],
+        }
+    )
+
+
+async def _insert(
+    store: SessionStore,
+    session_id: str,
+    message_id: str,
+    key: str | None,
+    digest: bytes | None = None,
+    text: str = "hello",
+) -> InsertOutcome:
+    return await store.insert_user_message(
+        session_id,
+        message_id=message_id,
+        update=_user_update(message_id, text),
+        idempotency_key=key,
+        prompt_digest=digest,
+    )
+
+
+async def _all_sessions(
+    store: SessionStore, *, cwd: str | None = None, limit: int = 100
+) -> list[SessionRecord]:
+    records: list[SessionRecord] = []
+    cursor: str | None = None
+    for _ in range(10_000):
+        page, cursor = await store.list_sessions(cwd=cwd, cursor=cursor, limit=limit)
+        _expect(len(page) <= limit, f"a page holds {len(page)} records, more than limit={limit}")
+        records.extend(page)
+        if cursor is None:
+            return records
+        _expect(bool(page), "a page with a next cursor must not be empty")
+    raise ContractViolation("list_sessions paging does not end")
+
+
+async def _all_entries(store: SessionStore, session_id: str, limit: int) -> list[TimelineEntry]:
+    entries: list[TimelineEntry] = []
+    after = 0
+    while True:
+        page = await store.read_timeline(session_id, after_seq=after, limit=limit)
+        _expect(len(page) <= limit, f"read_timeline returned more than limit={limit}")
+        if not page:
+            return entries
+        entries.extend(page)
+        after = page[-1].seq
+
+
+# -- sessions -----------------------------------------------------------------------------------
+
+
+async def check_create_and_get(factory: StoreFactory) -> None:
+    """A created session reads back equal; a duplicate id is refused; unknown ids are None."""
+    async with factory() as store:
+        record = _session(
+            "sess_a", title="Fix the build", dirs=("/work/lib", "/work/docs"), forked_from=None
+        )
+        await store.create_session(record)
+        _equal(await store.get_session("sess_a"), record, "get_session after create")
+        _equal(await store.get_session("sess_unknown"), None, "get_session of an unknown id")
+        await _raises(
+            SessionExists, store.create_session(_session("sess_a", title="other")), "duplicate"
+        )
+        _equal(await store.get_session("sess_a"), record, "a refused duplicate changes nothing")
+        empty = _session("sess_b", title=None, dirs=())
+        await store.create_session(empty)
+        _equal(await store.get_session("sess_b"), empty, "a session with no title or dirs")
+
+
+async def check_list_order_and_paging(factory: StoreFactory) -> None:
+    """Newest `updated_at` first, ties by id; every page size yields the same sequence."""
+    async with factory() as store:
+        stamps = {"s1": 300.0, "s2": 100.0, "s3": 300.0, "s4": 200.0, "s5": 300.0, "s6": 150.5}
+        for sid in ("s4", "s1", "s6", "s5", "s2", "s3"):
+            await store.create_session(_session(sid, updated_at=stamps[sid]))
+        expected = ["s1", "s3", "s5", "s4", "s6", "s2"]
+        for limit in (1, 2, 3, 4, 5, 6, 7, 100):
+            ids = [r.session_id for r in await _all_sessions(store, limit=limit)]
+            _equal(ids, expected, f"session order with limit={limit}")
+        page, cursor = await store.list_sessions(limit=6)
+        _equal(len(page), 6, "a page holding every session")
+        _equal(cursor, None, "the cursor of the last page")
+        await _raises(ValueError, store.list_sessions(limit=0), "limit=0")
+
+
+async def check_list_empty(factory: StoreFactory) -> None:
+    """An empty store lists nothing and no cursor."""
+    async with factory() as store:
+        _equal(await store.list_sessions(), ([], None), "list_sessions of an empty store")
+
+
+async def check_list_cursor_errors(factory: StoreFactory) -> None:
+    """Malformed cursors raise InvalidCursor, which is both a ValueError and a StorageError."""
+    async with factory() as store:
+        await store.create_session(_session("s1"))
+        bad = [
+            "",
+            "not a cursor!",
+            "é",
+            "bnVsbA",  # base64 of "null"
+            "WzEsMiwzXQ",  # base64 of "[1,2,3]"
+            encode_cursor(1.0, "s1")[:-3],
+            encode_cursor(1.0, "s1") + "@",
+        ]
+        for cursor in bad:
+            exc = await _raises(
+                InvalidCursor, store.list_sessions(cursor=cursor), f"cursor {cursor!r}"
+            )
+            _expect(isinstance(exc, ValueError), "InvalidCursor must be a ValueError")
+            _expect(isinstance(exc, StorageError), "InvalidCursor must be a StorageError")
+
+
+async def check_list_stable_while_adding(factory: StoreFactory) -> None:
+    """Sessions created between pages neither repeat nor hide the remaining sessions."""
+    async with factory() as store:
+        for n in range(6):
+            await store.create_session(_session(f"old{n}", updated_at=100.0 + n))
+        first, cursor = await store.list_sessions(limit=2)
+        _equal([r.session_id for r in first], ["old5", "old4"], "first page")
+        _expect(cursor is not None, "a first page of 2 out of 6 has a cursor")
+        for n in range(5):
+            await store.create_session(_session(f"new{n}", updated_at=500.0 + n))
+        rest: list[str] = []
+        while cursor is not None:
+            page, cursor = await store.list_sessions(cursor=cursor, limit=2)
+            rest.extend(r.session_id for r in page)
+        _equal(rest, ["old3", "old2", "old1", "old0"], "pages after the cursor")
+
+
+async def check_list_cwd_filter(factory: StoreFactory) -> None:
+    """`cwd` matches exactly: subdirectories and other roots do not match; paging works."""
+    async with factory() as store:
+        await store.create_session(_session("a1", cwd="/repo", updated_at=10.0))
+        await store.create_session(_session("a2", cwd="/repo", updated_at=30.0))
+        await store.create_session(_session("a3", cwd="/repo", updated_at=20.0))
+        await store.create_session(_session("sub", cwd="/repo/sub", updated_at=40.0))
+        await store.create_session(_session("other", cwd="/other", updated_at=50.0))
+        await store.create_session(
+            _session("extra", cwd="/elsewhere", updated_at=60.0, dirs=("/repo",))
+        )
+        for limit in (1, 2, 10):
+            ids = [r.session_id for r in await _all_sessions(store, cwd="/repo", limit=limit)]
+            _equal(ids, ["a2", "a3", "a1"], f"cwd filter with limit={limit}")
+        _equal(await store.list_sessions(cwd="/nowhere"), ([], None), "cwd without sessions")
+        _equal(len(await _all_sessions(store)), 6, "no filter lists all sessions")
+
+
+async def check_delete(factory: StoreFactory) -> None:
+    """Delete is idempotent and removes the session, its timeline and its keys."""
+    async with factory() as store:
+        await store.create_session(_session("gone"))
+        await store.create_session(_session("kept"))
+        await _insert(store, "gone", "m1", "key-1", b"digest")
+        await store.append_update("gone", _agent_update("m2", "hi"), message_id="m2")
+        await _insert(store, "kept", "k1", "key-1")
+        _equal(await store.delete_session("gone"), True, "deleting an existing session")
+        _equal(await store.delete_session("gone"), False, "deleting it again")
+        _equal(await store.delete_session("never"), False, "deleting an unknown session")
+        _equal(await store.get_session("gone"), None, "get_session after delete")
+        _equal(await store.read_timeline("gone"), [], "timeline after delete")
+        _equal(await store.find_key("gone", "key-1"), None, "find_key after delete")
+        _equal(await store.count_user_messages("gone"), 0, "user messages after delete")
+        ids = [r.session_id for r in await _all_sessions(store)]
+        _equal(ids, ["kept"], "list after delete")
+        _equal(await store.find_key("kept", "key-1"), KeyRecord("k1", None), "other session's key")
+        await _raises(SessionMissing, _insert(store, "gone", "m3", "key-1"), "insert after delete")
+
+
+async def check_recreated_session_forgets_keys(factory: StoreFactory) -> None:
+    """A session re-created under a deleted id starts with no history and no keys (R37)."""
+    async with factory() as store:
+        await store.create_session(_session("s"))
+        await _insert(store, "s", "m1", "key")
+        await store.delete_session("s")
+        await store.create_session(_session("s"))
+        _equal(await store.find_key("s", "key"), None, "key of the deleted incarnation")
+        _equal(await store.read_timeline("s"), [], "timeline of the re-created session")
+        outcome = await _insert(store, "s", "m2", "key")
+        _equal(outcome, InsertOutcome("m2", True, None), "the key inserts again")
+
+
+async def check_update_session(factory: StoreFactory) -> None:
+    """`update_session` changes only the given fields, returns the record; missing raises."""
+    async with factory() as store:
+        await store.create_session(_session("s", title="first", updated_at=100.0))
+        record = await store.update_session("s", title="second")
+        _equal(record.title, "second", "title after update")
+        _equal(record.updated_at, 100.0, "updated_at left unchanged")
+        _equal(await store.get_session("s"), record, "the returned record is the stored one")
+        record = await store.update_session("s", updated_at=250.5)
+        _equal((record.title, record.updated_at), ("second", 250.5), "after updated_at only")
+        record = await store.update_session("s", title=None, updated_at=UNCHANGED)
+        _equal(record.title, None, "title cleared with None")
+        _equal(await store.update_session("s"), record, "no fields: nothing changes")
+        await _raises(SessionMissing, store.update_session("nope", title="x"), "missing session")
+
+
+# -- user messages and keys ---------------------------------------------------------------------
+
+
+async def check_insert_without_key_inserts_each_time(factory: StoreFactory) -> None:
+    """Without a key every call inserts a new message (R4)."""
+    async with factory() as store:
+        await store.create_session(_session("s"))
+        first = await _insert(store, "s", "m1", None)
+        second = await _insert(store, "s", "m2", None)
+        _equal(first, InsertOutcome("m1", True, None), "first keyless insert")
+        _equal(second, InsertOutcome("m2", True, None), "second keyless insert")
+        _equal(await store.count_user_messages("s"), 2, "user messages")
+        ids = [e.message_id for e in await store.read_timeline("s")]
+        _equal(ids, ["m1", "m2"], "timeline message ids")
+
+
+async def check_insert_with_key_inserts_once(factory: StoreFactory) -> None:
+    """A recorded key inserts nothing and answers the first message id and digest (R19)."""
+    async with factory() as store:
+        await store.create_session(_session("s"))
+        _equal(await store.find_key("s", "key-1"), None, "find_key before insertion")
+        first = await _insert(store, "s", "m1", "key-1", b"digest-1")
+        _equal(first, InsertOutcome("m1", True, b"digest-1"), "first keyed insert")
+        retry = await _insert(store, "s", "m2", "key-1", b"digest-1")
+        _equal(retry, InsertOutcome("m1", False, b"digest-1"), "retry with the same key")
+        changed = await _insert(store, "s", "m3", "key-1", b"another-digest", text="changed")
+        _equal(changed, InsertOutcome("m1", False, b"digest-1"), "same key, other prompt")
+        _equal(await store.find_key("s", "key-1"), KeyRecord("m1", b"digest-1"), "find_key")
+        _equal(await store.count_user_messages("s"), 1, "user messages")
+        _equal(await store.count_user_messages("s", idempotency_key="key-1"), 1, "with key")
+        _equal(await store.count_user_messages("s", idempotency_key="key-2"), 0, "other key")
+        entries = await store.read_timeline("s")
+        _equal(len(entries), 1, "timeline length")
+        _equal(entries[0].update, _user_update("m1", "hello"), "the stored update")
+
+
+async def check_insert_with_key_without_digest(factory: StoreFactory) -> None:
+    """A key recorded without a digest answers `prompt_digest=None` (D4: answer as retry)."""
+    async with factory() as store:
+        await store.create_session(_session("s"))
+        _equal(await _insert(store, "s", "m1", "k"), InsertOutcome("m1", True, None), "insert")
+        retry = await _insert(store, "s", "m2", "k", b"digest")
+        _equal(retry, InsertOutcome("m1", False, None), "retry")
+        _equal(await store.find_key("s", "k"), KeyRecord("m1", None), "find_key")
+
+
+async def check_key_scoped_to_session(factory: StoreFactory) -> None:
+    """The same key in another session is an unrelated submission (R32)."""
+    async with factory() as store:
+        await store.create_session(_session("a"))
+        await store.create_session(_session("b"))
+        _equal((await _insert(store, "a", "ma", "shared")).inserted, True, "insert in a")
+        _equal(await _insert(store, "b", "mb", "shared"), InsertOutcome("mb", True, None), "b")
+        _equal(await store.find_key("a", "shared"), KeyRecord("ma", None), "key in a")
+        _equal(await store.find_key("b", "shared"), KeyRecord("mb", None), "key in b")
+
+
+async def check_key_case_sensitive(factory: StoreFactory) -> None:
+    """`K` and `k` are different keys (R7); unusual but valid keys work byte-exactly (D1)."""
+    async with factory() as store:
+        await store.create_session(_session("s"))
+        keys = ["K", "k", " ", "K ", "ключ-🔑", "x" * 255, "e\u0301", "\u00e9"]
+        for n, key in enumerate(keys):
+            outcome = await _insert(store, "s", f"m{n}", key)
+            _equal(outcome, InsertOutcome(f"m{n}", True, None), f"insert with key #{n}")
+        for n, key in enumerate(keys):
+            _equal(await store.find_key("s", key), KeyRecord(f"m{n}", None), f"key #{n}")
+            _equal((await _insert(store, "s", "dup", key)).message_id, f"m{n}", f"retry #{n}")
+        _equal(await store.count_user_messages("s"), len(keys), "user messages")
+
+
+async def check_find_key_of_keyless_session(factory: StoreFactory) -> None:
+    """Keyless messages record no key; find_key answers None for unknown sessions too."""
+    async with factory() as store:
+        await store.create_session(_session("s"))
+        await _insert(store, "s", "m1", None)
+        await store.append_update("s", _agent_update("a1", "x"), message_id="a1")
+        _equal(await store.find_key("s", "m1"), None, "a message id is not a key")
+        _equal(await store.find_key("nope", "k"), None, "unknown session")
+        _equal(await store.count_user_messages("s", idempotency_key="m1"), 0, "count by key")
+
+
+async def check_concurrent_same_key_inserts_once(factory: StoreFactory) -> None:
+    """50 concurrent inserts of one new key: exactly one inserts, all answer its id (R24)."""
+    async with factory() as store:
+        await store.create_session(_session("s"))
+        outcomes: list[InsertOutcome] = []
+
+        async def attempt(n: int) -> None:
+            outcomes.append(await _insert(store, "s", f"m{n}", "the-key", f"d{n}".encode()))
+
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                for n in range(50):
+                    tg.start_soon(attempt, n)
+        winners = [o for o in outcomes if o.inserted]
+        _equal(len(outcomes), 50, "answers")
+        _equal(len(winners), 1, "inserted outcomes")
+        winner = winners[0]
+        _expect(
+            all(
+                o == InsertOutcome(winner.message_id, False, winner.prompt_digest)
+                for o in outcomes
+                if o is not winner
+            ),
+            "every other attempt answers the winner's message id and digest",
+        )
+        _equal(
+            await store.find_key("s", "the-key"),
+            KeyRecord(winner.message_id, winner.prompt_digest),
+            "find_key",
+        )
+        _equal(await store.count_user_messages("s"), 1, "user messages")
+        _equal(len(await store.read_timeline("s")), 1, "timeline length")
+
+
+async def check_concurrent_distinct_inserts(factory: StoreFactory) -> None:
+    """Concurrent writes all land, each with a unique `seq`, none lost."""
+    async with factory() as store:
+        await store.create_session(_session("s"))
+
+        async def user(n: int) -> None:
+            key = None if n % 2 else f"key-{n}"
+            _equal((await _insert(store, "s", f"u{n}", key)).inserted, True, f"insert {n}")
+
+        async def agent(n: int) -> None:
+            await store.append_update("s", _agent_update(f"a{n}", "x"), message_id=f"a{n}")
+
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                for n in range(20):
+                    tg.start_soon(user, n)
+                    tg.start_soon(agent, n)
+        entries = await store.read_timeline("s")
+        _equal(len(entries), 40, "timeline length")
+        _equal([e.seq for e in entries], sorted({e.seq for e in entries}), "unique, ordered seq")
+        _equal(await store.count_user_messages("s"), 20, "user messages")
+        ids = {e.message_id for e in entries}
+        _equal(ids, {f"u{n}" for n in range(20)} | {f"a{n}" for n in range(20)}, "ids")
+
+
+async def check_fork_copies_history_not_keys(factory: StoreFactory) -> None:
+    """A fork gets the source's timeline but none of its keys (R32, D15)."""
+    async with factory() as store:
+        await store.create_session(_session("src"))
+        await _insert(store, "src", "m1", "key-1", b"d1")
+        await store.append_update("src", _agent_update("a1", "answer"), message_id="a1")
+        await _insert(store, "src", "m2", None)
+        source_entries = await store.read_timeline("src")
+        fork = _session("fork", title="forked", forked_from="src", updated_at=999.0)
+        await store.fork_session("src", fork)
+        _equal(await store.get_session("fork"), fork, "the fork's record")
+        copied = await store.read_timeline("fork")
+        _equal(
+            [(e.session_id, e.seq, e.message_id, e.update) for e in copied],
+            [("fork", e.seq, e.message_id, e.update) for e in source_entries],
+            "the fork's timeline",
+        )
+        _equal(await store.count_user_messages("fork"), 2, "copied user messages")
+        _equal(await store.find_key("fork", "key-1"), None, "the fork has no keys")
+        _equal(await store.count_user_messages("fork", idempotency_key="key-1"), 0, "by key")
+        outcome = await _insert(store, "fork", "f1", "key-1", b"d1")
+        _equal(outcome, InsertOutcome("f1", True, b"d1"), "the source's key inserts in the fork")
+        _expect(
+            [e.seq for e in await store.read_timeline("fork")][-1] > source_entries[-1].seq,
+            "new entries of the fork come after the copied ones",
+        )
+        _equal(await store.find_key("src", "key-1"), KeyRecord("m1", b"d1"), "source key kept")
+        _equal(await store.read_timeline("src"), source_entries, "the source is unchanged")
+        await store.delete_session("src")
+        _equal(len(await store.read_timeline("fork")), 4, "the fork outlives its source")
+
+
+async def check_fork_errors(factory: StoreFactory) -> None:
+    """Forking a missing session or onto a taken id fails and changes nothing."""
+    async with factory() as store:
+        await store.create_session(_session("src"))
+        await store.create_session(_session("taken"))
+        await _insert(store, "src", "m1", None)
+        await _raises(
+            SessionMissing, store.fork_session("nope", _session("new")), "fork of missing"
+        )
+        _equal(await store.get_session("new"), None, "no session created by a failed fork")
+        await _raises(
+            SessionExists, store.fork_session("src", _session("taken")), "fork onto taken id"
+        )
+        _equal(await store.read_timeline("taken"), [], "a failed fork copies nothing")
+
+
+async def check_timeline_order_and_paging(factory: StoreFactory) -> None:
+    """Entries come back in write order with increasing `seq`, pageable by `after_seq`."""
+    async with factory() as store:
+        await store.create_session(_session("s"))
+        written: list[tuple[str | None, bytes]] = []
+        for n in range(12):
+            if n % 3 == 0:
+                update = _user_update(f"u{n}", f"prompt {n}")
+                await _insert(store, "s", f"u{n}", f"k{n}" if n % 2 else None, text=f"prompt {n}")
+                written.append((f"u{n}", update))
+            else:
+                update = _agent_update(f"a{n}", f"chunk {n}")
+                mid = None if n == 4 else f"a{n}"
+                seq = await store.append_update("s", update, message_id=mid)
+                _expect(seq >= 1, "append_update returns a positive seq")
+                written.append((mid, update))
+        for limit in (1, 5, 12, 1000):
+            entries = await _all_entries(store, "s", limit)
+            _equal([(e.message_id, e.update) for e in entries], written, f"limit={limit}")
+            seqs = [e.seq for e in entries]
+            _expect(all(a < b for a, b in itertools.pairwise(seqs)), "seq increases")
+            _expect(all(e.session_id == "s" for e in entries), "entries name their session")
+        entries = await store.read_timeline("s")
+        middle = entries[5].seq
+        _equal(
+            await store.read_timeline("s", after_seq=middle, limit=2),
+            entries[6:8],
+            "a page from the middle",
+        )
+        _equal(await store.read_timeline("s", after_seq=entries[-1].seq), [], "after the end")
+        await _raises(ValueError, store.read_timeline("s", limit=0), "limit=0")
+
+
+async def check_append_returns_seq(factory: StoreFactory) -> None:
+    """`append_update` returns the `seq` that `read_timeline` reports for the entry."""
+    async with factory() as store:
+        await store.create_session(_session("s"))
+        await _insert(store, "s", "u1", None)
+        seq = await store.append_update("s", b'{"sessionUpdate":"x"}', message_id="a1")
+        last = (await store.read_timeline("s"))[-1]
+        _equal((last.seq, last.message_id), (seq, "a1"), "the appended entry")
+
+
+async def check_payload_fidelity(factory: StoreFactory) -> None:
+    """Update bytes come back byte for byte (non-ASCII, large, unusual but valid JSON)."""
+    async with factory() as store:
+        await store.create_session(_session("s"))
+        payloads = [
+            orjson.dumps({"sessionUpdate": "agent_message", "text": "naïve ☃ 🔑 \u0000 end"}),
+            orjson.dumps({"sessionUpdate": "agent_message", "text": "x" * 200_000}),
+            b'{"sessionUpdate" : "agent_message",  "spaced": true}',
+        ]
+        for payload in payloads:
+            await store.append_update("s", payload)
+        got = [e.update for e in await store.read_timeline("s")]
+        _equal(got, payloads, "update bytes")
+        _expect(all(type(u) is bytes for u in got), "updates are bytes")
+
+
+async def check_keys_stay_private(factory: StoreFactory) -> None:
+    """A key never shows in timeline bytes, session records, list pages or errors (R29)."""
+    key = "PRIVATE-KEY-7c1e5d"
+    async with factory() as store:
+        await store.create_session(_session("s"))
+        outcome = await _insert(store, "s", "m1", key, b"digest")
+        retry = await _insert(store, "s", "m2", key, b"digest")
+        await store.fork_session("s", _session("fork", forked_from="s"))
+        found = await store.find_key("s", key)
+        visible: list[object] = [
+            outcome,
+            retry,
+            found,
+            await store.get_session("s"),
+            await store.list_sessions(),
+            await store.list_sessions(limit=1),
+            await store.read_timeline("s"),
+            await store.read_timeline("fork"),
+        ]
+        missing = await _raises(SessionMissing, _insert(store, "nope", "m", key), "missing")
+        visible += [str(missing), missing.args]
+        gone = await _raises(
+            SessionMissing,
+            store.insert_user_message(
+                "nope", message_id="m", update=b"{}", idempotency_key=key, prompt_digest=None
+            ),
+            "missing",
+        )
+        visible += [str(gone), repr(gone)]
+        for thing in visible:
+            _expect(key not in repr(thing), f"the key leaks into {type(thing).__name__}")
+        for session_id in ("s", "fork"):
+            for entry in await store.read_timeline(session_id):
+                _expect(key.encode() not in entry.update, "the key leaks into an update")
+
+
+async def check_writes_to_missing_session(factory: StoreFactory) -> None:
+    """Writes on a missing session raise SessionMissing (a StorageError) and create nothing."""
+    async with factory() as store:
+        exc = await _raises(SessionMissing, _insert(store, "nope", "m1", "k"), "insert")
+        _expect(isinstance(exc, StorageError), "SessionMissing is a StorageError")
+        await _raises(SessionMissing, _insert(store, "nope", "m1", None), "keyless insert")
+        await _raises(SessionMissing, store.append_update("nope", b"{}"), "append_update")
+        _equal(await store.get_session("nope"), None, "no session appears")
+        _equal(await store.find_key("nope", "k"), None, "no key appears")
+
+
+async def check_reads_of_missing_session(factory: StoreFactory) -> None:
+    """Reads of a missing session answer "nothing" instead of raising."""
+    async with factory() as store:
+        _equal(await store.read_timeline("nope"), [], "read_timeline")
+        _equal(await store.count_user_messages("nope"), 0, "count_user_messages")
+        _equal(await store.count_user_messages("nope", idempotency_key="k"), 0, "count by key")
+        _equal(await store.find_key("nope", "k"), None, "find_key")
+
+
+async def check_writes_bump_updated_at(factory: StoreFactory) -> None:
+    """Inserting a message or appending an update bumps `updated_at`; a retry does not."""
+    async with factory() as store:
+        await store.create_session(_session("quiet", updated_at=100.0))
+        await store.create_session(_session("busy", updated_at=100.0))
+        await store.create_session(_session("agent", updated_at=100.0))
+        await _insert(store, "busy", "m1", "k")
+        record = await store.get_session("busy")
+        _expect(record is not None and record.updated_at > 100.0, "insert bumps updated_at")
+        await store.append_update("agent", b"{}")
+        agent = await store.get_session("agent")
+        _expect(agent is not None and agent.updated_at > 100.0, "append bumps updated_at")
+        first_page, _ = await store.list_sessions(limit=1)
+        _expect(first_page[0].session_id in {"busy", "agent"}, "a written session lists first")
+        await store.update_session("busy", updated_at=200.0)
+        await _insert(store, "busy", "m2", "k")
+        after = await store.get_session("busy")
+        _expect(after is not None and after.updated_at == 200.0, "a keyed retry writes nothing")
+        quiet = await store.get_session("quiet")
+        _expect(quiet is not None and quiet.updated_at == 100.0, "other sessions unchanged")
+
+
+async def check_count_user_messages(factory: StoreFactory) -> None:
+    """Only user messages count; agent updates do not."""
+    async with factory() as store:
+        await store.create_session(_session("s"))
+        await store.append_update("s", _agent_update("a1", "x"), message_id="a1")
+        await _insert(store, "s", "u1", None)
+        await _insert(store, "s", "u2", "k")
+        await store.append_update("s", _agent_update("a2", "x"), message_id="a2")
+        _equal(await store.count_user_messages("s"), 2, "user messages")
+        _equal(await store.count_user_messages("s", idempotency_key="k"), 1, "with key k")
+
+
+async def check_closed_store_refuses(factory: StoreFactory) -> None:
+    """After `aclose` (idempotent) every call raises StorageError."""
+    async with factory() as store:
+        await store.create_session(_session("s"))
+        await store.aclose()
+        await store.aclose()
+        await _raises(StorageError, store.get_session("s"), "get_session after aclose")
+        await _raises(StorageError, _insert(store, "s", "m", "k"), "insert after aclose")
+
+
+CHECKS: Final[tuple[Check, ...]] = (
+    check_create_and_get,
+    check_list_order_and_paging,
+    check_list_empty,
+    check_list_cursor_errors,
+    check_list_stable_while_adding,
+    check_list_cwd_filter,
+    check_delete,
+    check_recreated_session_forgets_keys,
+    check_update_session,
+    check_insert_without_key_inserts_each_time,
+    check_insert_with_key_inserts_once,
+    check_insert_with_key_without_digest,
+    check_key_scoped_to_session,
+    check_key_case_sensitive,
+    check_find_key_of_keyless_session,
+    check_concurrent_same_key_inserts_once,
+    check_concurrent_distinct_inserts,
+    check_fork_copies_history_not_keys,
+    check_fork_errors,
+    check_timeline_order_and_paging,
+    check_append_returns_seq,
+    check_payload_fidelity,
+    check_keys_stay_private,
+    check_writes_to_missing_session,
+    check_reads_of_missing_session,
+    check_writes_bump_updated_at,
+    check_count_user_messages,
+    check_closed_store_refuses,
+)
+"""Every check of the contract, in a stable order."""
+
+
+async def run_contract(factory: StoreFactory) -> list[tuple[str, Exception]]:
+    """Run every check against stores from `factory`; return the failures (name, error)."""
+    failures: list[tuple[str, Exception]] = []
+    for check in CHECKS:
+        try:
+            await check(factory)
+        except Exception as exc:  # a failing check must not stop the others
+            failures.append((getattr(check, "__name__", repr(check)), exc))
+    return failures

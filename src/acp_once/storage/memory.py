@@ -1,0 +1,245 @@
+"""The in-memory reference store: plain dicts behind one anyio lock per store.
+
+It is the executable definition of the contract (every backend must behave like it) and the
+default for stdio agents, where a record in memory is enough while the process lives (R39).
+
+Each session keeps its timeline as a list in `seq` order and a dict from idempotency key to
+`KeyRecord`, so `find_key` is O(1) whatever the length of the history. The key lives only in
+that dict, never in a timeline entry, and a fork starts with an empty dict (R32, D15).
+
+Every method does all of its work synchronously after taking the lock, so a cancelled call
+either happened completely or not at all.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Self
+
+import anyio
+
+from acp_once.storage.base import (
+    UNCHANGED,
+    InsertOutcome,
+    KeyRecord,
+    SessionExists,
+    SessionMissing,
+    SessionRecord,
+    StorageError,
+    TimelineEntry,
+    Unchanged,
+    check_limit,
+    decode_cursor,
+    encode_cursor,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from types import TracebackType
+
+__all__ = ["MemoryStore"]
+
+
+@dataclass(slots=True)
+class _Session:
+    record: SessionRecord
+    timeline: list[TimelineEntry] = field(default_factory=list)
+    keys: dict[str, KeyRecord] = field(default_factory=dict)
+    user_messages: int = 0
+
+    def append(self, message_id: str | None, update: bytes) -> int:
+        seq = self.timeline[-1].seq + 1 if self.timeline else 1
+        self.timeline.append(TimelineEntry(self.record.session_id, seq, message_id, update))
+        return seq
+
+    def touch(self, now: float) -> None:
+        self.record = replace(self.record, updated_at=max(self.record.updated_at, now))
+
+
+def _order(record: SessionRecord) -> tuple[float, str]:
+    return (-record.updated_at, record.session_id)
+
+
+class MemoryStore:
+    """A `SessionStore` that keeps everything in this process's memory.
+
+    Usable right after construction; also an async context manager that closes it.
+
+    Args:
+        clock: returns "now" in seconds since the epoch, for bumping `updated_at`.
+    """
+
+    def __init__(self, *, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock
+        self._lock = anyio.Lock()
+        self._sessions: dict[str, _Session] = {}
+        self._closed = False
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"{len(self._sessions)} sessions"
+        return f"<MemoryStore {state}>"
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StorageError("the store is closed")
+
+    def _session(self, session_id: str) -> _Session:
+        session = self._sessions.get(session_id)
+        if session is None:
+            raise SessionMissing(session_id)
+        return session
+
+    # -- sessions --------------------------------------------------------------------------
+
+    async def create_session(self, record: SessionRecord) -> None:
+        async with self._lock:
+            self._check_open()
+            if record.session_id in self._sessions:
+                raise SessionExists(record.session_id)
+            self._sessions[record.session_id] = _Session(record)
+
+    async def get_session(self, session_id: str) -> SessionRecord | None:
+        async with self._lock:
+            self._check_open()
+            session = self._sessions.get(session_id)
+            return None if session is None else session.record
+
+    async def list_sessions(
+        self, *, cwd: str | None = None, cursor: str | None = None, limit: int = 100
+    ) -> tuple[list[SessionRecord], str | None]:
+        check_limit(limit)
+        after = None if cursor is None else decode_cursor(cursor)
+        async with self._lock:
+            self._check_open()
+            records = [
+                s.record for s in self._sessions.values() if cwd is None or s.record.cwd == cwd
+            ]
+        records.sort(key=_order)
+        if after is not None:
+            start = bisect.bisect_right(records, (-after[0], after[1]), key=_order)
+            records = records[start:]
+        page = records[:limit]
+        next_cursor = None
+        if len(records) > limit:
+            last = page[-1]
+            next_cursor = encode_cursor(last.updated_at, last.session_id)
+        return page, next_cursor
+
+    async def delete_session(self, session_id: str) -> bool:
+        async with self._lock:
+            self._check_open()
+            return self._sessions.pop(session_id, None) is not None
+
+    async def update_session(
+        self,
+        session_id: str,
+        *,
+        title: str | Unchanged | None = UNCHANGED,
+        updated_at: float | Unchanged = UNCHANGED,
+    ) -> SessionRecord:
+        async with self._lock:
+            self._check_open()
+            session = self._session(session_id)
+            record = session.record
+            if not isinstance(title, Unchanged):
+                record = replace(record, title=title)
+            if not isinstance(updated_at, Unchanged):
+                record = replace(record, updated_at=updated_at)
+            session.record = record
+            return record
+
+    async def fork_session(self, source_id: str, new_record: SessionRecord) -> None:
+        async with self._lock:
+            self._check_open()
+            source = self._session(source_id)
+            if new_record.session_id in self._sessions:
+                raise SessionExists(new_record.session_id)
+            fork = _Session(new_record, user_messages=source.user_messages)
+            fork.timeline = [
+                TimelineEntry(new_record.session_id, e.seq, e.message_id, e.update)
+                for e in source.timeline
+            ]
+            # No keys: in the fork, a key of the source names an unrelated submission.
+            self._sessions[new_record.session_id] = fork
+
+    # -- timeline and keys -----------------------------------------------------------------
+
+    async def insert_user_message(
+        self,
+        session_id: str,
+        *,
+        message_id: str,
+        update: bytes,
+        idempotency_key: str | None,
+        prompt_digest: bytes | None,
+    ) -> InsertOutcome:
+        async with self._lock:
+            self._check_open()
+            session = self._session(session_id)
+            if idempotency_key is not None:
+                recorded = session.keys.get(idempotency_key)
+                if recorded is not None:
+                    return InsertOutcome(recorded.message_id, False, recorded.prompt_digest)
+            session.append(message_id, update)
+            session.user_messages += 1
+            if idempotency_key is not None:
+                session.keys[idempotency_key] = KeyRecord(message_id, prompt_digest)
+            session.touch(self._clock())
+            return InsertOutcome(message_id, True, prompt_digest)
+
+    async def find_key(self, session_id: str, key: str) -> KeyRecord | None:
+        async with self._lock:
+            self._check_open()
+            session = self._sessions.get(session_id)
+            return None if session is None else session.keys.get(key)
+
+    async def append_update(
+        self, session_id: str, update: bytes, *, message_id: str | None = None
+    ) -> int:
+        async with self._lock:
+            self._check_open()
+            session = self._session(session_id)
+            seq = session.append(message_id, update)
+            session.touch(self._clock())
+            return seq
+
+    async def read_timeline(
+        self, session_id: str, *, after_seq: int = 0, limit: int = 1000
+    ) -> list[TimelineEntry]:
+        check_limit(limit)
+        async with self._lock:
+            self._check_open()
+            session = self._sessions.get(session_id)
+            if session is None:
+                return []
+            start = bisect.bisect_right(session.timeline, after_seq, key=lambda e: e.seq)
+            return session.timeline[start : start + limit]
+
+    async def count_user_messages(
+        self, session_id: str, *, idempotency_key: str | None = None
+    ) -> int:
+        async with self._lock:
+            self._check_open()
+            session = self._sessions.get(session_id)
+            if session is None:
+                return 0
+            if idempotency_key is None:
+                return session.user_messages
+            return int(idempotency_key in session.keys)
+
+    async def aclose(self) -> None:
+        self._closed = True
+        self._sessions.clear()

@@ -1,0 +1,527 @@
+"""The SQLite store: stdlib `sqlite3`, one connection, one worker thread at a time.
+
+Layout (see `_migrations.py`): a `sessions` table and a `timeline` table whose rows are the
+retained `session/update` objects of each session in `seq` order. **The idempotency key is a
+nullable column of the user-message row itself**, next to the prompt digest, guarded by the
+partial unique index `timeline_user_keys (session_id, idempotency_key) WHERE idempotency_key
+IS NOT NULL`. We chose this over a separate `user_keys` table because:
+
+* the key and its message are one row, written by one INSERT, so no crash, bug or missing
+  transaction can ever store one without the other (R38, D14): "store the key in the same
+  step as the message";
+* the key lives exactly as long as the message (R34, D13): deleting or compacting rows
+  forgets their keys with no second table to keep in step;
+* a fork copies rows with `idempotency_key = NULL`, so it cannot inherit keys (R32, D15);
+* `find_key` is one probe of the partial index, whatever the length of the history (proven
+  with `EXPLAIN QUERY PLAN` in the tests), and the key column is never selected into a record.
+
+Concurrency and durability:
+
+* Every call runs in a worker thread through `anyio.to_thread.run_sync` with a
+  `CapacityLimiter(1)` owned by the store, so calls on one store are serialised on its one
+  connection (opened with `check_same_thread=False` for exactly this reason).
+* Writes are `BEGIN IMMEDIATE ... COMMIT` transactions: the write lock is taken up front, so
+  the key lookup and the insert cannot interleave with another writer, even one in another
+  process using the same file (the agent restarted while a test counts messages, or two
+  stores on one file). `busy_timeout` (5000 ms by default) makes the second writer wait
+  instead of failing with "database is locked" (the LangGraph #8136 lesson).
+* WAL journal mode, so readers never block the writer and vice versa.
+* `synchronous=NORMAL` (default): in WAL mode a committed transaction survives a crash of
+  the process, SIGKILL included, because the WAL is in the OS page cache; a power loss or
+  OS crash may lose the last few commits (never corrupting the file). `synchronous="FULL"`
+  fsyncs the WAL at every commit: durable against power loss, at the price of one fsync per
+  insert (several times slower on most disks, see `benchmarks/bench_store.py`).
+* Foreign keys are on (`ON DELETE CASCADE` from sessions to timeline); deletes also remove
+  the timeline explicitly, so a connection without the pragma cannot leave orphans.
+
+The schema is migrated explicitly (`_migrations.py`): `SqliteStore.open(path)` applies the
+pending migrations by default; with `migrate=False` an out-of-date file raises
+`SchemaOutOfDate`, which tells the user to run `acp-once db migrate` (see
+`migrate_database`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import sqlite3
+import time
+from typing import TYPE_CHECKING, Final, Literal, Self, TypeVar, get_args
+
+import anyio
+import anyio.to_thread
+import orjson
+
+from acp_once.storage._migrations import LATEST_VERSION, apply_migrations, current_version
+from acp_once.storage.base import (
+    UNCHANGED,
+    InsertOutcome,
+    KeyRecord,
+    Opening,
+    SchemaOutOfDate,
+    SessionExists,
+    SessionMissing,
+    SessionRecord,
+    StorageError,
+    TimelineEntry,
+    Unchanged,
+    check_limit,
+    decode_cursor,
+    encode_cursor,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from types import TracebackType
+
+__all__ = ["LATEST_VERSION", "SqliteStore", "Synchronous", "migrate_database"]
+
+Synchronous = Literal["NORMAL", "FULL", "EXTRA"]
+"""Accepted values of SQLite's `synchronous` pragma (`OFF` is refused: it can corrupt)."""
+
+_T = TypeVar("_T")
+
+# -- SQL ----------------------------------------------------------------------------------------
+# Module constants so that the tests can run `EXPLAIN QUERY PLAN` on the exact statements.
+
+_SESSION_COLUMNS: Final = (
+    "session_id, cwd, additional_directories, title, created_at, updated_at, forked_from"
+)
+_INSERT_SESSION: Final = f"INSERT INTO sessions ({_SESSION_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)"
+_GET_SESSION: Final = f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE session_id = ?"
+_SESSION_EXISTS: Final = "SELECT 1 FROM sessions WHERE session_id = ?"
+_LIST_ORDER: Final = " ORDER BY updated_at DESC, session_id ASC LIMIT ?"
+_AFTER_CURSOR: Final = "(updated_at < ? OR (updated_at = ? AND session_id > ?))"
+_TOUCH_SESSION: Final = "UPDATE sessions SET updated_at = MAX(updated_at, ?) WHERE session_id = ?"
+
+FIND_KEY_SQL: Final = (
+    "SELECT message_id, prompt_digest FROM timeline WHERE session_id = ? AND idempotency_key = ?"
+)
+_NEXT_SEQ: Final = "SELECT COALESCE(MAX(seq), 0) + 1 FROM timeline WHERE session_id = ?"
+_INSERT_ENTRY: Final = (
+    "INSERT INTO timeline"
+    " (session_id, seq, message_id, payload, is_user_message, idempotency_key, prompt_digest)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?)"
+)
+_READ_TIMELINE: Final = (
+    "SELECT seq, message_id, payload FROM timeline"
+    " WHERE session_id = ? AND seq > ? ORDER BY seq LIMIT ?"
+)
+_COUNT_USER: Final = "SELECT COUNT(*) FROM timeline WHERE session_id = ? AND is_user_message = 1"
+_COUNT_KEY: Final = "SELECT COUNT(*) FROM timeline WHERE session_id = ? AND idempotency_key = ?"
+# Keys (and digests, which belong to them) are deliberately not copied into a fork.
+_COPY_TIMELINE: Final = (
+    "INSERT INTO timeline (session_id, seq, message_id, payload, is_user_message)"
+    " SELECT ?, seq, message_id, payload, is_user_message FROM timeline"
+    " WHERE session_id = ? ORDER BY seq"
+)
+
+_SessionRow = tuple[str, str, bytes, str | None, float, float, str | None]
+
+
+def _to_row(record: SessionRecord) -> _SessionRow:
+    return (
+        record.session_id,
+        record.cwd,
+        orjson.dumps(list(record.additional_directories)),
+        record.title,
+        record.created_at,
+        record.updated_at,
+        record.forked_from,
+    )
+
+
+def _from_row(row: _SessionRow) -> SessionRecord:
+    session_id, cwd, dirs, title, created_at, updated_at, forked_from = row
+    return SessionRecord(
+        session_id=session_id,
+        cwd=cwd,
+        additional_directories=tuple(orjson.loads(dirs)),
+        title=title,
+        created_at=created_at,
+        updated_at=updated_at,
+        forked_from=forked_from,
+    )
+
+
+# -- synchronous helpers (run in the worker thread) --------------------------------------------
+
+
+def _connect(path: str, synchronous: Synchronous, busy_timeout_ms: int) -> sqlite3.Connection:
+    # isolation_level=None: autocommit; we issue BEGIN IMMEDIATE / COMMIT ourselves.
+    conn = sqlite3.connect(
+        path, isolation_level=None, check_same_thread=False, timeout=busy_timeout_ms / 1000
+    )
+    try:
+        conn.execute(f"PRAGMA busy_timeout = {busy_timeout_ms:d}")
+        conn.execute("PRAGMA journal_mode = WAL")  # answers 'memory' for ':memory:'; fine
+        conn.execute(f"PRAGMA synchronous = {synchronous}")
+        conn.execute("PRAGMA foreign_keys = ON")
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _prepare_schema(conn: sqlite3.Connection, *, migrate: bool, where: str) -> None:
+    found = current_version(conn)
+    if found < LATEST_VERSION:
+        if not migrate:
+            raise SchemaOutOfDate(found=found, required=LATEST_VERSION, where=where)
+        apply_migrations(conn)  # reads the version again under the write lock
+        found = current_version(conn)
+    if found > LATEST_VERSION:
+        raise StorageError(
+            f"{where}: database schema version {found} is newer than this acp-once supports"
+            f" ({LATEST_VERSION}); upgrade acp-once"
+        )
+
+
+def _write(conn: sqlite3.Connection, work: Callable[[sqlite3.Connection], _T]) -> _T:
+    """Run `work` in one `BEGIN IMMEDIATE` transaction: all of it commits, or none of it."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        result = work(conn)
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    return result
+
+
+def _touch(conn: sqlite3.Connection, session_id: str, now: float) -> int:
+    """Bump `updated_at` and return the next `seq` of the session (inside a write)."""
+    if conn.execute(_TOUCH_SESSION, (now, session_id)).rowcount == 0:
+        raise SessionMissing(session_id)
+    row: tuple[int] = conn.execute(_NEXT_SEQ, (session_id,)).fetchone()
+    return row[0]
+
+
+def _find_key(conn: sqlite3.Connection, session_id: str, key: str) -> KeyRecord | None:
+    row: tuple[str, bytes | None] | None = conn.execute(FIND_KEY_SQL, (session_id, key)).fetchone()
+    return None if row is None else KeyRecord(row[0], row[1])
+
+
+class SqliteStore:
+    """A `SessionStore` in one SQLite file. Create it with `SqliteStore.open(path)`."""
+
+    def __init__(
+        self,
+        conn: sqlite3.Connection,
+        limiter: anyio.CapacityLimiter,
+        *,
+        path: str,
+        clock: Callable[[], float],
+    ) -> None:
+        """Wrap an open, migrated connection; use `SqliteStore.open` instead."""
+        self._conn: sqlite3.Connection | None = conn
+        self._limiter = limiter
+        self._path = path
+        self._clock = clock
+
+    @classmethod
+    def open(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        migrate: bool = True,
+        synchronous: Synchronous = "NORMAL",
+        busy_timeout_ms: int = 5000,
+        clock: Callable[[], float] = time.time,
+    ) -> Opening[SqliteStore]:
+        """Open (creating if needed) the database at `path`; await it or `async with` it.
+
+        Args:
+            path: the database file (`":memory:"` gives a private in-memory database).
+            migrate: apply pending schema migrations. With False, an out-of-date database
+                raises `SchemaOutOfDate` instead.
+            synchronous: `"NORMAL"` survives process crashes; `"FULL"` also power loss.
+            busy_timeout_ms: how long a write waits for another connection's write lock.
+            clock: "now" in seconds since the epoch, for bumping `updated_at`.
+
+        Raises:
+            SchemaOutOfDate: `migrate=False` and the schema is older than required.
+            StorageError: the file cannot be opened, or its schema is newer than supported.
+        """
+        if synchronous not in get_args(Synchronous):
+            raise ValueError(f"synchronous must be one of {get_args(Synchronous)}")
+        if busy_timeout_ms < 0:
+            raise ValueError("busy_timeout_ms must not be negative")
+        where = os.fspath(path)
+
+        def connect_and_prepare() -> sqlite3.Connection:
+            try:
+                conn = _connect(where, synchronous, busy_timeout_ms)
+            except sqlite3.Error as exc:
+                raise StorageError(f"{where}: cannot open the database: {exc}") from exc
+            try:
+                _prepare_schema(conn, migrate=migrate, where=where)
+            except BaseException as exc:
+                conn.close()
+                if isinstance(exc, sqlite3.Error):
+                    raise StorageError(f"{where}: {exc}") from exc
+                raise
+            return conn
+
+        async def open_() -> SqliteStore:
+            limiter = anyio.CapacityLimiter(1)
+            conn = await anyio.to_thread.run_sync(connect_and_prepare, limiter=limiter)
+            return cls(conn, limiter, path=where, clock=clock)
+
+        return Opening(open_, SqliteStore.aclose)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._conn is None else "open"
+        return f"<SqliteStore {self._path!r} {state}>"
+
+    async def _call(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
+        """Run `fn(connection)` in the store's worker thread, one call at a time.
+
+        Cancellation: we keep `to_thread.run_sync`'s default `abandon_on_cancel=False`. A
+        cancelled caller then waits until the thread has finished, so every transaction has
+        committed or rolled back before the cancellation is delivered. Abandoning the thread
+        would release the limiter while the thread still works, letting the next call use the
+        same connection in the middle of a transaction (the encode/databases #460 bug class),
+        and the caller could not tell whether the write happened. The price: a cancelled
+        write may still complete (a cancelled `insert_user_message` may have inserted, which
+        a keyed retry then finds), and cancellation waits for at most one busy timeout.
+        """
+        return await anyio.to_thread.run_sync(
+            functools.partial(self._in_thread, fn), limiter=self._limiter, abandon_on_cancel=True
+        )
+
+    def _in_thread(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
+        conn = self._conn
+        if conn is None:
+            raise StorageError("the store is closed")
+        try:
+            return fn(conn)
+        except sqlite3.Error as exc:
+            # SQLite messages name tables and columns, never the values (so never a key).
+            raise StorageError(f"{self._path}: {exc}") from exc
+
+    # -- sessions ----------------------------------------------------------------------------
+
+    async def create_session(self, record: SessionRecord) -> None:
+        def work(conn: sqlite3.Connection) -> None:
+            try:
+                conn.execute(_INSERT_SESSION, _to_row(record))
+            except sqlite3.IntegrityError:
+                raise SessionExists(record.session_id) from None
+
+        await self._call(functools.partial(_write, work=work))
+
+    async def get_session(self, session_id: str) -> SessionRecord | None:
+        def work(conn: sqlite3.Connection) -> SessionRecord | None:
+            row: _SessionRow | None = conn.execute(_GET_SESSION, (session_id,)).fetchone()
+            return None if row is None else _from_row(row)
+
+        return await self._call(work)
+
+    async def list_sessions(
+        self, *, cwd: str | None = None, cursor: str | None = None, limit: int = 100
+    ) -> tuple[list[SessionRecord], str | None]:
+        check_limit(limit)
+        after = None if cursor is None else decode_cursor(cursor)
+        clauses: list[str] = []
+        params: list[str | float | int] = []
+        if cwd is not None:
+            clauses.append("cwd = ?")
+            params.append(cwd)
+        if after is not None:
+            clauses.append(_AFTER_CURSOR)
+            params.extend((after[0], after[0], after[1]))
+        where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
+        sql = f"SELECT {_SESSION_COLUMNS} FROM sessions{where}{_LIST_ORDER}"
+        params.append(limit + 1)  # one more than asked tells whether a next page exists
+
+        def work(conn: sqlite3.Connection) -> list[SessionRecord]:
+            rows: list[_SessionRow] = conn.execute(sql, params).fetchall()
+            return [_from_row(row) for row in rows]
+
+        records = await self._call(work)
+        page = records[:limit]
+        next_cursor = None
+        if len(records) > limit:
+            last = page[-1]
+            next_cursor = encode_cursor(last.updated_at, last.session_id)
+        return page, next_cursor
+
+    async def delete_session(self, session_id: str) -> bool:
+        def work(conn: sqlite3.Connection) -> bool:
+            conn.execute("DELETE FROM timeline WHERE session_id = ?", (session_id,))
+            return (
+                conn.execute("DELETE FROM sessions WHERE session_id = ?", (session_id,)).rowcount
+                > 0
+            )
+
+        return await self._call(functools.partial(_write, work=work))
+
+    async def update_session(
+        self,
+        session_id: str,
+        *,
+        title: str | Unchanged | None = UNCHANGED,
+        updated_at: float | Unchanged = UNCHANGED,
+    ) -> SessionRecord:
+        assignments: list[str] = []
+        params: list[str | float | None] = []
+        if not isinstance(title, Unchanged):
+            assignments.append("title = ?")
+            params.append(title)
+        if not isinstance(updated_at, Unchanged):
+            assignments.append("updated_at = ?")
+            params.append(updated_at)
+        params.append(session_id)
+        sql = f"UPDATE sessions SET {', '.join(assignments)} WHERE session_id = ?"
+
+        def work(conn: sqlite3.Connection) -> SessionRecord:
+            if assignments:
+                conn.execute(sql, params)
+            row: _SessionRow | None = conn.execute(_GET_SESSION, (session_id,)).fetchone()
+            if row is None:
+                raise SessionMissing(session_id)
+            return _from_row(row)
+
+        return await self._call(functools.partial(_write, work=work))
+
+    async def fork_session(self, source_id: str, new_record: SessionRecord) -> None:
+        def work(conn: sqlite3.Connection) -> None:
+            if conn.execute(_SESSION_EXISTS, (source_id,)).fetchone() is None:
+                raise SessionMissing(source_id)
+            try:
+                conn.execute(_INSERT_SESSION, _to_row(new_record))
+            except sqlite3.IntegrityError:
+                raise SessionExists(new_record.session_id) from None
+            conn.execute(_COPY_TIMELINE, (new_record.session_id, source_id))
+
+        await self._call(functools.partial(_write, work=work))
+
+    # -- timeline and keys -------------------------------------------------------------------
+
+    async def insert_user_message(
+        self,
+        session_id: str,
+        *,
+        message_id: str,
+        update: bytes,
+        idempotency_key: str | None,
+        prompt_digest: bytes | None,
+    ) -> InsertOutcome:
+        now = self._clock()
+
+        def work(conn: sqlite3.Connection) -> InsertOutcome:
+            if idempotency_key is not None:
+                recorded = _find_key(conn, session_id, idempotency_key)
+                if recorded is not None:
+                    return InsertOutcome(recorded.message_id, False, recorded.prompt_digest)
+            seq = _touch(conn, session_id, now)
+            conn.execute(
+                _INSERT_ENTRY,
+                (session_id, seq, message_id, update, 1, idempotency_key, prompt_digest),
+            )
+            return InsertOutcome(message_id, True, prompt_digest)
+
+        def guarded(conn: sqlite3.Connection) -> InsertOutcome:
+            try:
+                return _write(conn, work)
+            except sqlite3.IntegrityError:
+                # Unreachable while every writer uses BEGIN IMMEDIATE; the unique index is
+                # the last word if one does not: the other writer's record wins.
+                if idempotency_key is not None:
+                    recorded = _find_key(conn, session_id, idempotency_key)
+                    if recorded is not None:
+                        return InsertOutcome(recorded.message_id, False, recorded.prompt_digest)
+                raise
+
+        return await self._call(guarded)
+
+    async def find_key(self, session_id: str, key: str) -> KeyRecord | None:
+        return await self._call(functools.partial(_find_key, session_id=session_id, key=key))
+
+    async def append_update(
+        self, session_id: str, update: bytes, *, message_id: str | None = None
+    ) -> int:
+        now = self._clock()
+
+        def work(conn: sqlite3.Connection) -> int:
+            seq = _touch(conn, session_id, now)
+            conn.execute(_INSERT_ENTRY, (session_id, seq, message_id, update, 0, None, None))
+            return seq
+
+        return await self._call(functools.partial(_write, work=work))
+
+    async def read_timeline(
+        self, session_id: str, *, after_seq: int = 0, limit: int = 1000
+    ) -> list[TimelineEntry]:
+        check_limit(limit)
+
+        def work(conn: sqlite3.Connection) -> list[TimelineEntry]:
+            rows: list[tuple[int, str | None, bytes]] = conn.execute(
+                _READ_TIMELINE, (session_id, after_seq, limit)
+            ).fetchall()
+            return [TimelineEntry(session_id, seq, mid, payload) for seq, mid, payload in rows]
+
+        return await self._call(work)
+
+    async def count_user_messages(
+        self, session_id: str, *, idempotency_key: str | None = None
+    ) -> int:
+        def work(conn: sqlite3.Connection) -> int:
+            if idempotency_key is None:
+                row: tuple[int] = conn.execute(_COUNT_USER, (session_id,)).fetchone()
+            else:
+                row = conn.execute(_COUNT_KEY, (session_id, idempotency_key)).fetchone()
+            return row[0]
+
+        return await self._call(work)
+
+    async def aclose(self) -> None:
+        """Close the connection after the call in progress (if any). Idempotent."""
+
+        def close(conn: sqlite3.Connection) -> None:
+            self._conn = None
+            conn.close()
+
+        if self._conn is None:
+            return
+        # Bounded cleanup: waits for at most the one call in flight, so shielding is safe and
+        # guarantees the connection is closed even if the closing task is being cancelled.
+        with anyio.CancelScope(shield=True):
+            with contextlib.suppress(StorageError):  # closed meanwhile by another aclose()
+                await self._call(close)
+
+
+async def migrate_database(path: str | os.PathLike[str]) -> tuple[int, int]:
+    """Bring the database at `path` to the latest schema; the `acp-once db migrate` backend.
+
+    Returns (version before, version after). Creates the file if it does not exist.
+    """
+    where = os.fspath(path)
+
+    def work() -> tuple[int, int]:
+        try:
+            conn = _connect(where, "NORMAL", 5000)
+            try:
+                before = current_version(conn)
+                apply_migrations(conn)
+                return before, current_version(conn)
+            finally:
+                conn.close()
+        except sqlite3.Error as exc:
+            raise StorageError(f"{where}: {exc}") from exc
+
+    return await anyio.to_thread.run_sync(work)

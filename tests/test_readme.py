@@ -1,0 +1,49 @@
+"""The README shows real, tested code and a current retry table."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("example", ["echo_agent.py", "client.py"])
+def test_readme_shows_the_examples_verbatim(example: str) -> None:
+    source = (ROOT / "examples" / example).read_text(encoding="utf-8")
+    body = source.split('"""', 2)[2].lstrip("\n")  # the file without its docstring
+    assert f"# examples/{example}\n{body}" in README
+
+
+def test_readme_retry_table_is_current() -> None:
+    check = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "render_retry_table.py"), "--check"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_readme_names_the_two_commands() -> None:
+    assert "python3 dev.py demo" in README
+    assert "python3 dev.py test" in README
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    assert "python3 dev.py test" in ci
+
+
+def test_client_example_runs_against_the_agent_example() -> None:
+    done = subprocess.run(
+        [sys.executable, "examples/client.py"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("inserted as ")
