@@ -114,6 +114,7 @@ class AgentSideConnection:
             gate=self._gate,
             max_inflight=max_inflight,
             name=name or self.id,
+            cooperative_cancel=agent.cooperative_cancel,
         )
         self.client = ClientPeer(self._rpc)
         self.client_info: s.InitializeRequest | None = None

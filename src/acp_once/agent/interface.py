@@ -24,6 +24,10 @@ __all__ = ["Agent"]
 class Agent:
     """Base class for agents. One instance may serve many connections at once."""
 
+    cooperative_cancel: frozenset[str] = frozenset()
+    """Methods whose handlers decide what `$/cancel_request` means through
+    `ctx.request.on_cancel` (see `RequestContext`); the engine cancels all others itself."""
+
     async def initialize(
         self, params: s.InitializeRequest, ctx: CallContext
     ) -> s.InitializeResponse:

@@ -1,14 +1,89 @@
 """The `acp-once` command line."""
 
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import anyio
 import typer
 
-app = typer.Typer(no_args_is_help=True)
+app = typer.Typer(
+    no_args_is_help=True, help="acp-once: ACP v2 where a prompt is inserted at most once."
+)
+
+
+def _data_dir() -> Path:
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "acp-once"
 
 
 @app.command()
 def demo() -> None:
-    """Show what idempotency keys buy, under injected faults."""
-    typer.echo("demo: not built yet")
+    """Show what idempotency keys buy, under injected faults (being built: see the issues)."""
+    typer.echo(
+        "acp-once demo is not built yet. Meanwhile: `acp-once agent --help` runs the reference "
+        "agent over stdio."
+    )
+
+
+@app.command()
+def agent(
+    store: Annotated[
+        str | None,
+        typer.Option(help="memory: or sqlite:PATH (default: SQLite in the user's data directory)"),
+    ] = None,
+    policy: Annotated[
+        str, typer.Option(help="hold: prompts sent during a turn wait; steer: inserted at once")
+    ] = "hold",
+    compare_prompts: Annotated[
+        bool,
+        typer.Option(
+            "--compare-prompts/--no-compare-prompts",
+            help="refuse a recorded idempotencyKey sent with a different prompt (-32602)",
+        ),
+    ] = True,
+    side_effects: Annotated[
+        Path | None, typer.Option(help="directory of the per-session side-effect logs")
+    ] = None,
+) -> None:
+    """Run the reference ACP v2 agent on stdin/stdout.
+
+    Its scripted turn echoes the prompt as an agent message. In the prompt text, [work:SECONDS]
+    keeps the turn running that long (a prompt sent meanwhile is held, or steered in); [tool]
+    runs a tool call that appends one line to the session's side-effect log; a text starting
+    with / is a locally handled command (echoed live, not retained). Interrupted work after a
+    restart is reported idle. ACP_ONCE_CRASH=after-insert makes it exit right after committing
+    a user message (for fault-injection tests).
+    """
+    from acp_once.agent.reference import ReferenceAgent
+    from acp_once.agent.serve import serve_stdio
+    from acp_once.storage import open_store
+
+    if policy not in ("hold", "steer"):
+        raise typer.BadParameter("policy must be hold or steer")
+    url = store or f"sqlite:{_data_dir() / 'sessions.sqlite3'}"
+    if url.startswith("sqlite:") and url != "sqlite::memory:":
+        Path(url.removeprefix("sqlite:")).parent.mkdir(parents=True, exist_ok=True)
+    effects = side_effects or _data_dir() / "side-effects"
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+
+    async def run() -> None:
+        async with (
+            open_store(url) as opened,
+            ReferenceAgent(
+                opened,
+                side_effects=effects,
+                policy="steer" if policy == "steer" else "hold",
+                compare_prompts=compare_prompts,
+            ) as reference,
+        ):
+            await serve_stdio(reference)
+
+    anyio.run(run)
 
 
 def main() -> None:

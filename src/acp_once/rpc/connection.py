@@ -78,6 +78,10 @@ class RequestContext:
     id: RequestId
     method: str
     connection: Connection
+    seq: int = 0
+    """Arrival order on this connection (requests and notifications share one counter)."""
+    cooperative: bool = False
+    """The handler decides what a cancel means: the engine never cancels its scope for it."""
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
     cancel_requested: bool = False
     _cancel_callback: Callable[[], None] | None = None
@@ -95,7 +99,7 @@ class RequestContext:
         self.cancel_requested = True
         if self._cancel_callback is not None:
             self._cancel_callback()
-        else:
+        elif not self.cooperative:
             self.scope.cancel()
 
 
@@ -173,6 +177,9 @@ class Connection:
         on_request: handles inbound requests (default: -32601 for every method).
         on_notification: handles inbound notifications (default: ignore).
         gate: admission rules checked before dispatch (the agent side passes `InitializeGate`).
+        cooperative_cancel: methods whose handlers take `$/cancel_request` into their own hands
+            (`RequestContext.on_cancel`), even when it arrives before the handler started: the
+            engine then never cancels their scope (an inserted prompt must still succeed).
         max_inflight: inbound requests handled at once; beyond it the reader waits (bounded).
         name: shown in logs.
     """
@@ -186,7 +193,10 @@ class Connection:
         gate: Gate | None = None,
         max_inflight: int = 256,
         name: str = "acp",
+        cooperative_cancel: frozenset[str] = frozenset(),
     ) -> None:
+        self._cooperative = cooperative_cancel
+        self._arrivals = 0
         self._stream = stream
         self._on_request = on_request
         self._on_notification = on_notification
@@ -223,6 +233,15 @@ class Connection:
         finally:
             with anyio.CancelScope(shield=True), anyio.move_on_after(_SHUTDOWN_WRITE_TIMEOUT):
                 await self._stream.aclose()
+
+    @property
+    def arrivals(self) -> int:
+        """How many messages have arrived so far; a message's `seq` is the count at its arrival.
+
+        Handlers use it to order a notification (`session/cancel`) against requests that arrived
+        before it but have not run yet.
+        """
+        return self._arrivals
 
     @property
     def closed(self) -> bool:
@@ -321,6 +340,7 @@ class Connection:
                 if isinstance(frame, OversizedFrame):
                     await self._on_oversized(frame)
                     continue
+                self._arrivals += 1
                 await self._dispatch(jsonrpc.decode(frame))
         except OSError as exc:
             reason = ConnectionClosed(f"Connection lost: {exc.strerror or exc}")
@@ -403,7 +423,9 @@ class Connection:
             except AcpError as exc:
                 await self._answer_quietly(jsonrpc.encode_error(msg.id, exc))
                 return
-        ctx = RequestContext(msg.id, msg.method, self)
+        ctx = RequestContext(
+            msg.id, msg.method, self, self._arrivals, cooperative=msg.method in self._cooperative
+        )
         self._inflight[msg.id] = ctx
         await self._slots.acquire()
         assert self._tg is not None

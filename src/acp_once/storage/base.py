@@ -42,6 +42,7 @@ __all__ = [
     "InsertOutcome",
     "InvalidCursor",
     "KeyRecord",
+    "Opening",
     "SchemaOutOfDate",
     "SessionExists",
     "SessionMissing",
@@ -50,6 +51,7 @@ __all__ = [
     "StorageError",
     "TimelineEntry",
     "Unchanged",
+    "check_limit",
     "decode_cursor",
     "encode_cursor",
 ]

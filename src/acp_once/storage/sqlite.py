@@ -191,6 +191,15 @@ def _write(conn: sqlite3.Connection, work: Callable[[sqlite3.Connection], _T]) -
     return result
 
 
+def _insert_session(conn: sqlite3.Connection, record: SessionRecord) -> None:
+    try:
+        conn.execute(_INSERT_SESSION, _to_row(record))
+    except sqlite3.IntegrityError as exc:
+        if "UNIQUE" not in str(exc):
+            raise
+        raise SessionExists(record.session_id) from None
+
+
 def _touch(conn: sqlite3.Connection, session_id: str, now: float) -> int:
     """Bump `updated_at` and return the next `seq` of the session (inside a write)."""
     if conn.execute(_TOUCH_SESSION, (now, session_id)).rowcount == 0:
@@ -300,7 +309,7 @@ class SqliteStore:
         a keyed retry then finds), and cancellation waits for at most one busy timeout.
         """
         return await anyio.to_thread.run_sync(
-            functools.partial(self._in_thread, fn), limiter=self._limiter, abandon_on_cancel=True
+            functools.partial(self._in_thread, fn), limiter=self._limiter
         )
 
     def _in_thread(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
@@ -317,10 +326,7 @@ class SqliteStore:
 
     async def create_session(self, record: SessionRecord) -> None:
         def work(conn: sqlite3.Connection) -> None:
-            try:
-                conn.execute(_INSERT_SESSION, _to_row(record))
-            except sqlite3.IntegrityError:
-                raise SessionExists(record.session_id) from None
+            _insert_session(conn, record)
 
         await self._call(functools.partial(_write, work=work))
 
@@ -402,10 +408,7 @@ class SqliteStore:
         def work(conn: sqlite3.Connection) -> None:
             if conn.execute(_SESSION_EXISTS, (source_id,)).fetchone() is None:
                 raise SessionMissing(source_id)
-            try:
-                conn.execute(_INSERT_SESSION, _to_row(new_record))
-            except sqlite3.IntegrityError:
-                raise SessionExists(new_record.session_id) from None
+            _insert_session(conn, new_record)
             conn.execute(_COPY_TIMELINE, (new_record.session_id, source_id))
 
         await self._call(functools.partial(_write, work=work))

@@ -1,0 +1,5 @@
+"""`python -m acp_once` is the `acp-once` command."""
+
+from acp_once.cli.app import main
+
+main()

@@ -1,0 +1,106 @@
+"""The reference agent behind `acp-once agent`: a scripted turn anyone can drive every trace with.
+
+The turn, for each inserted user message:
+- echoes the prompt text as an `agent_message` (retained);
+- `[work:SECONDS]` in the text keeps the turn running that long (a prompt sent meanwhile is
+  held, or inserted at once under the steer policy);
+- `[tool]` runs a tool call whose side effect appends one line to the session's side-effect log
+  (`<side-effects dir>/<session id>.log`), so repeated work can be counted;
+- a text starting with `/` is a locally handled command: echoed live, not retained, its key kept
+  in memory while the session is active.
+
+Fault injection for tests: with `ACP_ONCE_CRASH=after-insert` in the environment the process
+exits (status 9) right after committing a user message, before anyone is answered.
+
+Interrupted work after a restart: turns are not persisted, so a session whose agent died
+mid-turn is reported `idle` (no stop reason) when resumed; its inserted messages stay.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import anyio
+
+from acp_once.agent.runtime import HeldPolicy, SessionAgent, Turn
+
+if TYPE_CHECKING:
+    from acp_once.agent.runtime import _Emitter
+    from acp_once.storage.base import SessionStore
+
+__all__ = ["CRASH_ENV", "ReferenceAgent"]
+
+CRASH_ENV = "ACP_ONCE_CRASH"
+_WORK = re.compile(r"\[work:(\d+(?:\.\d+)?)\]")
+
+
+class ReferenceAgent(SessionAgent):
+    """The scripted reference agent (see the module docstring)."""
+
+    def __init__(
+        self,
+        store: SessionStore,
+        *,
+        side_effects: Path,
+        policy: HeldPolicy = "hold",
+        compare_prompts: bool = True,
+    ) -> None:
+        super().__init__(
+            store, policy=policy, compare_prompts=compare_prompts, name="acp-once-reference"
+        )
+        self.side_effects = side_effects
+        self._crash = os.environ.get(CRASH_ENV, "")
+
+    async def after_insert(self, session_id: str, message_id: str) -> None:
+        if self._crash == "after-insert":
+            os._exit(9)
+
+    async def run_turn(self, turn: Turn, emit: _Emitter) -> str:
+        text = turn.text
+        if turn.live_only:
+            await emit.emit(
+                {
+                    "sessionUpdate": "agent_message",
+                    "messageId": f"msg_agent_{uuid.uuid4().hex}",
+                    "content": [{"type": "text", "text": f"command {text.split()[0]} done"}],
+                }
+            )
+            return "end_turn"
+        if "[tool]" in text:
+            tool_id = f"tool_{uuid.uuid4().hex}"
+            await emit.emit(
+                {
+                    "sessionUpdate": "tool_call_update",
+                    "toolCallId": tool_id,
+                    "title": "append to the side-effect log",
+                    "kind": "edit",
+                    "status": "in_progress",
+                }
+            )
+            await anyio.to_thread.run_sync(self._side_effect, turn.session_id, turn.message_id)
+            await emit.emit(
+                {"sessionUpdate": "tool_call_update", "toolCallId": tool_id, "status": "completed"}
+            )
+        work = _WORK.search(text)
+        if work:
+            await anyio.sleep(float(work.group(1)))
+        await emit.emit(
+            {
+                "sessionUpdate": "agent_message",
+                "messageId": f"msg_agent_{uuid.uuid4().hex}",
+                "content": [{"type": "text", "text": text}],
+            },
+            retain=True,
+        )
+        return "end_turn"
+
+    def _side_effect(self, session_id: str, message_id: str) -> None:
+        self.side_effects.mkdir(parents=True, exist_ok=True)
+        with open(self.side_effects / f"{session_id}.log", "a", encoding="utf-8") as log:
+            log.write(f"{message_id}\n")
+            log.flush()
+            os.fsync(log.fileno())

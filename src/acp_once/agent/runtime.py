@@ -1,0 +1,623 @@
+"""A session runtime for agent authors: sessions, held prompts and idempotency keys, done right.
+
+Subclass `SessionAgent`, implement `run_turn` (what your agent does with one inserted user
+message), and the runtime takes care of the rest of the protocol:
+
+- `session/new`, `session/list`, `session/resume` (with `replayFrom: {"type": "start"}`),
+  `session/close`, `session/delete`, `session/fork`, `session/cancel`;
+- a session is active on the connections that created or resumed it; elsewhere its
+  session-scoped requests get -32002;
+- `session/prompt` is answered with `{messageId}` once the user message is inserted; prompts
+  that arrive during a turn are held and inserted in arrival order (or, with the steer policy,
+  inserted at once);
+- keys exactly as the v2 Idempotency Keys RFD says (R18-R41 of the digest): the lookup table
+  (nothing recorded / inserted / pending), errors leave the key unused, concurrent requests with
+  one new key become one pending prompt, `$/cancel_request` on any of them withdraws it and
+  answers all with -32800, scope per session, keys never leave the agent.
+
+The key is written by the store in the same transaction as the message (`insert_user_message`),
+so a crash can never keep one without the other. Live-only messages (locally handled commands,
+which are not retained) keep their key in memory while the session is active on a connection.
+
+Concurrency: each session's state changes happen without awaiting in between, or under the
+session's lock around the store write; "inserted" (the store commit) is the point after which a
+prompt can no longer be withdrawn.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import hashlib
+import logging
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Literal, Self
+
+import anyio
+import orjson
+from anyio.abc import TaskGroup
+
+from acp_once.agent.connection import AgentSideConnection, CallContext
+from acp_once.agent.interface import Agent
+from acp_once.protocol import schema as s
+from acp_once.protocol.errors import (
+    AcpError,
+    InternalError,
+    InvalidParams,
+    RequestCancelled,
+    SessionNotFound,
+)
+from acp_once.protocol.initialization import PROTOCOL_VERSION, negotiate_version
+from acp_once.rpc.errors import ConnectionClosed
+from acp_once.storage.base import InvalidCursor, SessionRecord, SessionStore
+
+if TYPE_CHECKING:
+    from acp_once.rpc.connection import RequestContext
+
+__all__ = ["HeldPolicy", "SessionAgent", "Turn", "prompt_digest"]
+
+logger = logging.getLogger("acp_once.agent")
+
+HeldPolicy = Literal["hold", "steer"]
+
+_STOP_TIMEOUT = 10.0
+_SUPPORTED_BLOCKS = (s.ContentBlockText, s.ContentBlockResourceLink)
+
+
+def prompt_digest(prompt: Sequence[Any]) -> bytes:
+    """SHA-256 of the canonical JSON of a prompt's content blocks (sorted keys, no spaces).
+
+    Stored with the key so that a recorded key sent with a different prompt can be refused
+    (digest D4); the request's `_meta` and the key itself are not part of it.
+    """
+    blocks = [
+        b.model_dump(by_alias=True, exclude_unset=True) if hasattr(b, "model_dump") else b
+        for b in prompt
+    ]
+    return hashlib.sha256(orjson.dumps(blocks, option=orjson.OPT_SORT_KEYS)).digest()
+
+
+def _new_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+@dataclass(eq=False)
+class _Pending:
+    """A prompt accepted but not inserted yet, with every request waiting for its outcome."""
+
+    session_id: str
+    prompt: list[Any]
+    key: str | None
+    digest: bytes
+    origin: str  # connection id of the first request
+    waiters: list[tuple[str, RequestContext | None]] = field(default_factory=list)
+    state: Literal["held", "inserting", "done"] = "held"
+    done: anyio.Event = field(default_factory=anyio.Event)
+    message_id: str | None = None
+    error: AcpError | None = None
+
+    def finish(self, *, message_id: str | None = None, error: AcpError | None = None) -> None:
+        if self.state == "done":
+            return
+        self.state = "done"
+        self.message_id = message_id
+        self.error = error
+        self.done.set()
+
+
+@dataclass(eq=False)
+class Turn:
+    """One inserted user message for `run_turn` to work on."""
+
+    session_id: str
+    message_id: str
+    prompt: list[Any]
+    live_only: bool
+
+    @property
+    def text(self) -> str:
+        """The prompt's text blocks, joined by newlines."""
+        return "\n".join(b.text for b in self.prompt if isinstance(b, s.ContentBlockText))
+
+
+@dataclass(eq=False)
+class _Session:
+    record: SessionRecord
+    conns: dict[str, AgentSideConnection] = field(default_factory=dict)
+    lock: anyio.Lock = field(default_factory=anyio.Lock)
+    pending_by_key: dict[str, _Pending] = field(default_factory=dict)
+    held: collections.deque[_Pending] = field(default_factory=collections.deque)
+    turns: collections.deque[Turn] = field(default_factory=collections.deque)
+    live_keys: dict[str, str] = field(default_factory=dict)
+    running: bool = False
+    wake: anyio.Event = field(default_factory=anyio.Event)
+    turn_scope: anyio.CancelScope | None = None
+    worker: bool = False
+    cancel_marks: dict[str, int] = field(default_factory=dict)
+    """Per connection: arrival seq of its latest session/cancel or session/close (D33)."""
+    stopped: anyio.Event = field(default_factory=anyio.Event)
+
+    @property
+    def id(self) -> str:
+        return self.record.session_id
+
+
+class SessionAgent(Agent):
+    """An `Agent` with sessions, held prompts and idempotency keys on a `SessionStore`.
+
+    Use as `async with MyAgent(store) as agent: await serve_stdio(agent)`: the agent owns the
+    task group in which turns run, so work can outlive the connection that started it.
+
+    Args:
+        store: where sessions, messages and keys live.
+        policy: "hold" inserts prompts that arrive during a turn after it, in arrival order;
+            "steer" inserts them at once.
+        compare_prompts: refuse (-32602) a recorded key sent with a different prompt; off, such
+            a request is answered as a retry (both are allowed by the RFD).
+        name, version: what `initialize` reports.
+    """
+
+    cooperative_cancel = frozenset({"session/prompt"})
+    """A prompt decides for itself what `$/cancel_request` means: withdraw it, or succeed."""
+
+    live_only_prefix = "/"
+    """Prompts whose text starts with this are locally handled commands: echoed live, not
+    retained, their keys kept in memory while the session is active."""
+
+    def __init__(
+        self,
+        store: SessionStore,
+        *,
+        policy: HeldPolicy = "hold",
+        compare_prompts: bool = True,
+        name: str = "acp-once-agent",
+        version: str = "0.1.0",
+    ) -> None:
+        self.store = store
+        self.policy = policy
+        self.compare_prompts = compare_prompts
+        self.info = {"name": name, "version": version}
+        self._sessions: dict[str, _Session] = {}
+        self._tg: TaskGroup | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Self:
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        assert self._tg is not None
+        self._tg.cancel_scope.cancel()
+        return await self._tg.__aexit__(exc_type, exc, tb)
+
+    # -- what subclasses provide -----------------------------------------------------------
+
+    async def run_turn(self, turn: Turn, emit: _Emitter) -> str:
+        """Work on one inserted message; return the stop reason ("end_turn", ...).
+
+        Runs in the agent's task group, so it may outlive the connection that sent the prompt.
+        It is cancelled by `session/cancel` and `session/close` (report "cancelled" then).
+        """
+        return "end_turn"
+
+    async def after_insert(self, session_id: str, message_id: str) -> None:
+        """Called right after a user message is committed, before anyone is answered.
+
+        A hook for instrumentation and for fault injection in tests.
+        """
+        return None
+
+    def agent_capabilities(self) -> dict[str, Any]:
+        return {"session": {"delete": {}, "fork": {}}}
+
+    # -- initialize, sessions ----------------------------------------------------------------
+
+    async def initialize(
+        self, params: s.InitializeRequest, ctx: CallContext
+    ) -> s.InitializeResponse:
+        version = negotiate_version(params.protocol_version, [PROTOCOL_VERSION])
+        return s.InitializeResponse.model_validate(
+            {
+                "protocolVersion": version,
+                "info": self.info,
+                "capabilities": self.agent_capabilities(),
+            }
+        )
+
+    async def new_session(
+        self, params: s.NewSessionRequest, ctx: CallContext
+    ) -> s.NewSessionResponse:
+        now = time.time()
+        record = SessionRecord(
+            session_id=_new_id("sess"),
+            cwd=params.cwd,
+            additional_directories=tuple(params.additional_directories or ()),
+            title=None,
+            created_at=now,
+            updated_at=now,
+        )
+        await self.store.create_session(record)
+        session = _Session(record)
+        self._sessions[record.session_id] = session
+        self._attach(session, ctx.connection)
+        return s.NewSessionResponse(session_id=record.session_id)
+
+    async def list_sessions(
+        self, params: s.ListSessionsRequest, ctx: CallContext
+    ) -> s.ListSessionsResponse:
+        try:
+            records, next_cursor = await self.store.list_sessions(
+                cwd=params.cwd, cursor=params.cursor
+            )
+        except InvalidCursor:
+            raise InvalidParams("The cursor is not valid") from None
+        sessions = [
+            {
+                "sessionId": r.session_id,
+                "cwd": r.cwd,
+                **({"title": r.title} if r.title else {}),
+                "updatedAt": _iso(r.updated_at),
+            }
+            for r in records
+        ]
+        result: dict[str, Any] = {"sessions": sessions}
+        if next_cursor is not None:
+            result["nextCursor"] = next_cursor
+        return s.ListSessionsResponse.model_validate(result)
+
+    async def resume_session(
+        self, params: s.ResumeSessionRequest, ctx: CallContext
+    ) -> s.ResumeSessionResponse:
+        replay = params.replay_from
+        if replay is not None and not isinstance(replay, s.ReplayFromStartModel):
+            raise InvalidParams("Unsupported replayFrom cursor")
+        session = await self._load(params.session_id)
+        conn = ctx.connection
+        if replay is not None:
+            after = 0
+            while True:
+                page = await self.store.read_timeline(session.id, after_seq=after, limit=500)
+                if not page:
+                    break
+                for entry in page:
+                    await conn.client.session_update(
+                        {"sessionId": session.id, "update": orjson.loads(entry.update)}
+                    )
+                after = page[-1].seq
+        self._attach(session, conn)
+        await conn.client.session_update({"sessionId": session.id, "update": self._state(session)})
+        return s.ResumeSessionResponse()
+
+    async def close_session(
+        self, params: s.CloseSessionRequest, ctx: CallContext
+    ) -> s.CloseSessionResponse:
+        session = self._sessions.get(params.session_id)
+        conn = ctx.connection
+        if session is None or conn.id not in session.conns:
+            return s.CloseSessionResponse()  # idempotent: missing or inactive succeeds
+        session.cancel_marks[conn.id] = conn.rpc.arrivals
+        await self._cancel_work(session, reason="close")
+        session.conns.pop(conn.id, None)
+        self._forget_live_keys(session)
+        return s.CloseSessionResponse()
+
+    async def delete_session(
+        self, params: s.DeleteSessionRequest, ctx: CallContext
+    ) -> s.DeleteSessionResponse:
+        session = self._sessions.pop(params.session_id, None)
+        if session is not None:
+            await self._cancel_work(session, reason="close")
+        await self.store.delete_session(params.session_id)
+        return s.DeleteSessionResponse()
+
+    async def fork_session(
+        self, params: s.ForkSessionRequest, ctx: CallContext
+    ) -> s.ForkSessionResponse:
+        source = self._active(params.session_id, ctx.connection)
+        now = time.time()
+        record = SessionRecord(
+            session_id=_new_id("sess"),
+            cwd=params.cwd,
+            additional_directories=tuple(params.additional_directories or ()),
+            title=source.record.title,
+            created_at=now,
+            updated_at=now,
+            forked_from=source.id,
+        )
+        await self.store.fork_session(source.id, record)  # copies history, never keys
+        session = _Session(record)
+        self._sessions[record.session_id] = session
+        self._attach(session, ctx.connection)
+        return s.ForkSessionResponse(session_id=record.session_id)
+
+    async def cancel(self, params: s.CancelSessionNotification, ctx: CallContext) -> None:
+        session = self._sessions.get(params.session_id)
+        if session is None or ctx.connection.id not in session.conns:
+            return
+        # covers prompts that arrived before this notification, even those not handled yet
+        session.cancel_marks[ctx.connection.id] = ctx.connection.rpc.arrivals
+        await self._cancel_work(session, reason="cancel")
+
+    async def connection_closed(self, connection: AgentSideConnection) -> None:
+        for session in list(self._sessions.values()):
+            if session.conns.pop(connection.id, None) is None:
+                continue
+            # D11: a held prompt stays held while a request for it waits on a live connection;
+            # otherwise nobody can hear its answer, so it is withdrawn and its key stays unused.
+            for pending in list(session.held):
+                pending.waiters = [w for w in pending.waiters if w[0] != connection.id]
+                if not pending.waiters:
+                    self._withdraw(session, pending)
+            if not session.conns:
+                self._forget_live_keys(session)
+
+    # -- prompts -----------------------------------------------------------------------------
+
+    async def prompt(self, params: s.PromptRequest, ctx: CallContext) -> s.PromptResponse:
+        for block in params.prompt:
+            if not isinstance(block, _SUPPORTED_BLOCKS):
+                raise InvalidParams("Unsupported content block type in prompt")
+        self._check_cancel_mark(params.session_id, ctx)
+        session = self._active(params.session_id, ctx.connection)
+        key = params.idempotency_key
+        digest = prompt_digest(params.prompt)
+        conn_id = ctx.connection.id
+        pending: _Pending | None = None
+        async with session.lock:
+            if key is not None:
+                recorded = session.live_keys.get(key)
+                if recorded is None:
+                    found = await self.store.find_key(session.id, key)
+                    if found is not None:
+                        self._check_digest(found.prompt_digest, digest)
+                        return s.PromptResponse(message_id=found.message_id)
+                else:
+                    return s.PromptResponse(message_id=recorded)
+                # no await from this check to the queueing below: a session/cancel or close
+                # that ran during the lookup is seen here (D33)
+                self._check_cancel_mark(session.id, ctx)
+                pending = session.pending_by_key.get(key)
+                if pending is not None:
+                    self._check_digest(pending.digest, digest)
+                    pending.waiters.append((conn_id, ctx.request))
+            if pending is None:
+                self._check_cancel_mark(session.id, ctx)
+                pending = _Pending(session.id, list(params.prompt), key, digest, conn_id)
+                pending.waiters.append((conn_id, ctx.request))
+                if key is not None:
+                    session.pending_by_key[key] = pending
+                if (session.running and self.policy == "hold") or session.held:
+                    session.held.append(pending)
+                else:
+                    await self._insert(session, pending)
+        if ctx.request is not None:
+            request = ctx.request
+            request.on_cancel(lambda: self._on_cancel_request(session, pending))
+        # No timeout here: a held prompt may wait as long as the turn before it runs. The wait
+        # ends with insertion, a withdrawal ($/cancel_request, session/cancel, session/close),
+        # or the end of the connection, which cancels this handler.
+        await pending.done.wait()
+        if pending.error is not None:
+            raise pending.error
+        assert pending.message_id is not None
+        return s.PromptResponse(message_id=pending.message_id)
+
+    def _check_cancel_mark(self, session_id: str, ctx: CallContext) -> None:
+        session = self._sessions.get(session_id)
+        if session is None or ctx.request is None:
+            return
+        mark = session.cancel_marks.get(ctx.connection.id, -1)
+        if mark > ctx.request.seq:
+            # a session/cancel or session/close that arrived after this prompt covers it
+            raise RequestCancelled("The prompt was cancelled before insertion")
+
+    def _check_digest(self, recorded: bytes | None, digest: bytes) -> None:
+        if self.compare_prompts and recorded is not None and recorded != digest:
+            raise InvalidParams("idempotencyKey was already used with a different prompt")
+
+    def _on_cancel_request(self, session: _Session, pending: _Pending) -> None:
+        # R25/R26: a cancel for any request of the key withdraws an un-inserted prompt and
+        # answers every request for it with -32800; once inserting, insertion wins (R27).
+        if pending.state == "held":
+            self._withdraw(session, pending)
+
+    def _withdraw(
+        self, session: _Session, pending: _Pending, error: AcpError | None = None
+    ) -> None:
+        if pending.state != "held":
+            return
+        with contextlib.suppress(ValueError):
+            session.held.remove(pending)
+
+        if pending.key is not None and session.pending_by_key.get(pending.key) is pending:
+            del session.pending_by_key[pending.key]
+        pending.finish(error=error or RequestCancelled("The prompt was withdrawn before insertion"))
+
+    async def _insert(self, session: _Session, pending: _Pending) -> None:
+        """Insert under the session lock: the store commit is the point of no return."""
+        pending.state = "inserting"
+        message_id = _new_id("msg_user")
+        live_only = self._is_live_only(pending.prompt)
+        update = {
+            "sessionUpdate": "user_message",
+            "messageId": message_id,
+            "content": [b.model_dump(by_alias=True, exclude_unset=True) for b in pending.prompt],
+        }
+        try:
+            if live_only:
+                if pending.key is not None:
+                    session.live_keys[pending.key] = message_id
+                inserted = True
+            else:
+                outcome = await self.store.insert_user_message(
+                    session.id,
+                    message_id=message_id,
+                    update=orjson.dumps(update),
+                    idempotency_key=pending.key,
+                    prompt_digest=pending.digest if pending.key is not None else None,
+                )
+                inserted = outcome.inserted
+                message_id = outcome.message_id
+        except Exception:
+            logger.exception("session %s: storing a user message failed", session.id)
+            if pending.key is not None and session.pending_by_key.get(pending.key) is pending:
+                del session.pending_by_key[pending.key]
+            pending.finish(error=InternalError("The message could not be stored"))
+            return
+        if pending.key is not None and session.pending_by_key.get(pending.key) is pending:
+            del session.pending_by_key[pending.key]
+        await self.after_insert(session.id, message_id)
+        pending.finish(message_id=message_id)
+        if not inserted:  # another process inserted it first: nothing new to do
+            return
+        await self._broadcast(session, update)
+        session.turns.append(Turn(session.id, message_id, pending.prompt, live_only))
+        self._ensure_worker(session)
+
+    def _is_live_only(self, prompt: list[Any]) -> bool:
+        first = prompt[0] if prompt else None
+        return isinstance(first, s.ContentBlockText) and first.text.startswith(
+            self.live_only_prefix
+        )
+
+    # -- turns -------------------------------------------------------------------------------
+
+    def _ensure_worker(self, session: _Session) -> None:
+        session.wake.set()
+        if session.worker:
+            return
+        session.worker = True
+        session.running = True
+        session.stopped = anyio.Event()
+        assert self._tg is not None, "use SessionAgent as an async context manager"
+        self._tg.start_soon(self._worker, session, name=f"turns-{session.id}")
+
+    async def _worker(self, session: _Session) -> None:
+        emitter = _Emitter(self, session)
+        try:
+            while True:
+                if not session.turns:
+                    async with session.lock:
+                        if session.held:
+                            await self._insert(session, session.held.popleft())
+                            continue
+                        break
+                turn = session.turns.popleft()
+                await emitter.emit({"sessionUpdate": "state_update", "state": "running"})
+                stop = "cancelled"
+                with anyio.CancelScope() as scope:
+                    session.turn_scope = scope
+                    try:
+                        stop = await self.run_turn(turn, emitter)
+                    except Exception as exc:
+                        logger.exception("session %s: turn failed", session.id)
+                        await emitter.emit(
+                            {
+                                "sessionUpdate": "state_update",
+                                "state": "idle",
+                                "stopReason": "error",
+                                "error": InternalError(str(type(exc).__name__)).to_wire(),
+                            }
+                        )
+                        continue
+                session.turn_scope = None
+                if scope.cancelled_caught:
+                    stop = "cancelled"
+                if not session.turns and not session.held:
+                    await emitter.emit(
+                        {"sessionUpdate": "state_update", "state": "idle", "stopReason": stop}
+                    )
+        finally:
+            session.worker = False
+            session.running = False
+            session.turn_scope = None
+            session.stopped.set()
+
+    async def _cancel_work(self, session: _Session, *, reason: str) -> None:
+        # prompts received before the cancel and not inserted: -32800 (R28)
+        for pending in list(session.held):
+            self._withdraw(session, pending)
+        for key, pending in list(session.pending_by_key.items()):
+            if pending.state == "held":
+                self._withdraw(session, pending)
+            else:
+                session.pending_by_key.pop(key, None)
+        session.turns.clear()
+        if session.turn_scope is not None:
+            session.turn_scope.cancel()
+        if session.worker:
+            # the final updates and the idle state_update go out before we answer (digest 6.4)
+            with anyio.move_on_after(_STOP_TIMEOUT):
+                await session.stopped.wait()
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _attach(self, session: _Session, conn: AgentSideConnection) -> None:
+        session.conns[conn.id] = conn
+
+    def _active(self, session_id: str, conn: AgentSideConnection) -> _Session:
+        session = self._sessions.get(session_id)
+        if session is None or conn.id not in session.conns:
+            raise SessionNotFound(session_id)
+        return session
+
+    async def _load(self, session_id: str) -> _Session:
+        session = self._sessions.get(session_id)
+        if session is not None:
+            return session
+        record = await self.store.get_session(session_id)
+        if record is None:
+            raise SessionNotFound(session_id)
+        session = self._sessions.setdefault(session_id, _Session(record))
+        return session
+
+    def _forget_live_keys(self, session: _Session) -> None:
+        if not session.conns:
+            session.live_keys.clear()  # R36: live-only keys last while the session is active
+
+    def _state(self, session: _Session) -> dict[str, Any]:
+        state = "running" if session.running else "idle"
+        return {"sessionUpdate": "state_update", "state": state}
+
+    async def _broadcast(self, session: _Session, update: dict[str, Any]) -> None:
+        for conn in list(session.conns.values()):
+            try:
+                await conn.client.session_update({"sessionId": session.id, "update": update})
+            except ConnectionClosed:
+                session.conns.pop(conn.id, None)
+
+
+class _Emitter:
+    """What a turn uses to report: live updates to every connection the session is active on,
+    retained in the store when they are part of the conversation."""
+
+    def __init__(self, agent: SessionAgent, session: _Session) -> None:
+        self._agent = agent
+        self._session = session
+
+    @property
+    def session_id(self) -> str:
+        return self._session.id
+
+    async def emit(self, update: dict[str, Any], *, retain: bool = False) -> None:
+        if retain:
+            await self._agent.store.append_update(
+                self._session.id, orjson.dumps(update), message_id=update.get("messageId")
+            )
+        with anyio.CancelScope(shield=True):
+            await self._agent._broadcast(self._session, update)
+
+
+def _iso(ts: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))

@@ -1,0 +1,440 @@
+"""What only the SQLite backend promises: durability, sharing a file, migrations, cancellation."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from typing import TYPE_CHECKING
+
+import anyio
+import anyio.from_thread
+import orjson
+import pytest
+
+from acp_once.storage import (
+    InsertOutcome,
+    KeyRecord,
+    SchemaOutOfDate,
+    SessionRecord,
+    SqliteStore,
+    StorageError,
+    migrate_database,
+)
+from acp_once.storage._migrations import LATEST_VERSION, apply_migrations, current_version
+from acp_once.storage.sqlite import FIND_KEY_SQL
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable
+    from pathlib import Path
+
+
+def _record(session_id: str = "sess_1", *, updated_at: float = 100.0) -> SessionRecord:
+    return SessionRecord(session_id, "/work", ("/lib",), "title", 50.0, updated_at)
+
+
+def _update(message_id: str) -> bytes:
+    return orjson.dumps({"sessionUpdate": "user_message", "messageId": message_id})
+
+
+async def _insert(
+    store: SqliteStore, message_id: str, key: str | None, session_id: str = "sess_1"
+) -> InsertOutcome:
+    return await store.insert_user_message(
+        session_id,
+        message_id=message_id,
+        update=_update(message_id),
+        idempotency_key=key,
+        prompt_digest=b"digest" if key else None,
+    )
+
+
+class _PauseAtInsert:
+    """A trace callback that stops the store's worker thread inside its write transaction.
+
+    It fires once, when the INSERT into the timeline starts (after BEGIN IMMEDIATE), sets
+    `reached` and blocks that thread until `release` is set. It is never unregistered while
+    the store may be mid-statement: changing callbacks then would deadlock on SQLite's mutex.
+    """
+
+    def __init__(self) -> None:
+        self.reached = anyio.Event()
+        self.release = threading.Event()
+        self._fired = False
+
+    def __call__(self, statement: str) -> None:
+        if not self._fired and statement.startswith("INSERT INTO timeline"):
+            self._fired = True
+            anyio.from_thread.run_sync(self.reached.set)
+            self.release.wait(timeout=30)
+
+
+def _raw(store: SqliteStore) -> sqlite3.Connection:
+    """The store's own connection, for white-box checks while the store is idle."""
+    conn = store._conn
+    assert conn is not None
+    return conn
+
+
+# -- durability and sharing ---------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_data_survives_close_and_reopen(tmp_path: Path) -> None:
+    path = tmp_path / "sessions.db"
+    async with SqliteStore.open(path) as store:
+        await store.create_session(_record())
+        await _insert(store, "m1", "key-1")
+        await store.append_update("sess_1", b'{"sessionUpdate":"agent_message"}', message_id="a")
+        before = await store.read_timeline("sess_1")
+        record = await store.get_session("sess_1")
+    assert store._conn is None
+
+    store = await SqliteStore.open(path)  # the explicit lifecycle
+    try:
+        assert await store.get_session("sess_1") == record
+        assert await store.read_timeline("sess_1") == before
+        assert await store.find_key("sess_1", "key-1") == KeyRecord("m1", b"digest")
+        assert await _insert(store, "m2", "key-1") == InsertOutcome("m1", False, b"digest")
+        assert await store.count_user_messages("sess_1") == 1
+    finally:
+        await store.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_second_store_on_the_same_file_sees_writes(tmp_path: Path) -> None:
+    path = tmp_path / "shared.db"
+    async with SqliteStore.open(path) as agent, SqliteStore.open(path) as observer:
+        await agent.create_session(_record())
+        assert await observer.get_session("sess_1") == _record()
+        await _insert(agent, "m1", "key-1")
+        assert await observer.count_user_messages("sess_1", idempotency_key="key-1") == 1
+        assert await _insert(observer, "m2", "key-1") == InsertOutcome("m1", False, b"digest")
+        await _insert(observer, "m3", None)
+        assert [e.message_id for e in await agent.read_timeline("sess_1")] == ["m1", "m3"]
+
+
+@pytest.mark.anyio
+async def test_two_stores_racing_on_one_key_insert_once(tmp_path: Path) -> None:
+    path = tmp_path / "race.db"
+    async with SqliteStore.open(path) as first, SqliteStore.open(path) as second:
+        await first.create_session(_record())
+        outcomes: list[InsertOutcome] = []
+
+        async def attempt(store: SqliteStore, n: int) -> None:
+            outcomes.append(await _insert(store, f"m{n}", "the-key"))
+
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                for n in range(25):
+                    tg.start_soon(attempt, first, n)
+                    tg.start_soon(attempt, second, 100 + n)
+        winners = [o for o in outcomes if o.inserted]
+        assert len(outcomes) == 50
+        assert len(winners) == 1
+        assert {o.message_id for o in outcomes} == {winners[0].message_id}
+        assert await first.count_user_messages("sess_1") == 1
+        assert await second.count_user_messages("sess_1") == 1
+
+
+@pytest.mark.anyio
+async def test_the_unique_index_refuses_a_second_row_for_a_key(tmp_path: Path) -> None:
+    """Even a writer that bypasses the store cannot record one key twice in a session."""
+    path = tmp_path / "guard.db"
+    async with SqliteStore.open(path) as store:
+        await store.create_session(_record())
+        await _insert(store, "m1", "key-1")
+    raw = sqlite3.connect(path)
+    try:
+        insert = (
+            "INSERT INTO timeline (session_id, seq, message_id, payload, is_user_message,"
+            " idempotency_key) VALUES ('sess_1', 99, 'm2', x'7b7d', 1, 'key-1')"
+        )
+        with pytest.raises(sqlite3.IntegrityError, match="UNIQUE"):
+            raw.execute(insert)
+        raw.execute(insert.replace("'key-1'", "'key-2'"))  # another key is fine
+    finally:
+        raw.close()
+
+
+@pytest.mark.anyio
+async def test_delete_leaves_no_orphan_rows(tmp_path: Path) -> None:
+    path = tmp_path / "delete.db"
+    async with SqliteStore.open(path) as store:
+        await store.create_session(_record())
+        await _insert(store, "m1", "key-1")
+        assert await store.delete_session("sess_1")
+        rows = _raw(store).execute("SELECT COUNT(*) FROM timeline").fetchone()
+        assert rows == (0,)
+
+
+# -- configuration ------------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_connection_settings(tmp_path: Path) -> None:
+    async with SqliteStore.open(tmp_path / "a.db") as store:
+        conn = _raw(store)
+        assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+        assert conn.execute("PRAGMA synchronous").fetchone() == (1,)  # NORMAL
+        assert conn.execute("PRAGMA foreign_keys").fetchone() == (1,)
+        assert conn.execute("PRAGMA busy_timeout").fetchone() == (5000,)
+    async with SqliteStore.open(
+        tmp_path / "b.db", synchronous="FULL", busy_timeout_ms=1234
+    ) as store:
+        conn = _raw(store)
+        assert conn.execute("PRAGMA synchronous").fetchone() == (2,)  # FULL
+        assert conn.execute("PRAGMA busy_timeout").fetchone() == (1234,)
+
+
+def test_bad_settings_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="synchronous"):
+        SqliteStore.open(tmp_path / "a.db", synchronous="OFF")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="busy_timeout_ms"):
+        SqliteStore.open(tmp_path / "a.db", busy_timeout_ms=-1)
+
+
+@pytest.mark.anyio
+async def test_an_unopenable_path_is_a_storage_error(tmp_path: Path) -> None:
+    with pytest.raises(StorageError, match="cannot open"):
+        await SqliteStore.open(tmp_path / "missing-dir" / "a.db")
+
+
+# -- migrations ---------------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_a_new_file_without_migrate_is_out_of_date(tmp_path: Path) -> None:
+    path = tmp_path / "new.db"
+    with pytest.raises(SchemaOutOfDate, match="acp-once db migrate") as caught:
+        await SqliteStore.open(path, migrate=False)
+    assert (caught.value.found, caught.value.required) == (0, LATEST_VERSION)
+    assert isinstance(caught.value, StorageError)
+    assert await migrate_database(path) == (0, LATEST_VERSION)
+    assert await migrate_database(path) == (LATEST_VERSION, LATEST_VERSION)
+    async with SqliteStore.open(path, migrate=False) as store:
+        await store.create_session(_record())
+        assert await store.get_session("sess_1") == _record()
+
+
+@pytest.mark.anyio
+async def test_a_partly_migrated_file_is_out_of_date_until_migrated(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    raw = sqlite3.connect(path, isolation_level=None)
+    try:
+        assert apply_migrations(raw, target=LATEST_VERSION - 1) == list(range(1, LATEST_VERSION))
+    finally:
+        raw.close()
+    with pytest.raises(SchemaOutOfDate, match="acp-once db migrate") as caught:
+        await SqliteStore.open(path, migrate=False)
+    assert caught.value.found == LATEST_VERSION - 1
+    async with SqliteStore.open(path) as store:  # migrate=True is the default
+        versions = _raw(store).execute("SELECT version FROM schema_version ORDER BY version")
+        assert [v for (v,) in versions] == list(range(1, LATEST_VERSION + 1))
+
+
+@pytest.mark.anyio
+async def test_migrations_run_once(tmp_path: Path) -> None:
+    path = tmp_path / "once.db"
+    stores: list[SqliteStore] = []
+
+    async def open_one() -> None:
+        stores.append(await SqliteStore.open(path))
+
+    try:
+        with anyio.fail_after(20):
+            async with anyio.create_task_group() as tg:  # two openers race on a new file
+                tg.start_soon(open_one)
+                tg.start_soon(open_one)
+        await stores[0].create_session(_record())
+        assert await stores[1].get_session("sess_1") == _record()
+    finally:
+        for store in stores:
+            await store.aclose()
+    async with SqliteStore.open(path) as again:
+        rows = _raw(again).execute("SELECT COUNT(*) FROM schema_version").fetchone()
+        assert rows == (LATEST_VERSION,)
+        assert current_version(_raw(again)) == LATEST_VERSION
+
+
+@pytest.mark.anyio
+async def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "future.db"
+    assert await migrate_database(path) == (0, LATEST_VERSION)
+    raw = sqlite3.connect(path)
+    try:
+        with raw:
+            raw.execute(
+                "INSERT INTO schema_version VALUES (?, 0, 'from the future')",
+                (LATEST_VERSION + 1,),
+            )
+    finally:
+        raw.close()
+    with pytest.raises(StorageError, match="newer") as caught:
+        await SqliteStore.open(path)
+    assert not isinstance(caught.value, SchemaOutOfDate)
+
+
+# -- cancellation -------------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_a_write_cancelled_mid_call_finishes_its_transaction(tmp_path: Path) -> None:
+    path = tmp_path / "cancel.db"
+    async with SqliteStore.open(path) as store:
+        await store.create_session(_record())
+        pause = _PauseAtInsert()
+        _raw(store).set_trace_callback(pause)
+        scope = anyio.CancelScope()
+        done = anyio.Event()
+
+        async def victim() -> None:
+            with scope:
+                await _insert(store, "m1", "key-1")
+            done.set()
+
+        try:
+            with anyio.fail_after(20):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(victim)
+                    await pause.reached.wait()  # the worker is inside the transaction
+                    scope.cancel()
+                    await anyio.wait_all_tasks_blocked()
+                    # Not abandoned: the cancelled caller still waits for its transaction.
+                    assert not done.is_set()
+                    pause.release.set()
+                    await done.wait()
+        finally:
+            pause.release.set()
+
+        # The transaction committed as a whole: the message and its key, together.
+        assert await store.find_key("sess_1", "key-1") == KeyRecord("m1", b"digest")
+        assert [e.message_id for e in await store.read_timeline("sess_1")] == ["m1"]
+        # And the store is usable and consistent afterwards.
+        assert await _insert(store, "m2", "key-1") == InsertOutcome("m1", False, b"digest")
+        assert (await _insert(store, "m3", "key-3")).inserted
+        assert not _raw(store).in_transaction
+    async with SqliteStore.open(path) as reopened:
+        assert await reopened.count_user_messages("sess_1") == 2
+
+
+@pytest.mark.anyio
+async def test_a_write_cancelled_before_its_turn_writes_nothing(tmp_path: Path) -> None:
+    async with SqliteStore.open(tmp_path / "queued.db") as store:
+        await store.create_session(_record())
+        pause = _PauseAtInsert()
+        _raw(store).set_trace_callback(pause)
+        queued_scope = anyio.CancelScope()
+
+        async def first() -> None:
+            await _insert(store, "m1", "key-1")
+
+        async def queued() -> None:
+            with queued_scope:
+                await _insert(store, "m2", "key-2")
+
+        try:
+            with anyio.fail_after(20):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(first)
+                    await pause.reached.wait()
+                    tg.start_soon(queued)
+                    await anyio.wait_all_tasks_blocked()  # `queued` waits for its turn
+                    queued_scope.cancel()
+                    pause.release.set()
+        finally:
+            pause.release.set()
+
+        assert queued_scope.cancelled_caught
+        assert await store.find_key("sess_1", "key-2") is None
+        assert await store.find_key("sess_1", "key-1") == KeyRecord("m1", b"digest")
+        assert await store.count_user_messages("sess_1") == 1
+
+
+@pytest.mark.anyio
+async def test_aclose_waits_for_the_call_in_flight(tmp_path: Path) -> None:
+    path = tmp_path / "close.db"
+    store = await SqliteStore.open(path)
+    await store.create_session(_record())
+    pause = _PauseAtInsert()
+    _raw(store).set_trace_callback(pause)
+    outcomes: list[InsertOutcome] = []
+
+    async def writer() -> None:
+        outcomes.append(await _insert(store, "m1", "key-1"))
+
+    try:
+        with anyio.fail_after(20):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(writer)
+                await pause.reached.wait()
+                tg.start_soon(store.aclose)
+                await anyio.wait_all_tasks_blocked()
+                pause.release.set()
+    finally:
+        pause.release.set()
+    assert outcomes == [InsertOutcome("m1", True, b"digest")]
+    with pytest.raises(StorageError, match="closed"):
+        await store.get_session("sess_1")
+    async with SqliteStore.open(path) as reopened:
+        assert await reopened.find_key("sess_1", "key-1") == KeyRecord("m1", b"digest")
+
+
+# -- find_key never scans -----------------------------------------------------------------------
+
+
+def _bulk_insert(conn: sqlite3.Connection, session_id: str, count: int) -> None:
+    rows = (
+        (session_id, n, f"m{n}", _update(f"m{n}"), 1, f"key-{n}", None) for n in range(1, count + 1)
+    )
+    conn.execute("BEGIN IMMEDIATE")
+    conn.executemany(
+        "INSERT INTO timeline (session_id, seq, message_id, payload, is_user_message,"
+        " idempotency_key, prompt_digest) VALUES (?, ?, ?, ?, ?, ?, ?)",
+        rows,
+    )
+    conn.execute("COMMIT")
+
+
+@pytest.mark.anyio
+async def test_find_key_is_an_index_lookup(tmp_path: Path) -> None:
+    async with SqliteStore.open(tmp_path / "big.db") as store:
+        await store.create_session(_record("big"))
+        await store.create_session(_record("small"))
+        conn = _raw(store)
+        _bulk_insert(conn, "big", 20_000)
+        _bulk_insert(conn, "small", 10)
+        conn.execute("ANALYZE")
+
+        plan = conn.execute(f"EXPLAIN QUERY PLAN {FIND_KEY_SQL}", ("big", "key-1")).fetchall()
+        details = [row[-1] for row in plan]
+        assert len(details) == 1, details
+        assert details[0].startswith("SEARCH timeline USING INDEX timeline_user_keys"), details
+        assert "idempotency_key=?" in details[0], details
+
+        # Count SQLite VM steps (not time): a lookup costs the same in both sessions, while
+        # a statement that does scan the session's rows costs thousands of times more.
+        steps = 0
+
+        def count_step() -> int:
+            nonlocal steps
+            steps += 1
+            return 0
+
+        async def cost(call: Awaitable[object]) -> int:
+            nonlocal steps
+            steps = 0
+            await call
+            return steps
+
+        conn.set_progress_handler(count_step, 1)
+        try:
+            big = await cost(store.find_key("big", "key-19999"))
+            small = await cost(store.find_key("small", "key-7"))
+            missing = await cost(store.find_key("big", "no-such-key"))
+            scan = await cost(store.count_user_messages("big"))
+        finally:
+            conn.set_progress_handler(None, 1)
+        assert await store.find_key("big", "key-19999") == KeyRecord("m19999", None)
+        assert big <= small + 10, (big, small)
+        assert missing <= small + 10, (missing, small)
+        assert scan > 100 * big, (scan, big)
