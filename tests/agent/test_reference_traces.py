@@ -7,7 +7,7 @@ stored session and the lines in the side-effect log.
 from __future__ import annotations
 
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -16,7 +16,7 @@ import anyio
 import orjson
 import pytest
 
-from acp_once.client import Client, ClientSideConnection
+from acp_once.client import ClientSideConnection
 from acp_once.protocol import schema as s
 from acp_once.protocol.errors import (
     INVALID_PARAMS,
@@ -28,34 +28,12 @@ from acp_once.protocol.framing import FrameEvent
 from acp_once.rpc.errors import ConnectionClosed
 from acp_once.storage import open_store
 from acp_once.transports.stdio import ByteStreamFrames, spawn
+from tests.helpers import UpdateRecorder
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
 TIMEOUT = 30
 KEY = "0b6f3c1e-8d2a-4c57-9a41-5e2f7d90c3ab"
-
-
-class Recorder(Client):
-    def __init__(self) -> None:
-        self.updates: list[dict[str, Any]] = []
-        self._arrived = anyio.Event()
-
-    async def session_update(self, params: s.UpdateSessionNotification) -> None:
-        self.updates.append(params.model_dump(by_alias=True, exclude_unset=True))
-        self._arrived.set()
-        self._arrived = anyio.Event()
-
-    async def wait_for(self, predicate: Callable[[list[dict[str, Any]]], bool]) -> None:
-        """Wait (bounded by the caller's fail_after) until the updates satisfy `predicate`."""
-        while not predicate(self.updates):
-            await self._arrived.wait()
-
-    def user_messages(self) -> list[str]:
-        return [
-            u["update"]["messageId"]
-            for u in self.updates
-            if u["update"]["sessionUpdate"] == "user_message"
-        ]
 
 
 class Tap:
@@ -125,13 +103,13 @@ def env(tmp_path: Path) -> Env:
 @asynccontextmanager
 async def agent(
     env: Env, *extra: str, crash: str | None = None
-) -> AsyncIterator[tuple[ClientSideConnection, Recorder, Tap]]:
+) -> AsyncIterator[tuple[ClientSideConnection, UpdateRecorder, Tap]]:
     import os
 
     child_env = dict(os.environ)
     if crash:
         child_env["ACP_ONCE_CRASH"] = crash
-    recorder = Recorder()
+    recorder = UpdateRecorder()
     with open(env.stderr, "ab") as errfile:  # noqa: ASYNC230 (opening a log file for the child)
         async with spawn(env.command(*extra), env=child_env, stderr=errfile.fileno()) as proc:
             tap = Tap(proc.frames)
@@ -245,9 +223,7 @@ async def test_t3_retry_after_agent_crash_with_stored_message(env: Env) -> None:
             await conn.agent.resume_session(
                 s.ResumeSessionRequest(session_id=sid, cwd="/tmp/project")
             )
-            states = [
-                u["update"] for u in rec.updates if u["update"]["sessionUpdate"] == "state_update"
-            ]
+            states = [u for u in rec.updates if u["sessionUpdate"] == "state_update"]
             assert states and states[-1]["state"] == "idle"
             message_id = await prompt(conn, sid, "migrate the database [tool]", KEY)
             assert message_id.startswith("msg_user_")
@@ -324,9 +300,9 @@ async def test_session_cancel_answers_held_prompts_and_leaves_the_key_unused(env
             assert info.value.code == REQUEST_CANCELLED
             await prompt(conn, sid, "held", KEY)
             idle = [
-                u["update"]
+                u
                 for u in rec.updates
-                if u["update"]["sessionUpdate"] == "state_update" and u["update"]["state"] == "idle"
+                if u["sessionUpdate"] == "state_update" and u["state"] == "idle"
             ]
             assert idle[0].get("stopReason") == "cancelled"
     assert await env.count(sid, KEY) == 1
@@ -373,9 +349,7 @@ async def test_t7_retry_of_a_prompt_inserted_during_active_work(env: Env) -> Non
             await prompt(conn, sid, "long [work:2]")
             steered = await prompt(conn, sid, "steer this [tool]", KEY)  # answered mid-turn
             assert await prompt(conn, sid, "steer this [tool]", KEY) == steered
-            await rec.wait_for(
-                lambda ups: any(u["update"].get("stopReason") == "end_turn" for u in ups)
-            )
+            await rec.wait_for(lambda ups: any(u.get("stopReason") == "end_turn" for u in ups))
     assert await env.count(sid, KEY) == 1
     assert env.effect_lines(sid) == 1
 
@@ -444,8 +418,8 @@ async def test_resume_replays_history_then_state_then_responds(env: Env) -> None
                     {"sessionId": sid, "cwd": "/tmp/project", "replayFrom": {"type": "start"}}
                 )
             )
-            kinds = [u["update"]["sessionUpdate"] for u in rec.updates]
-            assert kinds[0] == "user_message" and rec.updates[0]["update"]["messageId"] == m1
+            kinds = [u["sessionUpdate"] for u in rec.updates]
+            assert kinds[0] == "user_message" and rec.updates[0]["messageId"] == m1
             assert "agent_message" in kinds
             assert kinds[-1] == "state_update"
             with pytest.raises(AcpError) as info:

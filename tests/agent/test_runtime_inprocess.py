@@ -1,0 +1,191 @@
+"""The session runtime with several connections to one agent process, in memory.
+
+On stdio a new connection means a new process; here one agent serves many connections at once,
+as it does behind the remote transports: retries on a new connection, sessions active on two
+connections, held prompts whose connection ends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from acp_once.agent.reference import ReferenceAgent
+from acp_once.client import Client, ClientSideConnection
+from acp_once.protocol import schema as s
+from acp_once.protocol.errors import REQUEST_CANCELLED, RESOURCE_NOT_FOUND, AcpError
+from acp_once.storage import MemoryStore, SessionStore
+from acp_once.testing import connected
+from tests.helpers import UpdateRecorder
+
+pytestmark = pytest.mark.anyio
+
+KEY = "retry-key-1"
+
+
+@asynccontextmanager
+async def reference(
+    tmp_path: Path, store: SessionStore | None = None, **kw: Any
+) -> AsyncIterator[ReferenceAgent]:
+    async with (
+        MemoryStore() as memory,
+        ReferenceAgent(store or memory, side_effects=tmp_path / "effects", **kw) as agent,
+    ):
+        yield agent
+
+
+@asynccontextmanager
+async def client(
+    agent: ReferenceAgent, recorder: Client | None = None
+) -> AsyncIterator[ClientSideConnection]:
+    async with connected(agent, recorder) as conn:
+        await conn.agent.initialize(
+            s.InitializeRequest.model_validate(
+                {"protocolVersion": 2, "info": {"name": "t", "version": "1"}}
+            )
+        )
+        yield conn
+
+
+def params(sid: str, text: str, key: str | None = KEY) -> dict[str, Any]:
+    p: dict[str, Any] = {"sessionId": sid, "prompt": [{"type": "text", "text": text}]}
+    if key is not None:
+        p["idempotencyKey"] = key
+    return p
+
+
+async def prompt(conn: ClientSideConnection, sid: str, text: str, key: str | None = KEY) -> str:
+    result = await conn.rpc.request("session/prompt", params(sid, text, key))
+    return str(result["messageId"])
+
+
+async def resume(conn: ClientSideConnection, sid: str) -> None:
+    await conn.agent.resume_session(s.ResumeSessionRequest(session_id=sid, cwd="/w"))
+
+
+async def test_t2_retry_after_resume_on_a_new_connection(tmp_path: Path) -> None:
+    with anyio.fail_after(10):
+        async with reference(tmp_path) as agent:
+            async with client(agent) as first:
+                sid = (await first.agent.new_session(s.NewSessionRequest(cwd="/w"))).session_id
+                original = await prompt(first, sid, "deploy [tool]")
+            # the first connection dropped; the answer is "lost"
+            async with client(agent) as second:
+                with pytest.raises(AcpError) as info:
+                    await prompt(second, sid, "deploy [tool]")
+                assert info.value.code == RESOURCE_NOT_FOUND
+                assert info.value.data == {"sessionId": sid}
+                await resume(second, sid)
+                assert await prompt(second, sid, "deploy [tool]") == original
+            assert await agent.store.count_user_messages(sid) == 1
+
+
+async def test_updates_go_to_every_connection_the_session_is_active_on(tmp_path: Path) -> None:
+    a_rec, b_rec = UpdateRecorder(), UpdateRecorder()
+    with anyio.fail_after(10):
+        async with (
+            reference(tmp_path) as agent,
+            client(agent, a_rec) as a,
+            client(agent, b_rec) as b,
+        ):
+            sid = (await a.agent.new_session(s.NewSessionRequest(cwd="/w"))).session_id
+            await resume(b, sid)
+            message_id = await prompt(b, sid, "hello")
+            # a retry from the other connection is recognised there too (R33)
+            assert await prompt(a, sid, "hello") == message_id
+            for rec in (a_rec, b_rec):
+                users = [
+                    u["messageId"] for u in rec.updates if u["sessionUpdate"] == "user_message"
+                ]
+                assert users == [message_id]
+
+
+async def test_concurrent_requests_with_one_new_key_insert_once(tmp_path: Path) -> None:
+    answers: list[str] = []
+    with anyio.fail_after(10):
+        async with reference(tmp_path) as agent, client(agent) as conn:
+            sid = (await conn.agent.new_session(s.NewSessionRequest(cwd="/w"))).session_id
+
+            async def one() -> None:
+                answers.append(await prompt(conn, sid, "same"))
+
+            async with anyio.create_task_group() as tg:
+                for _ in range(50):
+                    tg.start_soon(one)
+            assert len(answers) == 50 and len(set(answers)) == 1
+            assert await agent.store.count_user_messages(sid) == 1
+
+
+async def test_held_prompt_coalesced_across_connections_withdrawn_by_either(tmp_path: Path) -> None:
+    with anyio.fail_after(10):
+        async with reference(tmp_path) as agent, client(agent) as a, client(agent) as b:
+            sid = (await a.agent.new_session(s.NewSessionRequest(cwd="/w"))).session_id
+            await resume(b, sid)
+            await prompt(a, sid, "busy [work:5]", key=None)
+            original = await a.rpc.start_request("session/prompt", params(sid, "held"))
+            retry = await b.rpc.start_request("session/prompt", params(sid, "held"))
+            await retry.cancel()  # D7: the RFD says every pending request for the key
+            for call in (original, retry):
+                with pytest.raises(AcpError) as info:
+                    await call.result()
+                assert info.value.code == REQUEST_CANCELLED
+            assert await agent.store.count_user_messages(sid, idempotency_key=KEY) == 0
+
+
+async def test_held_prompt_of_a_dropped_connection_is_withdrawn_and_retry_inserts_once(
+    tmp_path: Path,
+) -> None:
+    """D11: nobody is left to hear the answer, so the held prompt is dropped, key unused."""
+    with anyio.fail_after(10):
+        async with reference(tmp_path) as agent:
+            async with client(agent) as a:
+                sid = (await a.agent.new_session(s.NewSessionRequest(cwd="/w"))).session_id
+                await prompt(a, sid, "busy [work:0.5]", key=None)
+                await a.rpc.start_request("session/prompt", params(sid, "held [tool]"))
+            async with client(agent) as b:
+                await resume(b, sid)
+                first = await prompt(b, sid, "held [tool]")
+                assert await prompt(b, sid, "held [tool]") == first
+            assert await agent.store.count_user_messages(sid, idempotency_key=KEY) == 1
+
+
+async def test_held_prompt_kept_while_a_waiter_remains_on_a_live_connection(tmp_path: Path) -> None:
+    with anyio.fail_after(10):
+        async with reference(tmp_path) as agent, client(agent) as b:
+            async with client(agent) as a:
+                sid = (await a.agent.new_session(s.NewSessionRequest(cwd="/w"))).session_id
+                await resume(b, sid)
+                await prompt(a, sid, "busy [work:0.3]", key=None)
+                await a.rpc.start_request("session/prompt", params(sid, "held"))
+                retry = await b.rpc.start_request("session/prompt", params(sid, "held"))
+            # connection a is gone; b still waits, so the prompt stays held and is inserted
+            message_id = (await retry.result())["messageId"]
+            assert await prompt(b, sid, "held") == message_id
+            assert await agent.store.count_user_messages(sid, idempotency_key=KEY) == 1
+
+
+async def test_turn_failure_after_insertion_is_an_error_stop_not_an_error_answer(
+    tmp_path: Path,
+) -> None:
+    class Failing(ReferenceAgent):
+        async def run_turn(self, turn: Any, emit: Any) -> str:
+            raise RuntimeError("model unavailable")
+
+    rec = UpdateRecorder()
+    with anyio.fail_after(10):
+        async with (
+            MemoryStore() as store,
+            Failing(store, side_effects=tmp_path) as agent,
+            client(agent, rec) as conn,
+        ):
+            sid = (await conn.agent.new_session(s.NewSessionRequest(cwd="/w"))).session_id
+            message_id = await prompt(conn, sid, "hello")
+            assert message_id.startswith("msg_user_")
+            await rec.wait_for(lambda ups: any(u.get("stopReason") == "error" for u in ups))
+            errors = [u for u in rec.updates if u.get("stopReason") == "error"]
+            assert errors[0]["error"]["code"] == -32603
