@@ -50,10 +50,10 @@ def agent(
         Path | None, typer.Option(help="directory of the per-session side-effect logs")
     ] = None,
 ) -> None:
-    """Run the reference ACP v2 agent on stdin/stdout.
+    r"""Run the reference ACP v2 agent on stdin/stdout.
 
-    Its scripted turn echoes the prompt as an agent message. In the prompt text, [work:SECONDS]
-    keeps the turn running that long (a prompt sent meanwhile is held, or steered in); [tool]
+    Its scripted turn echoes the prompt as an agent message. In the prompt text, \[work:SECONDS]
+    keeps the turn running that long (a prompt sent meanwhile is held, or steered in); \[tool]
     runs a tool call that appends one line to the session's side-effect log; a text starting
     with / is a locally handled command (echoed live, not retained). Interrupted work after a
     restart is reported idle. ACP_ONCE_CRASH=after-insert makes it exit right after committing
@@ -84,6 +84,48 @@ def agent(
             await serve_stdio(reference)
 
     anyio.run(run)
+
+
+db_app = typer.Typer(no_args_is_help=True, help="Schema migrations of a store.")
+app.add_typer(db_app, name="db")
+
+
+def _sqlite_path(store: str) -> Path:
+    if not store.startswith("sqlite:") or store == "sqlite::memory:":
+        raise typer.BadParameter("db commands take a sqlite:PATH store")
+    return Path(store.removeprefix("sqlite:"))
+
+
+@db_app.command("migrate")
+def db_migrate(
+    store: Annotated[
+        str, typer.Option(help="sqlite:PATH")
+    ] = f"sqlite:{_data_dir() / 'sessions.sqlite3'}",
+) -> None:
+    """Bring the store's schema up to date (creates the file if missing)."""
+    from acp_once.storage.sqlite import migrate_database
+
+    path = _sqlite_path(store)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    before, after = anyio.run(migrate_database, path)
+    typer.echo(f"{path}: schema version {before} -> {after}")
+
+
+@db_app.command("status")
+def db_status(
+    store: Annotated[
+        str, typer.Option(help="sqlite:PATH")
+    ] = f"sqlite:{_data_dir() / 'sessions.sqlite3'}",
+) -> None:
+    """Show the store's schema version; exits 1 when migrations are pending."""
+    from acp_once.storage.sqlite import database_status
+
+    path = _sqlite_path(store)
+    current, latest = anyio.run(database_status, path)
+    state = "up to date" if current == latest else f"{latest - current} migration(s) pending"
+    typer.echo(f"{path}: schema version {current} of {latest} ({state})")
+    if current != latest:
+        raise typer.Exit(1)
 
 
 def main() -> None:

@@ -75,7 +75,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from types import TracebackType
 
-__all__ = ["LATEST_VERSION", "SqliteStore", "Synchronous", "migrate_database"]
+__all__ = ["LATEST_VERSION", "SqliteStore", "Synchronous", "database_status", "migrate_database"]
 
 Synchronous = Literal["NORMAL", "FULL", "EXTRA"]
 """Accepted values of SQLite's `synchronous` pragma (`OFF` is refused: it can corrupt)."""
@@ -528,3 +528,24 @@ async def migrate_database(path: str | os.PathLike[str]) -> tuple[int, int]:
             raise StorageError(f"{where}: {exc}") from exc
 
     return await anyio.to_thread.run_sync(work)
+
+
+async def database_status(path: str | os.PathLike[str]) -> tuple[int, int]:
+    """Return (the schema version of the database at `path`, the latest version); the
+    `acp-once db status` backend. A missing file is version 0 and is not created.
+    """
+    where = os.fspath(path)
+
+    def work() -> int:
+        if not os.path.exists(where):
+            return 0
+        try:
+            conn = _connect(where, "NORMAL", 5000)
+            try:
+                return current_version(conn)
+            finally:
+                conn.close()
+        except sqlite3.Error as exc:
+            raise StorageError(f"{where}: {exc}") from exc
+
+    return await anyio.to_thread.run_sync(work), LATEST_VERSION
