@@ -16,6 +16,7 @@ import anyio
 import orjson
 import pytest
 
+from acp_once.agent.runtime import INTERRUPTED_MESSAGE
 from acp_once.client import ClientSideConnection
 from acp_once.protocol import schema as s
 from acp_once.protocol.errors import (
@@ -264,6 +265,7 @@ async def test_t4_retry_while_held_gets_the_same_outcome(env: Env) -> None:
             a, b = await first.result(), await retry.result()
             assert a == b
             assert len(rec.user_messages()) == 2
+            await rec.wait_for(lambda ups: any(u.get("status") == "completed" for u in ups))
     assert await env.count(sid) == 2
     assert await env.count(sid, KEY) == 1
     assert env.effect_lines(sid) == 1
@@ -439,3 +441,33 @@ async def test_resume_replays_history_then_state_then_responds(env: Env) -> None
             await conn.agent.delete_session(s.DeleteSessionRequest(session_id=sid))
             listed = await conn.agent.list_sessions(s.ListSessionsRequest())
             assert sid not in [x.session_id for x in listed.sessions]
+
+
+async def test_work_interrupted_by_a_crash_is_reported_once_as_an_error_stop(env: Env) -> None:
+    with anyio.fail_after(TIMEOUT):
+        async with (
+            spawn(env.command()) as proc,
+            ClientSideConnection(first := UpdateRecorder(), proc.frames) as conn,
+        ):
+            await conn.agent.initialize(
+                s.InitializeRequest.model_validate(
+                    {"protocolVersion": 2, "info": {"name": "tests", "version": "1"}}
+                )
+            )
+            sid = await new_session(conn)
+            await prompt(conn, sid, "long [work:60]", KEY)
+            await first.wait_for(lambda ups: any(u.get("state") == "running" for u in ups))
+            proc.process.kill()  # SIGKILL in the middle of the turn
+            await proc.process.wait()
+        for expected in ("error", None):
+            async with agent(env) as (conn, rec, _):
+                await conn.agent.resume_session(
+                    s.ResumeSessionRequest(session_id=sid, cwd="/tmp/project")
+                )
+                state = [u for u in rec.updates if u["sessionUpdate"] == "state_update"][-1]
+                assert state["state"] == "idle"
+                assert state.get("stopReason") == expected
+                if expected == "error":
+                    assert state["error"]["message"] == INTERRUPTED_MESSAGE
+                assert await prompt(conn, sid, "long [work:60]", KEY)  # still recognised
+    assert await env.count(sid) == 1

@@ -29,7 +29,7 @@ import anyio
 from acp_once.agent.runtime import HeldPolicy, SessionAgent, Turn
 
 if TYPE_CHECKING:
-    from acp_once.agent.runtime import _Emitter
+    from acp_once.agent.runtime import TurnContext
     from acp_once.storage.base import SessionStore
 
 __all__ = ["CRASH_ENV", "ReferenceAgent"]
@@ -59,7 +59,7 @@ class ReferenceAgent(SessionAgent):
         if self._crash == "after-insert":
             os._exit(9)
 
-    async def run_turn(self, turn: Turn, emit: _Emitter) -> str:
+    async def run_turn(self, turn: Turn, emit: TurnContext) -> str:
         text = turn.text
         if turn.live_only:
             await emit.emit(

@@ -58,13 +58,23 @@ from acp_once.storage.base import InvalidCursor, SessionRecord, SessionStore
 if TYPE_CHECKING:
     from acp_once.rpc.connection import RequestContext
 
-__all__ = ["HeldPolicy", "SessionAgent", "Turn", "prompt_digest"]
+__all__ = [
+    "INTERRUPTED_MESSAGE",
+    "HeldPolicy",
+    "SessionAgent",
+    "Turn",
+    "TurnContext",
+    "prompt_digest",
+]
 
 logger = logging.getLogger("acp_once.agent")
 
 HeldPolicy = Literal["hold", "steer"]
 
 _STOP_TIMEOUT = 10.0
+_TURN_MARKER = "_acp_once_turn"  # retained, never replayed: was a turn running at a crash?
+INTERRUPTED_MESSAGE = "The agent restarted before the turn finished"
+"""The `error.message` of the idle `stopReason: "error"` reported for interrupted work."""
 _SUPPORTED_BLOCKS = (s.ContentBlockText, s.ContentBlockResourceLink)
 
 
@@ -137,6 +147,7 @@ class _Session:
     wake: anyio.Event = field(default_factory=anyio.Event)
     turn_scope: anyio.CancelScope | None = None
     worker: bool = False
+    interrupted: bool = False
     cancel_marks: dict[str, int] = field(default_factory=dict)
     """Per connection: arrival seq of its latest session/cancel or session/close (D33)."""
     stopped: anyio.Event = field(default_factory=anyio.Event)
@@ -203,7 +214,7 @@ class SessionAgent(Agent):
 
     # -- what subclasses provide -----------------------------------------------------------
 
-    async def run_turn(self, turn: Turn, emit: _Emitter) -> str:
+    async def run_turn(self, turn: Turn, emit: TurnContext) -> str:
         """Work on one inserted message; return the stop reason ("end_turn", ...).
 
         Runs in the agent's task group, so it may outlive the connection that sent the prompt.
@@ -291,12 +302,14 @@ class SessionAgent(Agent):
                 if not page:
                     break
                 for entry in page:
-                    await conn.client.session_update(
-                        {"sessionId": session.id, "update": orjson.loads(entry.update)}
-                    )
+                    update = orjson.loads(entry.update)
+                    if update.get("sessionUpdate") == _TURN_MARKER:
+                        continue
+                    await conn.client.session_update({"sessionId": session.id, "update": update})
                 after = page[-1].seq
         self._attach(session, conn)
         await conn.client.session_update({"sessionId": session.id, "update": self._state(session)})
+        session.interrupted = False
         return s.ResumeSessionResponse()
 
     async def close_session(
@@ -504,7 +517,7 @@ class SessionAgent(Agent):
         self._tg.start_soon(self._worker, session, name=f"turns-{session.id}")
 
     async def _worker(self, session: _Session) -> None:
-        emitter = _Emitter(self, session)
+        context = TurnContext(self, session)
         try:
             while True:
                 if not session.turns:
@@ -514,35 +527,45 @@ class SessionAgent(Agent):
                             continue
                         break
                 turn = session.turns.popleft()
-                await emitter.emit({"sessionUpdate": "state_update", "state": "running"})
-                stop = "cancelled"
-                with anyio.CancelScope() as scope:
-                    session.turn_scope = scope
-                    try:
-                        stop = await self.run_turn(turn, emitter)
-                    except Exception as exc:
-                        logger.exception("session %s: turn failed", session.id)
-                        await emitter.emit(
-                            {
-                                "sessionUpdate": "state_update",
-                                "state": "idle",
-                                "stopReason": "error",
-                                "error": InternalError(str(type(exc).__name__)).to_wire(),
-                            }
-                        )
-                        continue
-                session.turn_scope = None
-                if scope.cancelled_caught:
-                    stop = "cancelled"
+                idle = await self._run_one(session, turn, context)
                 if not session.turns and not session.held:
-                    await emitter.emit(
-                        {"sessionUpdate": "state_update", "state": "idle", "stopReason": stop}
-                    )
+                    await context.emit(idle)
         finally:
             session.worker = False
             session.running = False
             session.turn_scope = None
             session.stopped.set()
+
+    async def _run_one(self, session: _Session, turn: Turn, context: TurnContext) -> dict[str, Any]:
+        """Run one turn between retained markers; return the idle update that ends it.
+
+        A failure after insertion is never an error answer: it ends the turn with
+        `stopReason: "error"` (digest 5.4).
+        """
+        if not turn.live_only:
+            await self._mark_turn(session, "running")
+        await context.emit({"sessionUpdate": "state_update", "state": "running"})
+        idle: dict[str, Any] = {"sessionUpdate": "state_update", "state": "idle"}
+        with anyio.CancelScope() as scope:
+            session.turn_scope = scope
+            try:
+                idle["stopReason"] = await self.run_turn(turn, context)
+            except Exception as exc:
+                logger.exception("session %s: turn failed", session.id)
+                idle["stopReason"] = "error"
+                idle["error"] = InternalError(f"The turn failed ({type(exc).__name__})").to_wire()
+        session.turn_scope = None
+        if scope.cancelled_caught:
+            idle["stopReason"] = "cancelled"
+        if not turn.live_only:
+            with anyio.CancelScope(shield=True):
+                await self._mark_turn(session, "idle")
+        return idle
+
+    async def _mark_turn(self, session: _Session, state: str) -> None:
+        await self.store.append_update(
+            session.id, orjson.dumps({"sessionUpdate": _TURN_MARKER, "state": state})
+        )
 
     async def _cancel_work(self, session: _Session, *, reason: str) -> None:
         # prompts received before the cancel and not inserted: -32800 (R28)
@@ -579,7 +602,18 @@ class SessionAgent(Agent):
         record = await self.store.get_session(session_id)
         if record is None:
             raise SessionNotFound(session_id)
-        session = self._sessions.setdefault(session_id, _Session(record))
+        tail = await self.store.read_timeline_tail(session_id)
+        loaded = self._sessions.get(session_id)
+        if loaded is not None:  # another request loaded it meanwhile
+            return loaded
+        session = self._sessions[session_id] = _Session(record)
+        if tail and orjson.loads(tail[0].update) == {
+            "sessionUpdate": _TURN_MARKER,
+            "state": "running",
+        }:
+            # this process never ran that turn: a previous one died in the middle of it
+            session.interrupted = True
+            await self._mark_turn(session, "idle")
         return session
 
     def _forget_live_keys(self, session: _Session) -> None:
@@ -587,8 +621,16 @@ class SessionAgent(Agent):
             session.live_keys.clear()  # R36: live-only keys last while the session is active
 
     def _state(self, session: _Session) -> dict[str, Any]:
-        state = "running" if session.running else "idle"
-        return {"sessionUpdate": "state_update", "state": state}
+        if session.running:
+            return {"sessionUpdate": "state_update", "state": "running"}
+        if session.interrupted:
+            return {
+                "sessionUpdate": "state_update",
+                "state": "idle",
+                "stopReason": "error",
+                "error": InternalError(INTERRUPTED_MESSAGE).to_wire(),
+            }
+        return {"sessionUpdate": "state_update", "state": "idle"}
 
     async def _broadcast(self, session: _Session, update: dict[str, Any]) -> None:
         for conn in list(session.conns.values()):
@@ -598,9 +640,9 @@ class SessionAgent(Agent):
                 session.conns.pop(conn.id, None)
 
 
-class _Emitter:
-    """What a turn uses to report: live updates to every connection the session is active on,
-    retained in the store when they are part of the conversation."""
+class TurnContext:
+    """What a turn uses to report and to ask: live updates go to every connection the session
+    is active on, and are retained in the store when they are part of the conversation."""
 
     def __init__(self, agent: SessionAgent, session: _Session) -> None:
         self._agent = agent
@@ -611,12 +653,29 @@ class _Emitter:
         return self._session.id
 
     async def emit(self, update: dict[str, Any], *, retain: bool = False) -> None:
+        """Send one `session/update` `update` object; with `retain`, store it for replay first."""
         if retain:
             await self._agent.store.append_update(
                 self._session.id, orjson.dumps(update), message_id=update.get("messageId")
             )
         with anyio.CancelScope(shield=True):
             await self._agent._broadcast(self._session, update)
+
+    async def request_permission(
+        self, request: s.RequestPermissionRequest
+    ) -> s.RequestPermissionResponse:
+        """Ask the user through a client the session is active on.
+
+        With no client connected, or all of them gone, the answer is the `cancelled` outcome,
+        which means "not approved". When the turn is cancelled, the pending request is
+        cancelled with `$/cancel_request`.
+        """
+        for conn in list(self._session.conns.values()):
+            try:
+                return await conn.client.request_permission(request)
+            except ConnectionClosed:
+                continue
+        return s.RequestPermissionResponse.model_validate({"outcome": {"outcome": "cancelled"}})
 
 
 def _iso(ts: float) -> str:

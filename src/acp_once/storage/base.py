@@ -265,6 +265,14 @@ class SessionStore(Protocol):
         """
         ...
 
+    async def read_timeline_tail(self, session_id: str, *, limit: int = 1) -> list[TimelineEntry]:
+        """Return the last `limit` entries (in order); `[]` for an empty or missing session.
+
+        Costs the same whatever the session's length (the runtime reads its turn marker here
+        after a restart).
+        """
+        ...
+
     async def count_user_messages(
         self, session_id: str, *, idempotency_key: str | None = None
     ) -> int:

@@ -658,6 +658,22 @@ async def check_closed_store_refuses(factory: StoreFactory) -> None:
         await _raises(StorageError, _insert(store, "s", "m", "k"), "insert after aclose")
 
 
+async def check_timeline_tail(factory: StoreFactory) -> None:
+    """The tail is the last entries in order, for empty, short and missing timelines."""
+    async with factory() as store:
+        await store.create_session(_session("s"))
+        _expect(await store.read_timeline_tail("s") == [], "tail of an empty timeline")
+        _expect(
+            await store.read_timeline_tail("missing", limit=3) == [], "tail of a missing session"
+        )
+        seqs = [await store.append_update("s", b'{"n":%d}' % i) for i in range(5)]
+        tail = await store.read_timeline_tail("s", limit=2)
+        _expect([e.seq for e in tail] == seqs[-2:], "tail holds the last two entries in order")
+        _expect(tail[-1].update == b'{"n":4}', "tail keeps the payload")
+        whole = await store.read_timeline_tail("s", limit=50)
+        _expect([e.seq for e in whole] == seqs, "a long limit returns the whole timeline")
+
+
 CHECKS: Final[tuple[Check, ...]] = (
     check_create_and_get,
     check_list_order_and_paging,
@@ -679,6 +695,7 @@ CHECKS: Final[tuple[Check, ...]] = (
     check_fork_copies_history_not_keys,
     check_fork_errors,
     check_timeline_order_and_paging,
+    check_timeline_tail,
     check_append_returns_seq,
     check_payload_fidelity,
     check_keys_stay_private,

@@ -228,6 +228,15 @@ class MemoryStore:
             start = bisect.bisect_right(session.timeline, after_seq, key=lambda e: e.seq)
             return session.timeline[start : start + limit]
 
+    async def read_timeline_tail(self, session_id: str, *, limit: int = 1) -> list[TimelineEntry]:
+        check_limit(limit)
+        async with self._lock:
+            self._check_open()
+            session = self._sessions.get(session_id)
+            if session is None:
+                return []
+            return session.timeline[-limit:]
+
     async def count_user_messages(
         self, session_id: str, *, idempotency_key: str | None = None
     ) -> int:

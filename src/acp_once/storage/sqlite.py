@@ -108,6 +108,9 @@ _READ_TIMELINE: Final = (
     "SELECT seq, message_id, payload FROM timeline"
     " WHERE session_id = ? AND seq > ? ORDER BY seq LIMIT ?"
 )
+_READ_TAIL: Final = (
+    "SELECT seq, message_id, payload FROM timeline WHERE session_id = ? ORDER BY seq DESC LIMIT ?"
+)
 _COUNT_USER: Final = "SELECT COUNT(*) FROM timeline WHERE session_id = ? AND is_user_message = 1"
 _COUNT_KEY: Final = "SELECT COUNT(*) FROM timeline WHERE session_id = ? AND idempotency_key = ?"
 # Keys (and digests, which belong to them) are deliberately not copied into a fork.
@@ -477,6 +480,19 @@ class SqliteStore:
                 _READ_TIMELINE, (session_id, after_seq, limit)
             ).fetchall()
             return [TimelineEntry(session_id, seq, mid, payload) for seq, mid, payload in rows]
+
+        return await self._call(work)
+
+    async def read_timeline_tail(self, session_id: str, *, limit: int = 1) -> list[TimelineEntry]:
+        check_limit(limit)
+
+        def work(conn: sqlite3.Connection) -> list[TimelineEntry]:
+            rows: list[tuple[int, str | None, bytes]] = conn.execute(
+                _READ_TAIL, (session_id, limit)
+            ).fetchall()
+            return [
+                TimelineEntry(session_id, seq, mid, payload) for seq, mid, payload in reversed(rows)
+            ]
 
         return await self._call(work)
 

@@ -1,0 +1,398 @@
+"""The SQLite outbox: stdlib `sqlite3`, one connection, one worker thread at a time.
+
+One table, `outbox_submissions`, one row per pending submission. `seq` is an
+`INTEGER PRIMARY KEY AUTOINCREMENT`, so it is strictly increasing across sessions and never
+reused, even after the newest submission was completed or the client restarted: it is the
+original order a restarted client resends in (`pending()` is `ORDER BY seq`). A unique
+index on `(session_id, idempotency_key)` makes one key name at most one pending submission
+of a session. The tables are prefixed `outbox_`, so the outbox may share a file with other
+data; it is still best kept in its own file, one per client identity.
+
+Durability: `add` commits before it returns, so the caller sends the first attempt only once
+the submission is on disk.
+
+* `synchronous=NORMAL` (default) in WAL mode: a committed transaction survives a crash of the
+  client process, SIGKILL included (the WAL is written before COMMIT returns and lives in the
+  OS page cache; the tests kill a child process right after `add` and find the submission).
+  A power loss or an OS crash may lose the last few commits, never corrupting the file.
+* `synchronous="FULL"` also fsyncs the WAL at every commit: durable against power loss, at the
+  price of one fsync per write.
+
+Concurrency: every call runs in a worker thread through `anyio.to_thread.run_sync` with a
+`CapacityLimiter(1)` owned by the outbox, so calls on one outbox are serialised on its one
+connection. Writes are `BEGIN IMMEDIATE ... COMMIT`, with `busy_timeout` (5000 ms by default)
+so that two outboxes (or processes) on one file wait for each other instead of failing.
+
+The schema is migrated when the outbox opens: `_MIGRATIONS` is append-only, and the applied
+versions are rows of `outbox_schema_version`. A file with a newer schema is refused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import sqlite3
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final, Generic, Literal, Self, TypeVar, get_args
+
+import anyio
+import anyio.to_thread
+
+from acp_once.client.outbox import (
+    KeyConflict,
+    OutboxError,
+    Submission,
+    SubmissionNotFound,
+    new_submission_id,
+    validate_add,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable, Generator
+    from types import TracebackType
+
+__all__ = ["LATEST_VERSION", "SqliteOutbox", "Synchronous", "current_version"]
+
+Synchronous = Literal["NORMAL", "FULL", "EXTRA"]
+"""Accepted values of SQLite's `synchronous` pragma (`OFF` is refused: it can lose commits)."""
+
+_T = TypeVar("_T")
+
+# -- schema -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Migration:
+    description: str
+    statements: tuple[str, ...]  # single statements: executescript would commit mid-way
+
+
+_MIGRATIONS: Final[tuple[_Migration, ...]] = (
+    _Migration(
+        "pending prompt submissions with their idempotency keys",
+        (
+            """
+            CREATE TABLE outbox_submissions (
+                seq             INTEGER PRIMARY KEY AUTOINCREMENT,
+                submission_id   TEXT NOT NULL UNIQUE,
+                session_id      TEXT NOT NULL,
+                idempotency_key TEXT NOT NULL,
+                prompt          BLOB NOT NULL,    -- the prompt content-block array (JSON)
+                created_at      REAL NOT NULL,
+                attempts        INTEGER NOT NULL DEFAULT 0 CHECK (attempts >= 0)
+            )
+            """,
+            """
+            CREATE UNIQUE INDEX outbox_submissions_by_key
+            ON outbox_submissions (session_id, idempotency_key)
+            """,
+        ),
+    ),
+)
+
+LATEST_VERSION: Final = len(_MIGRATIONS)
+"""The schema version this code needs."""
+
+_CREATE_VERSION_TABLE: Final = """
+    CREATE TABLE IF NOT EXISTS outbox_schema_version (
+        version     INTEGER PRIMARY KEY NOT NULL,
+        applied_at  REAL NOT NULL,
+        description TEXT NOT NULL
+    )
+"""
+
+# -- SQL ----------------------------------------------------------------------------------------
+
+_COLUMNS: Final = "submission_id, session_id, idempotency_key, prompt, created_at, seq, attempts"
+_SELECT: Final = f"SELECT {_COLUMNS} FROM outbox_submissions"
+_PENDING: Final = f"{_SELECT} ORDER BY seq"
+_PENDING_IN_SESSION: Final = f"{_SELECT} WHERE session_id = ? ORDER BY seq"
+_GET: Final = f"{_SELECT} WHERE submission_id = ?"
+_FIND_KEY: Final = f"{_SELECT} WHERE session_id = ? AND idempotency_key = ?"
+_INSERT: Final = (
+    "INSERT INTO outbox_submissions"
+    " (submission_id, session_id, idempotency_key, prompt, created_at, attempts)"
+    " VALUES (?, ?, ?, ?, ?, 0)"
+)
+_COUNT_ATTEMPT: Final = (
+    "UPDATE outbox_submissions SET attempts = attempts + 1 WHERE submission_id = ?"
+)
+_DELETE: Final = "DELETE FROM outbox_submissions WHERE submission_id = ?"
+
+_Row = tuple[str, str, str, bytes, float, int, int]
+
+
+def _from_row(row: _Row) -> Submission:
+    return Submission(*row)
+
+
+# -- synchronous helpers (run in the worker thread) ---------------------------------------------
+
+
+def current_version(conn: sqlite3.Connection) -> int:
+    """Return the highest applied outbox schema version; 0 for a file without the table."""
+    exists = conn.execute(
+        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'outbox_schema_version'"
+    ).fetchone()
+    if exists is None:
+        return 0
+    row = conn.execute("SELECT COALESCE(MAX(version), 0) FROM outbox_schema_version").fetchone()
+    return int(row[0])
+
+
+def _write(conn: sqlite3.Connection, work: Callable[[sqlite3.Connection], _T]) -> _T:
+    """Run `work` in one `BEGIN IMMEDIATE` transaction: all of it commits, or none of it."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        result = work(conn)
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    return result
+
+
+def _migrate(conn: sqlite3.Connection) -> None:
+    """Apply the pending migrations; the version is read again under the write lock."""
+    conn.execute(_CREATE_VERSION_TABLE)  # idempotent, so racing openers are fine
+    found = current_version(conn)
+    for version in range(found + 1, LATEST_VERSION + 1):
+        migration = _MIGRATIONS[version - 1]
+        for statement in migration.statements:
+            conn.execute(statement)
+        conn.execute(
+            "INSERT INTO outbox_schema_version (version, applied_at, description) VALUES (?, ?, ?)",
+            (version, time.time(), migration.description),
+        )
+
+
+def _connect(path: str, synchronous: Synchronous, busy_timeout_ms: int) -> sqlite3.Connection:
+    # isolation_level=None: autocommit; we issue BEGIN IMMEDIATE / COMMIT ourselves.
+    conn = sqlite3.connect(
+        path, isolation_level=None, check_same_thread=False, timeout=busy_timeout_ms / 1000
+    )
+    try:
+        conn.execute(f"PRAGMA busy_timeout = {busy_timeout_ms:d}")
+        conn.execute("PRAGMA journal_mode = WAL")  # answers 'memory' for ':memory:'; fine
+        conn.execute(f"PRAGMA synchronous = {synchronous}")
+        if current_version(conn) < LATEST_VERSION:
+            _write(conn, _migrate)
+        found = current_version(conn)
+        if found > LATEST_VERSION:
+            raise OutboxError(
+                f"{path}: outbox schema version {found} is newer than this acp-once supports"
+                f" ({LATEST_VERSION}); upgrade acp-once"
+            )
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+_OutboxT = TypeVar("_OutboxT")
+
+
+class _Opening(Generic[_OutboxT]):
+    """The result of `SqliteOutbox.open(...)`: await it, or use it as an async context manager."""
+
+    __slots__ = ("_close", "_open", "_opened")
+
+    def __init__(
+        self,
+        open_: Callable[[], Awaitable[_OutboxT]],
+        close: Callable[[_OutboxT], Awaitable[None]],
+    ) -> None:
+        self._open = open_
+        self._close = close
+        self._opened: _OutboxT | None = None
+
+    def __await__(self) -> Generator[Any, None, _OutboxT]:
+        return self._open().__await__()
+
+    async def __aenter__(self) -> _OutboxT:
+        self._opened = await self._open()
+        return self._opened
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        opened, self._opened = self._opened, None
+        if opened is not None:
+            await self._close(opened)
+
+
+class SqliteOutbox:
+    """An `Outbox` in one SQLite file. Create it with `SqliteOutbox.open(path)`."""
+
+    def __init__(
+        self,
+        conn: sqlite3.Connection,
+        limiter: anyio.CapacityLimiter,
+        *,
+        path: str,
+        clock: Callable[[], float],
+    ) -> None:
+        """Wrap an open, migrated connection; use `SqliteOutbox.open` instead."""
+        self._conn: sqlite3.Connection | None = conn
+        self._limiter = limiter
+        self._path = path
+        self._clock = clock
+
+    @classmethod
+    def open(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        synchronous: Synchronous = "NORMAL",
+        busy_timeout_ms: int = 5000,
+        clock: Callable[[], float] = time.time,
+    ) -> _Opening[SqliteOutbox]:
+        """Open (creating and migrating if needed) the outbox at `path`.
+
+        `outbox = await SqliteOutbox.open(path)` (then `await outbox.aclose()`), or
+        `async with SqliteOutbox.open(path) as outbox:`.
+
+        Args:
+            path: the database file (`":memory:"` gives a private in-memory database).
+            synchronous: `"NORMAL"` survives crashes of the process (SIGKILL included);
+                `"FULL"` also power loss.
+            busy_timeout_ms: how long a write waits for another connection's write lock.
+            clock: "now" in seconds since the epoch, for `created_at`.
+
+        Raises:
+            OutboxError: the file cannot be opened, or its schema is newer than supported.
+        """
+        if synchronous not in get_args(Synchronous):
+            raise ValueError(f"synchronous must be one of {get_args(Synchronous)}")
+        if busy_timeout_ms < 0:
+            raise ValueError("busy_timeout_ms must not be negative")
+        where = os.fspath(path)
+
+        def connect() -> sqlite3.Connection:
+            try:
+                return _connect(where, synchronous, busy_timeout_ms)
+            except sqlite3.Error as exc:
+                raise OutboxError(f"{where}: cannot open the outbox: {exc}") from exc
+
+        async def open_() -> SqliteOutbox:
+            limiter = anyio.CapacityLimiter(1)
+            conn = await anyio.to_thread.run_sync(connect, limiter=limiter)
+            return cls(conn, limiter, path=where, clock=clock)
+
+        return _Opening(open_, SqliteOutbox.aclose)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._conn is None else "open"
+        return f"<SqliteOutbox {self._path!r} {state}>"
+
+    async def _call(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
+        """Run `fn(connection)` in the outbox's worker thread, one call at a time.
+
+        Cancellation: `to_thread.run_sync`'s default `abandon_on_cancel=False`. A call
+        cancelled before its turn does nothing; a cancelled caller whose call already runs
+        waits until its transaction has committed or rolled back. Abandoning the thread would
+        let the next call use the connection in the middle of a transaction. So a cancelled
+        `add` may still have stored the submission: it is then in `pending()`, and the
+        recovery loop sends it like any other.
+        """
+        return await anyio.to_thread.run_sync(
+            functools.partial(self._in_thread, fn), limiter=self._limiter
+        )
+
+    def _in_thread(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
+        conn = self._conn
+        if conn is None:
+            raise OutboxError("the outbox is closed")
+        try:
+            return fn(conn)
+        except sqlite3.Error as exc:
+            # SQLite messages name tables and columns, never the values (so never a key).
+            raise OutboxError(f"{self._path}: {exc}") from exc
+
+    async def add(
+        self,
+        session_id: str,
+        prompt: bytes,
+        *,
+        idempotency_key: str | None = None,
+        now: float | None = None,
+    ) -> Submission:
+        prompt, key, created_at = validate_add(
+            session_id, prompt, idempotency_key, now, self._clock
+        )
+        submission_id = new_submission_id()
+
+        def work(conn: sqlite3.Connection) -> Submission:
+            row: _Row | None = conn.execute(_FIND_KEY, (session_id, key)).fetchone()
+            if row is not None:
+                existing = _from_row(row)
+                if existing.prompt != prompt:
+                    raise KeyConflict(session_id, existing.submission_id)
+                return existing
+            cursor = conn.execute(_INSERT, (submission_id, session_id, key, prompt, created_at))
+            seq = cursor.lastrowid
+            assert seq is not None
+            return Submission(submission_id, session_id, key, prompt, created_at, seq, 0)
+
+        return await self._call(functools.partial(_write, work=work))
+
+    async def record_attempt(self, submission_id: str) -> None:
+        def work(conn: sqlite3.Connection) -> None:
+            if conn.execute(_COUNT_ATTEMPT, (submission_id,)).rowcount == 0:
+                raise SubmissionNotFound(submission_id)
+
+        await self._call(functools.partial(_write, work=work))
+
+    async def complete(self, submission_id: str) -> None:
+        def work(conn: sqlite3.Connection) -> None:
+            conn.execute(_DELETE, (submission_id,))
+
+        await self._call(functools.partial(_write, work=work))
+
+    async def pending(self, session_id: str | None = None) -> list[Submission]:
+        def work(conn: sqlite3.Connection) -> list[Submission]:
+            if session_id is None:
+                rows: list[_Row] = conn.execute(_PENDING).fetchall()
+            else:
+                rows = conn.execute(_PENDING_IN_SESSION, (session_id,)).fetchall()
+            return [_from_row(row) for row in rows]
+
+        return await self._call(work)
+
+    async def get(self, submission_id: str) -> Submission | None:
+        def work(conn: sqlite3.Connection) -> Submission | None:
+            row: _Row | None = conn.execute(_GET, (submission_id,)).fetchone()
+            return None if row is None else _from_row(row)
+
+        return await self._call(work)
+
+    async def aclose(self) -> None:
+        """Close the connection after the call in progress (if any). Idempotent."""
+
+        def close(conn: sqlite3.Connection) -> None:
+            self._conn = None
+            conn.close()
+
+        if self._conn is None:
+            return
+        # Bounded cleanup: waits for at most the one call in flight, so shielding is safe and
+        # guarantees the connection is closed even if the closing task is being cancelled.
+        with anyio.CancelScope(shield=True), contextlib.suppress(OutboxError):
+            await self._call(close)
