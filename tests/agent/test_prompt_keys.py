@@ -86,9 +86,14 @@ async def test_concurrent_requests_share_one_insert_and_its_error() -> None:
 async def test_cache_is_bounded_and_lookup_stays_the_record() -> None:
     store = FakeStore()
     keys = PromptKeys(lookup=store.lookup, cache_size=2)
-    ids = [
-        await keys.submit("s", f"k{i}", lambda i=i: store.insert("s", f"k{i}")) for i in range(5)
-    ]
+    ids = []
+    for i in range(5):
+        key = f"k{i}"
+
+        async def insert(key: str = key) -> str:
+            return await store.insert("s", key)
+
+        ids.append(await keys.submit("s", key, insert))
     assert len(keys._recorded) == 2
     assert await keys.submit("s", "k0", lambda: store.insert("s", "k0")) == ids[0]
     assert len(store.messages[("s", "k0")]) == 1
