@@ -10,7 +10,9 @@ The turn, for each inserted user message:
   in memory while the session is active.
 
 Fault injection for tests: with `ACP_ONCE_CRASH=after-insert` in the environment the process
-exits (status 9) right after committing a user message, before anyone is answered.
+exits (status 9) right after committing a user message, before anyone is answered. With
+`ACP_ONCE_CRASH_MARKER=PATH` as well it does so once: only while PATH does not exist (it creates
+PATH first), so the restarted agent runs normally.
 
 Interrupted work after a restart: turns are not persisted, so a session whose agent died
 mid-turn is reported `idle` (no stop reason) when resumed; its inserted messages stay.
@@ -32,9 +34,10 @@ if TYPE_CHECKING:
     from acp_once.agent.runtime import TurnContext
     from acp_once.storage.base import SessionStore
 
-__all__ = ["CRASH_ENV", "ReferenceAgent"]
+__all__ = ["CRASH_ENV", "CRASH_MARKER_ENV", "ReferenceAgent"]
 
 CRASH_ENV = "ACP_ONCE_CRASH"
+CRASH_MARKER_ENV = "ACP_ONCE_CRASH_MARKER"
 _WORK = re.compile(r"\[work:(\d+(?:\.\d+)?)\]")
 
 
@@ -54,10 +57,14 @@ class ReferenceAgent(SessionAgent):
         )
         self.side_effects = side_effects
         self._crash = os.environ.get(CRASH_ENV, "")
+        self._crash_marker = os.environ.get(CRASH_MARKER_ENV)
 
     async def after_insert(self, session_id: str, message_id: str) -> None:
-        if self._crash == "after-insert":
-            os._exit(9)
+        if self._crash != "after-insert":
+            return
+        if self._crash_marker is not None and not _claim(self._crash_marker):
+            return  # crashed once already
+        os._exit(9)
 
     async def run_turn(self, turn: Turn, emit: TurnContext) -> str:
         text = turn.text
@@ -104,3 +111,12 @@ class ReferenceAgent(SessionAgent):
             log.write(f"{message_id}\n")
             log.flush()
             os.fsync(log.fileno())
+
+
+def _claim(path: str) -> bool:
+    """Create `path`; False if it already existed (an atomic test-and-set on the file system)."""
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True

@@ -1,0 +1,561 @@
+"""`AcpClient`: a client that never makes its application think about lost answers.
+
+    async with AcpClient(StdioAgent(["acp-once", "agent"]), outbox="sqlite:pending.db") as client:
+        session = await client.new_session("/home/me/project")
+        message_id = await session.prompt("Run the database migration")
+
+What it does for you (the RFD's "shiny future"):
+
+- **A key for every submission.** `prompt()` makes a fresh UUID key when called (or takes the
+  application's own) and sends that key on every attempt, each with a fresh JSON-RPC id.
+- **Durable pending input.** The submission is written to the outbox before the first attempt
+  and removed only when a `messageId` or a definite error comes back. After a restart, the
+  client finds its pending submissions and resends them once their sessions are resumed, in
+  their original order per session; those older than `max_age` are handed to the application.
+- **Recovery by retry class.** When an outcome is unknown (the agent process exited, the pipe
+  broke), it reconnects with backoff and jitter, initializes, resumes every session it had,
+  then resends: keyed prompts with their key, Idempotent requests as they are, Duplicating
+  requests only when allowed, Not-retried messages never (`acp_once.protocol.retry`).
+
+Errors a caller sees: `PromptCancelled` (-32800: withdrawn, cancelled or closed before
+insertion), any other `AcpError` (a definite answer: nothing was inserted), `OutcomeUnknown`
+(the outcome is unknown and the client may not resend: a Duplicating request without
+permission, or an agent the application does not trust with keys).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, Literal, Protocol, Self
+
+import anyio
+import orjson
+from anyio.abc import TaskGroup
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from acp_once.client.connection import ClientSideConnection
+from acp_once.client.interface import Client
+from acp_once.client.outbox import Outbox, Submission, open_outbox
+from acp_once.client.recovery import DEFAULT_MAX_AGE, Backoff, is_stale
+from acp_once.protocol import schema as s
+from acp_once.protocol.errors import AcpError, RequestCancelled, SessionNotFound
+from acp_once.protocol.initialization import PROTOCOL_VERSION
+from acp_once.protocol.keys import new_key
+from acp_once.protocol.retry import may_resend
+from acp_once.rpc.errors import TransportError
+from acp_once.rpc.streams import FrameStream
+from acp_once.transports.stdio import AgentProcess, spawn
+
+__all__ = [
+    "AcpClient",
+    "AgentLauncher",
+    "ClientSession",
+    "OutcomeUnknown",
+    "PromptCancelled",
+    "StdioAgent",
+]
+
+logger = logging.getLogger("acp_once.client")
+
+KEYS_META = "acpOnce"
+"""`_meta` member in which acp-once agents say they honour idempotency keys."""
+
+
+class PromptCancelled(RequestCancelled):
+    """The prompt was withdrawn or cancelled before insertion (-32800); nothing was inserted."""
+
+
+class OutcomeUnknown(TransportError):
+    """The outcome is unknown and the client may not resend on its own."""
+
+
+class AgentLauncher(Protocol):
+    """How to reach the agent: each call opens a new connection (stdio: a new process)."""
+
+    def connect(self) -> AbstractAsyncContextManager[FrameStream]: ...
+
+
+class StdioAgent:
+    """Launch the agent as a subprocess over stdio; a reconnect starts it again.
+
+    `current` is the running process (tests and fault injectors kill it).
+    """
+
+    def __init__(
+        self,
+        command: Sequence[str],
+        *,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+        stderr: int | None = None,
+    ) -> None:
+        self.command = list(command)
+        self.env = env
+        self.cwd = cwd
+        self.stderr = stderr
+        self.current: AgentProcess | None = None
+        self.launches = 0
+
+    @contextlib.asynccontextmanager
+    async def connect(self) -> AsyncIterator[FrameStream]:
+        async with spawn(self.command, env=self.env, cwd=self.cwd, stderr=self.stderr) as proc:
+            self.current = proc
+            self.launches += 1
+            try:
+                yield proc.frames
+            finally:
+                self.current = None
+
+
+PermissionHandler = Callable[[s.RequestPermissionRequest], Awaitable[s.RequestPermissionResponse]]
+StaleHandler = Callable[[Submission], Awaitable[None]]
+
+
+@dataclass(eq=False)
+class _Job:
+    submission: Submission
+    done: anyio.Event = field(default_factory=anyio.Event)
+    message_id: str | None = None
+    error: BaseException | None = None
+
+
+@dataclass(eq=False)
+class _SessionState:
+    session_id: str
+    cwd: str
+    queue: list[_Job] = field(default_factory=list)
+    wake: anyio.Event = field(default_factory=anyio.Event)
+    subscribers: list[MemoryObjectSendStream[s.UpdateSessionNotification]] = field(
+        default_factory=list
+    )
+    callbacks: list[Callable[[s.UpdateSessionNotification], Awaitable[None]]] = field(
+        default_factory=list
+    )
+
+
+class _Handler(Client):
+    def __init__(self, owner: AcpClient) -> None:
+        self._owner = owner
+
+    async def session_update(self, params: s.UpdateSessionNotification) -> None:
+        await self._owner._dispatch_update(params)
+
+    async def request_permission(
+        self, params: s.RequestPermissionRequest, connection: ClientSideConnection
+    ) -> s.RequestPermissionResponse:
+        handler = self._owner.on_permission
+        if handler is None:
+            return s.RequestPermissionResponse.model_validate({"outcome": {"outcome": "cancelled"}})
+        return await handler(params)
+
+
+class ClientSession:
+    """One session of an `AcpClient`."""
+
+    def __init__(self, client: AcpClient, state: _SessionState) -> None:
+        self._client = client
+        self._state = state
+
+    @property
+    def session_id(self) -> str:
+        return self._state.session_id
+
+    async def prompt(
+        self, prompt: str | Sequence[dict[str, Any]], *, idempotency_key: str | None = None
+    ) -> str:
+        """Submit user input; return the `messageId` of the inserted user message.
+
+        A new call is a new submission with a new key (unless `idempotency_key` is given: pass
+        the key you stored with your own pending input). Retries after lost answers happen
+        inside, with the same key.
+
+        Raises:
+            PromptCancelled: withdrawn or cancelled before insertion.
+            AcpError: the agent refused it (e.g. -32602); nothing was inserted.
+            OutcomeUnknown: the answer was lost and automatic resends are refused.
+        """
+        blocks = [{"type": "text", "text": prompt}] if isinstance(prompt, str) else list(prompt)
+        submission = await self._client.outbox.add(
+            self.session_id, orjson.dumps(blocks), idempotency_key=idempotency_key or new_key()
+        )
+        return await self._client._submit(self._state, submission)
+
+    async def cancel(self) -> None:
+        """Send `session/cancel` (a notification: never resent)."""
+        conn = await self._client._ready()
+        await conn.agent.cancel(s.CancelSessionNotification(session_id=self.session_id))
+
+    async def close(self) -> None:
+        """Close the session (Idempotent: resent after a lost answer)."""
+        await self._client._call(
+            "session/close", {"sessionId": self.session_id}, session_scoped=True
+        )
+        self._client._sessions.pop(self.session_id, None)
+
+    def on_update(self, callback: Callable[[s.UpdateSessionNotification], Awaitable[None]]) -> None:
+        """Call `callback` for every update of this session, in order (do not block in it)."""
+        self._state.callbacks.append(callback)
+
+    @contextlib.asynccontextmanager
+    async def updates(
+        self, buffer: int = 10_000
+    ) -> AsyncIterator[MemoryObjectReceiveStream[s.UpdateSessionNotification]]:
+        """Subscribe to this session's updates: `async with session.updates() as stream:`.
+
+        A subscriber more than `buffer` updates behind is dropped (its iteration ends) rather
+        than stalling the connection; resume the session with replay to catch up.
+        """
+        send, receive = anyio.create_memory_object_stream[s.UpdateSessionNotification](buffer)
+        self._state.subscribers.append(send)
+        try:
+            async with receive:
+                yield receive
+        finally:
+            with contextlib.suppress(ValueError):
+                self._state.subscribers.remove(send)
+            send.close()
+
+
+class AcpClient:
+    """A self-healing ACP v2 client (see the module docstring).
+
+    Args:
+        launcher: how to reach the agent (`StdioAgent([...])`).
+        outbox: an `Outbox`, or a URL for `open_outbox` ("memory:" or "sqlite:PATH").
+        info: what `initialize` says about this client.
+        backoff: reconnect delays.
+        max_age: pending submissions older than this (seconds) are handed to `on_stale`
+            instead of being resent on their own.
+        allow_duplicating: resend Duplicating requests (`session/new`, `session/fork`) whose
+            answer was lost; the extra session is left unused.
+        on_unaware: what to do with an agent that does not say it honours keys in its
+            `initialize` `_meta` (no capability exists for it): "trust" resends as usual,
+            "warn" logs a warning and resends, "refuse" raises `OutcomeUnknown` instead.
+        use_keys: False sends prompts without keys (only to demonstrate what keys prevent).
+        on_permission: answers permission requests (default: cancelled, i.e. not approved).
+        on_stale: receives stale submissions (also available from `stale()`).
+        on_recovered: receives `(submission, message_id)` for each pending submission of an
+            earlier run that was resent and inserted.
+    """
+
+    def __init__(
+        self,
+        launcher: AgentLauncher,
+        *,
+        outbox: Outbox | str = "memory:",
+        info: dict[str, Any] | None = None,
+        backoff: Backoff | None = None,
+        max_age: float = DEFAULT_MAX_AGE,
+        allow_duplicating: bool = False,
+        on_unaware: Literal["trust", "warn", "refuse"] = "warn",
+        use_keys: bool = True,
+        on_permission: PermissionHandler | None = None,
+        on_stale: StaleHandler | None = None,
+        on_recovered: Callable[[Submission, str], Awaitable[None]] | None = None,
+        connect_timeout: float = 30.0,
+    ) -> None:
+        self.launcher = launcher
+        self._outbox_spec = outbox
+        self.info = info or {"name": "acp-once-client", "version": "0.1.0"}
+        self.backoff = backoff or Backoff()
+        self.max_age = max_age
+        self.allow_duplicating = allow_duplicating
+        self.on_unaware = on_unaware
+        self.use_keys = use_keys
+        self.on_permission = on_permission
+        self.on_stale = on_stale
+        self.on_recovered = on_recovered
+        self.connect_timeout = connect_timeout
+        self.outbox: Outbox = outbox if not isinstance(outbox, str) else None  # type: ignore[assignment]
+        self.agent_info: s.InitializeResponse | None = None
+        self.keys_trusted = True
+        self.reconnects = 0
+        self._sessions: dict[str, _SessionState] = {}
+        self._conn: ClientSideConnection | None = None
+        self._connected = anyio.Event()
+        self._stack = contextlib.AsyncExitStack()
+        self._tg: TaskGroup | None = None
+        self._stale: list[Submission] = []
+        self._closing = False
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Self:
+        await self._stack.__aenter__()
+        try:
+            if isinstance(self._outbox_spec, str):
+                self.outbox = await self._stack.enter_async_context(open_outbox(self._outbox_spec))
+            self._tg = await self._stack.enter_async_context(anyio.create_task_group())
+            await self._tg.start(self._supervise)
+            await self._recover_pending()
+        except BaseException:
+            await self._stack.__aexit__(None, None, None)
+            raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        self._closing = True
+        assert self._tg is not None
+        self._tg.cancel_scope.cancel()
+        return await self._stack.__aexit__(exc_type, exc, tb)
+
+    # -- sessions ----------------------------------------------------------------------------
+
+    async def new_session(self, cwd: str, **params: Any) -> ClientSession:
+        """Create a session (Duplicating: resent after a lost answer only when allowed)."""
+        result = await self._call("session/new", {"cwd": cwd, **params})
+        state = self._track(str(result["sessionId"]), cwd)
+        return ClientSession(self, state)
+
+    async def resume_session(self, session_id: str, cwd: str) -> ClientSession:
+        """Resume an existing session on this client (Idempotent)."""
+        state = self._track(session_id, cwd)
+        await self._call("session/resume", {"sessionId": session_id, "cwd": cwd})
+        return ClientSession(self, state)
+
+    def session(self, session_id: str) -> ClientSession | None:
+        state = self._sessions.get(session_id)
+        return ClientSession(self, state) if state is not None else None
+
+    def stale(self) -> list[Submission]:
+        """Pending submissions too old to resend on their own (R16); show them to the user,
+        then `resend_stale` or `discard`."""
+        return list(self._stale)
+
+    async def resend_stale(self, submission: Submission) -> str:
+        """Resend a stale submission with its original key; returns its message id."""
+        self._stale = [s_ for s_ in self._stale if s_.submission_id != submission.submission_id]
+        state = self._sessions.get(submission.session_id)
+        if state is None:
+            raise SessionNotFound(submission.session_id, "The session is not resumed here")
+        return await self._submit(state, submission)
+
+    async def discard(self, submission: Submission) -> None:
+        """Drop a pending submission without sending it."""
+        self._stale = [s_ for s_ in self._stale if s_.submission_id != submission.submission_id]
+        await self.outbox.complete(submission.submission_id)
+
+    def _track(self, session_id: str, cwd: str) -> _SessionState:
+        state = self._sessions.get(session_id)
+        if state is None:
+            state = self._sessions[session_id] = _SessionState(session_id, cwd)
+            assert self._tg is not None
+            self._tg.start_soon(self._session_sender, state, name=f"sender-{session_id}")
+        return state
+
+    # -- connection supervision --------------------------------------------------------------
+
+    async def _supervise(self, *, task_status: Any) -> None:
+        started = False
+        attempt = 0
+        while True:
+            try:
+                async with (
+                    self.launcher.connect() as frames,
+                    ClientSideConnection(_Handler(self), frames, name="acp-client") as conn,
+                ):
+                    with anyio.fail_after(self.connect_timeout):
+                        await self._handshake(conn)
+                    self._conn = conn
+                    self._connected.set()
+                    if not started:
+                        task_status.started()
+                        started = True
+                    attempt = 0  # a healthy connection resets the backoff
+                    await conn.wait_closed()
+            except (TransportError, OSError, TimeoutError, AcpError) as exc:
+                if not started:
+                    raise  # the first connection must work: the caller hears why it did not
+                logger.warning("connection to the agent failed: %s", type(exc).__name__)
+            finally:
+                self._conn = None
+                self._connected = anyio.Event()
+            if self._closing:
+                return
+            self.reconnects += 1
+            if not self.backoff.should_retry(attempt):
+                logger.error("giving up on the agent after %d attempts", attempt + 1)
+                return
+            await anyio.sleep(self.backoff.next_delay(attempt))
+            attempt += 1
+
+    async def _handshake(self, conn: ClientSideConnection) -> None:
+        init = await conn.agent.initialize(
+            s.InitializeRequest.model_validate(
+                {"protocolVersion": PROTOCOL_VERSION, "info": self.info}
+            )
+        )
+        self.agent_info = init
+        meta = init.field_meta or {}
+        advertised = isinstance(meta.get(KEYS_META), dict) and meta[KEYS_META].get(
+            "idempotencyKeys"
+        )
+        self.keys_trusted = bool(advertised) or self.on_unaware != "refuse"
+        if not advertised and self.on_unaware == "warn":
+            logger.warning(
+                "agent %s does not say it honours idempotency keys; resends may duplicate",
+                init.info.name,
+            )
+        # resume every session this client had, before anything is resent (R15, R33)
+        for state in list(self._sessions.values()):
+            try:
+                await conn.agent.resume_session(
+                    s.ResumeSessionRequest(session_id=state.session_id, cwd=state.cwd)
+                )
+            except SessionNotFound:
+                logger.warning("session %s is gone from the agent", state.session_id)
+
+    async def _ready(self) -> ClientSideConnection:
+        while True:
+            conn = self._conn
+            if conn is not None and not conn.closed:
+                return conn
+            await self._connected.wait()
+
+    async def _call(
+        self, method: str, params: dict[str, Any], *, session_scoped: bool = False
+    ) -> Any:
+        """One request with recovery by retry class."""
+        while True:
+            conn = await self._ready()
+            try:
+                return await conn.rpc.request(method, params)
+            except TransportError:
+                if not may_resend(method, has_key=False, allow_duplicating=self.allow_duplicating):
+                    raise OutcomeUnknown(
+                        f"The answer to '{method}' was lost and it may not be resent"
+                    ) from None
+                logger.info("resending '%s' after a lost answer", method)
+
+    # -- prompts -------------------------------------------------------------------------------
+
+    async def _submit(self, state: _SessionState, submission: Submission) -> str:
+        job = _Job(submission)
+        state.queue.append(job)
+        state.wake.set()
+        await job.done.wait()
+        if job.error is not None:
+            raise job.error
+        assert job.message_id is not None
+        return job.message_id
+
+    async def _session_sender(self, state: _SessionState) -> None:
+        """Sends a session's submissions one at a time, in order (R15: original order)."""
+        while True:
+            while not state.queue:
+                await state.wake.wait()
+                state.wake = anyio.Event()
+            job = state.queue.pop(0)
+            try:
+                job.message_id = await self._send_until_definite(state, job.submission)
+            except Exception as exc:
+                job.error = exc
+            finally:
+                job.done.set()
+
+    async def _send_until_definite(self, state: _SessionState, submission: Submission) -> str:
+        params: dict[str, Any] = {
+            "sessionId": submission.session_id,
+            "prompt": orjson.loads(submission.prompt),
+        }
+        if self.use_keys:
+            params["idempotencyKey"] = submission.idempotency_key
+        while True:
+            conn = await self._ready()
+            await self.outbox.record_attempt(submission.submission_id)
+            try:
+                result = await conn.rpc.request("session/prompt", params)
+            except TransportError:
+                if not (self.use_keys and self.keys_trusted) and not self._may_resend_unkeyed():
+                    await self.outbox.complete(submission.submission_id)
+                    raise OutcomeUnknown(
+                        "The answer to session/prompt was lost; not resent on its own"
+                    ) from None
+                continue  # same key, fresh JSON-RPC id, after the reconnect and resume
+            except RequestCancelled as exc:
+                await self.outbox.complete(submission.submission_id)
+                raise PromptCancelled(exc.message, exc.data) from None
+            except AcpError:
+                await self.outbox.complete(submission.submission_id)
+                raise
+            await self.outbox.complete(submission.submission_id)
+            return str(result["messageId"])
+
+    def _may_resend_unkeyed(self) -> bool:
+        # Without a key a resend is a new submission; only the demo's "no keys" mode does it,
+        # to show the duplicates keys prevent.
+        return not self.use_keys
+
+    async def _recover_pending(self) -> None:
+        """Resend what an earlier run left pending (after resuming its sessions)."""
+        pending = await self.outbox.pending()
+        if not pending:
+            return
+        now = time.time()
+        by_session: dict[str, list[Submission]] = {}
+        for sub in pending:
+            by_session.setdefault(sub.session_id, []).append(sub)
+        conn = await self._ready()
+        for session_id, subs in by_session.items():
+            cwd = "/"
+            with contextlib.suppress(AcpError, TransportError):
+                listed = await conn.agent.list_sessions(s.ListSessionsRequest())
+                cwd = next((x.cwd for x in listed.sessions if x.session_id == session_id), cwd)
+            state = self._sessions.get(session_id) or self._track(session_id, cwd)
+            try:
+                await self._call("session/resume", {"sessionId": session_id, "cwd": state.cwd})
+            except SessionNotFound:
+                self._sessions.pop(session_id, None)
+                self._stale.extend(subs)
+                continue
+            held_back = False
+            for sub in subs:
+                # a stale one and everything after it in its session go to the application
+                if held_back or is_stale(sub, now, self.max_age):
+                    held_back = True
+                    self._stale.append(sub)
+                    if self.on_stale is not None:
+                        await self.on_stale(sub)
+                    continue
+                assert self._tg is not None
+                self._tg.start_soon(self._recover_one, state, sub)
+
+    async def _recover_one(self, state: _SessionState, submission: Submission) -> None:
+        try:
+            message_id = await self._submit(state, submission)
+        except Exception as exc:
+            logger.warning("a recovered submission failed: %s", type(exc).__name__)
+            return
+        if self.on_recovered is not None:
+            await self.on_recovered(submission, message_id)
+
+    # -- updates -------------------------------------------------------------------------------
+
+    async def _dispatch_update(self, params: s.UpdateSessionNotification) -> None:
+        state = self._sessions.get(params.session_id)
+        if state is None:
+            return
+        for callback in state.callbacks:
+            try:
+                await callback(params)
+            except Exception:
+                logger.exception("an update callback failed")
+        for send in list(state.subscribers):
+            try:
+                send.send_nowait(params)
+            except anyio.WouldBlock:
+                state.subscribers.remove(send)
+                send.close()
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                state.subscribers.remove(send)
