@@ -14,8 +14,10 @@ exits (status 9) right after committing a user message, before anyone is answere
 `ACP_ONCE_CRASH_MARKER=PATH` as well it does so once: only while PATH does not exist (it creates
 PATH first), so the restarted agent runs normally.
 
-Interrupted work after a restart: turns are not persisted, so a session whose agent died
-mid-turn is reported `idle` (no stop reason) when resumed; its inserted messages stay.
+Interrupted work after a restart (the agent died after inserting a message and before its turn
+finished): by default reported once, when the session is resumed, as `idle` with
+`stopReason: "error"` and the message "The agent restarted before the turn finished"; with
+`--interrupted continue` the turn runs again instead (its tool is idempotent per message).
 """
 
 from __future__ import annotations
@@ -51,9 +53,14 @@ class ReferenceAgent(SessionAgent):
         side_effects: Path,
         policy: HeldPolicy = "hold",
         compare_prompts: bool = True,
+        resume_interrupted: bool = False,
     ) -> None:
         super().__init__(
-            store, policy=policy, compare_prompts=compare_prompts, name="acp-once-reference"
+            store,
+            policy=policy,
+            compare_prompts=compare_prompts,
+            resume_interrupted=resume_interrupted,
+            name="acp-once-reference",
         )
         self.side_effects = side_effects
         self._crash = os.environ.get(CRASH_ENV, "")
@@ -106,8 +113,13 @@ class ReferenceAgent(SessionAgent):
         return "end_turn"
 
     def _side_effect(self, session_id: str, message_id: str) -> None:
+        # The tool is idempotent per message: a turn run again after a crash (with
+        # --interrupted continue) must not repeat its effect.
         self.side_effects.mkdir(parents=True, exist_ok=True)
-        with open(self.side_effects / f"{session_id}.log", "a", encoding="utf-8") as log:
+        path = self.side_effects / f"{session_id}.log"
+        if path.exists() and message_id in path.read_text(encoding="utf-8").split():
+            return
+        with open(path, "a", encoding="utf-8") as log:
             log.write(f"{message_id}\n")
             log.flush()
             os.fsync(log.fileno())

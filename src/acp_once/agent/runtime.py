@@ -72,7 +72,8 @@ logger = logging.getLogger("acp_once.agent")
 HeldPolicy = Literal["hold", "steer"]
 
 _STOP_TIMEOUT = 10.0
-_TURN_MARKER = "_acp_once_turn"  # retained, never replayed: was a turn running at a crash?
+_TURN_MARKER = "_acp_once_turn"  # retained, never replayed: did each message's turn finish?
+_RECOVERY_WINDOW = 500  # timeline entries read after a restart to find unfinished turns
 INTERRUPTED_MESSAGE = "The agent restarted before the turn finished"
 """The `error.message` of the idle `stopReason: "error"` reported for interrupted work."""
 _SUPPORTED_BLOCKS = (s.ContentBlockText, s.ContentBlockResourceLink)
@@ -169,6 +170,11 @@ class SessionAgent(Agent):
             "steer" inserts them at once.
         compare_prompts: refuse (-32602) a recorded key sent with a different prompt; off, such
             a request is answered as a retry (both are allowed by the RFD).
+        resume_interrupted: after a restart, run the turns of inserted messages whose turn did
+            not finish (the RFD leaves this to the agent). Off, such work is reported once as
+            idle with `stopReason: "error"` and `INTERRUPTED_MESSAGE`. Turns must then be safe
+            to run again from the start (e.g. idempotent tools keyed by message id). Only the
+            last 500 timeline entries are searched.
         name, version: what `initialize` reports.
     """
 
@@ -185,12 +191,14 @@ class SessionAgent(Agent):
         *,
         policy: HeldPolicy = "hold",
         compare_prompts: bool = True,
+        resume_interrupted: bool = False,
         name: str = "acp-once-agent",
         version: str = "0.1.0",
     ) -> None:
         self.store = store
         self.policy = policy
         self.compare_prompts = compare_prompts
+        self.resume_interrupted = resume_interrupted
         self.info = {"name": name, "version": version}
         self._sessions: dict[str, _Session] = {}
         self._tg: TaskGroup | None = None
@@ -527,8 +535,13 @@ class SessionAgent(Agent):
                             continue
                         break
                 turn = session.turns.popleft()
-                idle = await self._run_one(session, turn, context)
-                if not session.turns and not session.held:
+                # the scope exists from the moment the turn leaves the queue, so a cancel that
+                # arrives before the turn got going still stops it
+                session.turn_scope = anyio.CancelScope()
+                idle = await self._run_one(session, turn, context, session.turn_scope)
+                # a cancelled turn always ends with its idle update (digest 5.5), even when a
+                # prompt sent after the cancel is already waiting
+                if idle["stopReason"] == "cancelled" or not (session.turns or session.held):
                     await context.emit(idle)
         finally:
             session.worker = False
@@ -536,18 +549,18 @@ class SessionAgent(Agent):
             session.turn_scope = None
             session.stopped.set()
 
-    async def _run_one(self, session: _Session, turn: Turn, context: TurnContext) -> dict[str, Any]:
-        """Run one turn between retained markers; return the idle update that ends it.
+    async def _run_one(
+        self, session: _Session, turn: Turn, context: TurnContext, scope: anyio.CancelScope
+    ) -> dict[str, Any]:
+        """Run one turn; return the idle update that ends it.
 
         A failure after insertion is never an error answer: it ends the turn with
-        `stopReason: "error"` (digest 5.4).
+        `stopReason: "error"` (digest 5.4). The retained "idle" marker written at the end says
+        the message's turn finished; a message without one was interrupted by a crash.
         """
-        if not turn.live_only:
-            await self._mark_turn(session, "running")
-        await context.emit({"sessionUpdate": "state_update", "state": "running"})
         idle: dict[str, Any] = {"sessionUpdate": "state_update", "state": "idle"}
-        with anyio.CancelScope() as scope:
-            session.turn_scope = scope
+        with scope:
+            await context.emit({"sessionUpdate": "state_update", "state": "running"})
             try:
                 idle["stopReason"] = await self.run_turn(turn, context)
             except Exception as exc:
@@ -555,16 +568,17 @@ class SessionAgent(Agent):
                 idle["stopReason"] = "error"
                 idle["error"] = InternalError(f"The turn failed ({type(exc).__name__})").to_wire()
         session.turn_scope = None
-        if scope.cancelled_caught:
+        if scope.cancelled_caught or scope.cancel_called:
             idle["stopReason"] = "cancelled"
         if not turn.live_only:
             with anyio.CancelScope(shield=True):
-                await self._mark_turn(session, "idle")
+                await self._mark_turn(session, "idle", turn.message_id)
         return idle
 
-    async def _mark_turn(self, session: _Session, state: str) -> None:
+    async def _mark_turn(self, session: _Session, state: str, message_id: str) -> None:
         await self.store.append_update(
-            session.id, orjson.dumps({"sessionUpdate": _TURN_MARKER, "state": state})
+            session.id,
+            orjson.dumps({"sessionUpdate": _TURN_MARKER, "state": state, "messageId": message_id}),
         )
 
     async def _cancel_work(self, session: _Session, *, reason: str) -> None:
@@ -576,9 +590,12 @@ class SessionAgent(Agent):
                 self._withdraw(session, pending)
             else:
                 session.pending_by_key.pop(key, None)
+        dropped = [t for t in session.turns if not t.live_only]
         session.turns.clear()
         if session.turn_scope is not None:
             session.turn_scope.cancel()
+        for turn in dropped:  # their work will never run: close their markers
+            await self._mark_turn(session, "idle", turn.message_id)
         if session.worker:
             # the final updates and the idle state_update go out before we answer (digest 6.4)
             with anyio.move_on_after(_STOP_TIMEOUT):
@@ -602,18 +619,21 @@ class SessionAgent(Agent):
         record = await self.store.get_session(session_id)
         if record is None:
             raise SessionNotFound(session_id)
-        tail = await self.store.read_timeline_tail(session_id)
+        tail = await self.store.read_timeline_tail(session_id, limit=_RECOVERY_WINDOW)
         loaded = self._sessions.get(session_id)
         if loaded is not None:  # another request loaded it meanwhile
             return loaded
         session = self._sessions[session_id] = _Session(record)
-        if tail and orjson.loads(tail[0].update) == {
-            "sessionUpdate": _TURN_MARKER,
-            "state": "running",
-        }:
-            # this process never ran that turn: a previous one died in the middle of it
-            session.interrupted = True
-            await self._mark_turn(session, "idle")
+        unfinished = _unfinished_turns(session_id, tail)
+        if unfinished:
+            # This process never ran these turns: an earlier one died first.
+            if self.resume_interrupted:
+                session.turns.extend(unfinished)
+                self._ensure_worker(session)
+            else:
+                session.interrupted = True
+                for turn in unfinished:
+                    await self._mark_turn(session, "idle", turn.message_id)
         return session
 
     def _forget_live_keys(self, session: _Session) -> None:
@@ -676,6 +696,26 @@ class TurnContext:
             except ConnectionClosed:
                 continue
         return s.RequestPermissionResponse.model_validate({"outcome": {"outcome": "cancelled"}})
+
+
+def _unfinished_turns(session_id: str, tail: Sequence[Any]) -> list[Turn]:
+    """The retained user messages in `tail` whose turn never got its closing marker."""
+    finished: set[str] = set()
+    messages: list[tuple[str, list[Any]]] = []
+    for entry in tail:
+        update = orjson.loads(entry.update)
+        kind = update.get("sessionUpdate")
+        if kind == _TURN_MARKER and update.get("state") == "idle":
+            finished.add(str(update.get("messageId")))
+        elif kind == "user_message" and entry.message_id is not None:
+            messages.append((entry.message_id, update.get("content") or []))
+    turns: list[Turn] = []
+    for message_id, content in messages:
+        if message_id in finished:
+            continue
+        prompt = s.PromptRequest.model_validate({"sessionId": session_id, "prompt": content}).prompt
+        turns.append(Turn(session_id, message_id, list(prompt), live_only=False))
+    return turns
 
 
 def _iso(ts: float) -> str:

@@ -49,6 +49,12 @@ def agent(
     side_effects: Annotated[
         Path | None, typer.Option(help="directory of the per-session side-effect logs")
     ] = None,
+    interrupted: Annotated[
+        str,
+        typer.Option(
+            help="work a crash interrupted: report (idle, stopReason error) or continue (rerun)"
+        ),
+    ] = "report",
 ) -> None:
     r"""Run the reference ACP v2 agent on stdin/stdout.
 
@@ -56,7 +62,8 @@ def agent(
     keeps the turn running that long (a prompt sent meanwhile is held, or steered in); \[tool]
     runs a tool call that appends one line to the session's side-effect log; a text starting
     with / is a locally handled command (echoed live, not retained). Interrupted work after a
-    restart is reported idle. ACP_ONCE_CRASH=after-insert makes it exit right after committing
+    restart is reported idle with stopReason error, or run again with --interrupted continue.
+    ACP_ONCE_CRASH=after-insert makes it exit right after committing
     a user message (for fault-injection tests).
     """
     from acp_once.agent.reference import ReferenceAgent
@@ -65,6 +72,8 @@ def agent(
 
     if policy not in ("hold", "steer"):
         raise typer.BadParameter("policy must be hold or steer")
+    if interrupted not in ("report", "continue"):
+        raise typer.BadParameter("interrupted must be report or continue")
     url = store or f"sqlite:{_data_dir() / 'sessions.sqlite3'}"
     if url.startswith("sqlite:") and url != "sqlite::memory:":
         Path(url.removeprefix("sqlite:")).parent.mkdir(parents=True, exist_ok=True)
@@ -79,6 +88,7 @@ def agent(
                 side_effects=effects,
                 policy="steer" if policy == "steer" else "hold",
                 compare_prompts=compare_prompts,
+                resume_interrupted=interrupted == "continue",
             ) as reference,
         ):
             await serve_stdio(reference)
