@@ -1,0 +1,669 @@
+"""The reference agent over real stdio: prompt throughput, the key's cost, retry latency, and a
+side-by-side with an agent on the official TypeScript SDK (2.4.0, its v2 API).
+
+    python3 dev.py run python benchmarks/bench_agent.py [N] [--rounds R] [--retries M]
+                                                      [--big SIZE] [--no-ts] [--profile FILE]
+
+1. Prompts per second, reference agent (`python -m acp_once agent`) with `--store memory:` and
+   with `--store sqlite:<tmp file>`, each prompt keyed (a fresh uuid4 key) or unkeyed:
+   - sequential prompts: each `session/prompt` awaits its `{messageId}` before the next is sent
+     (a prompt that arrives during the previous turn is held, so this is close to the turn
+     rate);
+   - echo turns: after the answer, wait for that prompt's idle `state_update` (user_message,
+     state_update running, agent_message, state_update idle) before sending the next.
+   Reports the key's overhead (target < 5%) and SQLite/memory (target >= 0.8), plus the CPU
+   time that the agent process and this client spend per turn (from /proc).
+2. Retry latency: a SQLite file holds a session of 10 user messages and one of SIZE (100,000)
+   keyed user messages (written with raw INSERTs of the schema's own row shape). The agent is
+   started on it, each session is resumed, one keyed prompt is sent, then M retries with the
+   same key are timed (mean, p50, p99). Flat means the big session is no slower.
+3. The same echo turn against `benchmarks/ts_agent/agent.mjs` (TypeScript SDK 2.4.0, v2 API),
+   driven by the same Python client code; the reference agent (memory store) should reach at
+   least 1.2x its turns/s. `npm install` runs in benchmarks/ts_agent when node_modules is
+   missing; without node or npm this part is skipped with a message.
+
+Every figure is the median of R rounds of N prompts; the configurations of one comparison
+alternate round by round, so drift on a busy machine hits both sides alike. Nothing is
+asserted: this prints figures.
+
+`--profile FILE [--profile-store memory|sqlite]` instead runs only the reference agent under
+cProfile for N unkeyed then N keyed echo turns, writes FILE, and prints the top entries (the
+SQLite work runs in worker threads, which cProfile does not see: it shows as waiting).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import pstats
+import shutil
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import orjson
+from rich.console import Console
+from rich.table import Table
+
+from acp_once.agent.runtime import prompt_digest
+from acp_once.client import Client, ClientSideConnection
+from acp_once.protocol import schema as s
+from acp_once.storage import SessionRecord, SqliteStore
+from acp_once.transports.stdio import spawn
+
+HERE = Path(__file__).resolve().parent
+TS_DIR = HERE / "ts_agent"
+TS_AGENT = TS_DIR / "agent.mjs"
+CWD = "/tmp/bench"
+TEXT = "Run the database migration"
+TIMEOUT = 120.0
+
+console = Console(highlight=False, width=max(110, shutil.get_terminal_size().columns))
+
+
+# -- the client ------------------------------------------------------------------------------
+
+
+@dataclass
+class _SessionView:
+    agent_messages: int = 0
+    state: str | None = None
+
+
+@dataclass
+class Watcher(Client):
+    """Counts what each session reports, so a caller can wait for the end of a turn."""
+
+    sessions: dict[str, _SessionView] = field(default_factory=dict)
+    updates: int = 0
+    _changed: anyio.Event = field(default_factory=anyio.Event)
+
+    async def session_update(self, params: s.UpdateSessionNotification) -> None:
+        self.updates += 1
+        view = self.sessions.setdefault(params.session_id, _SessionView())
+        update = params.update
+        kind = getattr(update, "session_update", None)
+        if kind == "agent_message":
+            view.agent_messages += 1
+        elif kind == "state_update":
+            state = getattr(update, "state", None)
+            view.state = str(getattr(state, "value", state))
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    def view(self, session_id: str) -> _SessionView:
+        return self.sessions.setdefault(session_id, _SessionView())
+
+    async def wait_idle_after(self, session_id: str, agent_messages: int) -> None:
+        """Until the session has sent `agent_messages` agent messages and is idle again."""
+        view = self.view(session_id)
+        while view.agent_messages < agent_messages or view.state != "idle":
+            await self._changed.wait()
+
+
+@dataclass
+class Driven:
+    """One agent process under test, with the client connection that drives it."""
+
+    name: str
+    conn: ClientSideConnection
+    watcher: Watcher
+    pid: int
+
+    def cpu_seconds(self) -> float | None:
+        """User + system CPU time the agent process has used so far (Linux /proc)."""
+        try:
+            fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return None
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    async def new_session(self) -> str:
+        return (await self.conn.agent.new_session(s.NewSessionRequest(cwd=CWD))).session_id
+
+    async def prompt(self, session_id: str, *, key: str | None, text: str = TEXT) -> str:
+        params: dict[str, Any] = {
+            "sessionId": session_id,
+            "prompt": [{"type": "text", "text": text}],
+        }
+        if key is not None:
+            params["idempotencyKey"] = key
+        result = await self.conn.rpc.request("session/prompt", params)
+        message_id = result["messageId"]
+        assert isinstance(message_id, str)
+        return message_id
+
+    async def turn(self, session_id: str, *, key: str | None) -> None:
+        target = self.watcher.view(session_id).agent_messages + 1
+        await self.prompt(session_id, key=key)
+        await self.watcher.wait_idle_after(session_id, target)
+
+
+@asynccontextmanager
+async def driven(
+    name: str, command: Sequence[str], *, cwd: Path | None = None
+) -> AsyncIterator[Driven]:
+    watcher = Watcher()
+    async with (
+        spawn(command, cwd=cwd, stderr=subprocess.DEVNULL) as proc,
+        ClientSideConnection(watcher, proc.frames) as conn,
+    ):
+        await conn.agent.initialize(
+            s.InitializeRequest.model_validate(
+                {"protocolVersion": 2, "info": {"name": "bench_agent", "version": "1"}}
+            )
+        )
+        yield Driven(name, conn, watcher, proc.pid)
+
+
+def reference_command(store: str, effects: Path, *, profile: Path | None = None) -> list[str]:
+    python = [sys.executable]
+    if profile is not None:
+        python += ["-m", "cProfile", "-o", str(profile)]
+    return [*python, "-m", "acp_once", "agent", "--store", store, "--side-effects", str(effects)]
+
+
+# -- measuring -------------------------------------------------------------------------------
+
+
+@dataclass
+class Rate:
+    """Operations per second, and CPU microseconds per operation in the agent and client."""
+
+    per_second: float
+    agent_cpu_us: float | None
+    client_cpu_us: float
+
+
+def _key(keyed: bool) -> str | None:
+    return str(uuid.uuid4()) if keyed else None
+
+
+async def measure(agent: Driven, session_id: str, n: int, *, keyed: bool, turns: bool) -> Rate:
+    """n sequential prompts (turns=False) or n full echo turns (turns=True)."""
+    keys = [_key(keyed) for _ in range(n)]
+    start_msgs = agent.watcher.view(session_id).agent_messages
+    agent_cpu0, client_cpu0 = agent.cpu_seconds(), time.process_time()
+    start = time.perf_counter()
+    with anyio.fail_after(TIMEOUT):
+        if turns:
+            for key in keys:
+                await agent.turn(session_id, key=key)
+        else:
+            for key in keys:
+                await agent.prompt(session_id, key=key)
+    elapsed = time.perf_counter() - start
+    agent_cpu1, client_cpu1 = agent.cpu_seconds(), time.process_time()
+    with anyio.fail_after(TIMEOUT):  # let the last turns finish before anything else starts
+        await agent.watcher.wait_idle_after(session_id, start_msgs + n)
+    agent_us = (
+        None if agent_cpu0 is None or agent_cpu1 is None else (agent_cpu1 - agent_cpu0) / n * 1e6
+    )
+    return Rate(n / elapsed, agent_us, (client_cpu1 - client_cpu0) / n * 1e6)
+
+
+def median_rate(rates: list[Rate]) -> Rate:
+    return sorted(rates, key=lambda r: r.per_second)[len(rates) // 2]
+
+
+async def alternate(
+    rounds: int, cases: dict[str, Callable[[], Awaitable[Rate]]]
+) -> dict[str, Rate]:
+    """Run every case once per round, in an order that rotates; the median per case."""
+    results: dict[str, list[Rate]] = {name: [] for name in cases}
+    names = list(cases)
+    for r in range(rounds):
+        order = names[r % len(names) :] + names[: r % len(names)]
+        for name in order:
+            results[name].append(await cases[name]())
+    return {name: median_rate(rates) for name, rates in results.items()}
+
+
+# -- 1. throughput ---------------------------------------------------------------------------
+
+
+@dataclass
+class Throughput:
+    # (store, keyed, turns) -> Rate
+    rates: dict[tuple[str, bool, bool], Rate]
+
+
+async def bench_throughput(n: int, rounds: int, tmp: Path) -> Throughput:
+    rates: dict[tuple[str, bool, bool], Rate] = {}
+    stores = {"memory": "memory:", "sqlite": f"sqlite:{tmp / 'throughput.sqlite3'}"}
+    for store, url in stores.items():
+        async with driven(f"reference/{store}", reference_command(url, tmp / "effects")) as agent:
+            sessions = {keyed: await agent.new_session() for keyed in (False, True)}
+            for keyed, sid in sessions.items():  # warm up: imports, caches, the JIT-less paths
+                await measure(agent, sid, min(n, 200), keyed=keyed, turns=True)
+            for turns in (False, True):
+                cases: dict[str, Callable[[], Awaitable[Rate]]] = {}
+                for keyed, sid in sessions.items():
+
+                    def case(
+                        sid: str = sid, keyed: bool = keyed, turns: bool = turns
+                    ) -> Awaitable[Rate]:
+                        return measure(agent, sid, n, keyed=keyed, turns=turns)
+
+                    cases["keyed" if keyed else "unkeyed"] = case
+                found = await alternate(rounds, cases)
+                for keyed in (False, True):
+                    rates[(store, keyed, turns)] = found["keyed" if keyed else "unkeyed"]
+    return Throughput(rates)
+
+
+def _cpu(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:,.0f}"
+
+
+def print_throughput(t: Throughput, n: int, rounds: int) -> tuple[float, float]:
+    table = Table(title=f"1. Reference agent over stdio (median of {rounds} rounds of {n} prompts)")
+    for col in (
+        "store",
+        "workload",
+        "key",
+        "per second",
+        "us each",
+        "agent CPU us",
+        "client CPU us",
+    ):
+        table.add_column(col, justify="left" if col in ("store", "workload", "key") else "right")
+    for (store, keyed, turns), rate in t.rates.items():
+        table.add_row(
+            store,
+            "echo turns" if turns else "sequential prompts",
+            "fresh uuid" if keyed else "none",
+            f"{rate.per_second:,.0f}",
+            f"{1e6 / rate.per_second:,.0f}",
+            _cpu(rate.agent_cpu_us),
+            _cpu(rate.client_cpu_us),
+        )
+    console.print(table)
+
+    derived = Table(title="Key overhead and SQLite/memory")
+    for col in ("figure", "sequential prompts", "echo turns", "target"):
+        derived.add_column(col, justify="left" if col == "figure" else "right")
+    worst_overhead = 0.0
+    worst_ratio = float("inf")
+    for store in ("memory", "sqlite"):
+        cells = []
+        for turns in (False, True):
+            plain_rate = t.rates[(store, False, turns)].per_second
+            keyed_rate = t.rates[(store, True, turns)].per_second
+            overhead = (plain_rate / keyed_rate - 1) * 100  # extra time per prompt with a key
+            worst_overhead = max(worst_overhead, overhead)
+            cells.append(f"{overhead:+.1f}%")
+        derived.add_row(f"key overhead, {store}", *cells, "< 5%")
+    for keyed in (False, True):
+        cells = []
+        for turns in (False, True):
+            ratio = (
+                t.rates[("sqlite", keyed, turns)].per_second
+                / t.rates[("memory", keyed, turns)].per_second
+            )
+            worst_ratio = min(worst_ratio, ratio)
+            cells.append(f"{ratio:.2f}")
+        derived.add_row(f"sqlite / memory, {'keyed' if keyed else 'unkeyed'}", *cells, ">= 0.8")
+    console.print(derived)
+    return worst_overhead, worst_ratio
+
+
+# -- 2. retry latency ------------------------------------------------------------------------
+
+
+def _user_update(message_id: str, text: str) -> bytes:
+    return orjson.dumps(
+        {
+            "sessionUpdate": "user_message",
+            "messageId": message_id,
+            "content": [{"type": "text", "text": text}],
+        }
+    )
+
+
+async def build_history(path: Path, sizes: dict[str, int]) -> None:
+    """Sessions with `size` keyed user messages each: the small ones through the store's own
+    insert, the big ones with one raw executemany of the schema's row shape (the lookup, not
+    the insert, is what is measured)."""
+    now = time.time()
+    digest = prompt_digest([s.ContentBlockText(type="text", text="history")])
+    async with SqliteStore.open(path) as store:
+        for sid, size in sizes.items():
+            await store.create_session(SessionRecord(sid, CWD, (), None, now, now))
+            if size <= 1_000:
+                for i in range(size):
+                    mid = f"msg_user_{sid}_{i}"
+                    await store.insert_user_message(
+                        sid,
+                        message_id=mid,
+                        update=_user_update(mid, "history"),
+                        idempotency_key=f"history-{i}",
+                        prompt_digest=digest,
+                    )
+    big = {sid: size for sid, size in sizes.items() if size > 1_000}
+    if not big:
+        return
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        for sid, size in big.items():
+            conn.executemany(
+                "INSERT INTO timeline (session_id, seq, message_id, payload, is_user_message,"
+                " idempotency_key, prompt_digest) VALUES (?, ?, ?, ?, 1, ?, ?)",
+                (
+                    (
+                        sid,
+                        i + 1,
+                        f"msg_user_{sid}_{i}",
+                        _user_update(f"msg_user_{sid}_{i}", "history"),
+                        f"history-{i}",
+                        digest,
+                    )
+                    for i in range(size)
+                ),
+            )
+        conn.execute("COMMIT")
+    finally:
+        conn.close()
+
+
+@dataclass
+class Latency:
+    messages: int
+    mean_us: float
+    p50_us: float
+    p99_us: float
+    max_us: float
+    stored_once: bool
+
+
+async def bench_retry(retries: int, big: int, tmp: Path) -> list[Latency]:
+    path = tmp / "history.sqlite3"
+    sizes = {"sess_small": 10, "sess_big": big}
+    started = time.perf_counter()
+    await build_history(path, sizes)
+    console.print(
+        f"[dim]history built: {sum(sizes.values()):,} rows in"
+        f" {time.perf_counter() - started:.1f} s[/dim]"
+    )
+    key = str(uuid.uuid4())
+    samples: dict[str, list[float]] = {}
+    first_ids: dict[str, str] = {}
+    async with driven("reference/sqlite", reference_command(f"sqlite:{path}", tmp / "fx")) as ag:
+        for sid in sizes:
+            await ag.conn.agent.resume_session(s.ResumeSessionRequest(session_id=sid, cwd=CWD))
+            with anyio.fail_after(TIMEOUT):
+                await ag.turn(sid, key=key)  # inserted once, and its turn is over
+                first_ids[sid] = await ag.prompt(sid, key=key)
+            for _ in range(min(100, retries)):  # warm up
+                await ag.prompt(sid, key=key)
+        # alternate the sessions in blocks, so drift hits both alike
+        block = 100
+        for sid in sizes:
+            samples[sid] = []
+        with anyio.fail_after(TIMEOUT):
+            for done in range(0, retries, block):
+                for sid in sizes:
+                    for _ in range(min(block, retries - done)):
+                        t0 = time.perf_counter()
+                        message_id = await ag.prompt(sid, key=key)
+                        samples[sid].append(time.perf_counter() - t0)
+                        if message_id != first_ids[sid]:
+                            raise RuntimeError("a retry got a different messageId")
+    results = []
+    async with SqliteStore.open(path) as store:
+        for sid, size in sizes.items():
+            xs = sorted(samples[sid])
+            once = await store.count_user_messages(sid, idempotency_key=key) == 1
+            total = await store.count_user_messages(sid)
+            results.append(
+                Latency(
+                    messages=size,
+                    mean_us=statistics.fmean(xs) * 1e6,
+                    p50_us=xs[len(xs) // 2] * 1e6,
+                    p99_us=xs[min(len(xs) - 1, int(len(xs) * 0.99))] * 1e6,
+                    max_us=xs[-1] * 1e6,
+                    stored_once=once and total == size + 1,
+                )
+            )
+    return results
+
+
+def print_retry(results: list[Latency], retries: int) -> float:
+    table = Table(
+        title=f"2. Retry latency over stdio, SQLite store ({retries:,} retries of one key each)"
+    )
+    for col in ("session history", "mean us", "p50 us", "p99 us", "max us", "inserted once"):
+        table.add_column(col, justify="left" if col == "session history" else "right")
+    for r in results:
+        table.add_row(
+            f"{r.messages:,} messages",
+            f"{r.mean_us:,.0f}",
+            f"{r.p50_us:,.0f}",
+            f"{r.p99_us:,.0f}",
+            f"{r.max_us:,.0f}",
+            "yes" if r.stored_once else "NO",
+        )
+    console.print(table)
+    small, big = results[0], results[-1]
+    ratio = big.mean_us / small.mean_us
+    console.print(
+        f"big/small: mean {ratio:.2f}x, p99 {big.p99_us / small.p99_us:.2f}x (flat is ~1.0)"
+    )
+    return ratio
+
+
+# -- 3. TypeScript SDK side by side ----------------------------------------------------------
+
+
+def prepare_ts_agent() -> str | None:
+    """None when the TS agent can run; otherwise why it cannot."""
+    node, npm = shutil.which("node"), shutil.which("npm")
+    if node is None:
+        return "node is not installed"
+    if not (TS_DIR / "node_modules" / "@agentclientprotocol" / "sdk").is_dir():
+        if npm is None:
+            return "npm is not installed (needed once, to install the SDK)"
+        console.print(
+            "[dim]installing the TypeScript SDK: npm install in benchmarks/ts_agent[/dim]"
+        )
+        try:
+            done = subprocess.run(
+                [npm, "install", "--no-audit", "--no-fund"],
+                cwd=TS_DIR,
+                capture_output=True,
+                text=True,
+                timeout=300,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return f"npm install failed: {exc}"
+        if done.returncode != 0:
+            return f"npm install failed ({done.returncode}): {done.stderr.strip()[-500:]}"
+    return None
+
+
+async def bench_ts(n: int, rounds: int, tmp: Path) -> dict[str, Rate]:
+    node = shutil.which("node")
+    assert node is not None
+    async with (
+        driven("reference/memory", reference_command("memory:", tmp / "fx3")) as ref,
+        driven("typescript", [node, str(TS_AGENT)], cwd=TS_DIR) as ts,
+    ):
+        ref_plain, ref_keyed, ts_sid = (
+            await ref.new_session(),
+            await ref.new_session(),
+            await ts.new_session(),
+        )
+        for agent, sid, keyed in (
+            (ref, ref_plain, False),
+            (ref, ref_keyed, True),
+            (ts, ts_sid, False),
+        ):
+            await measure(agent, sid, min(n, 200), keyed=keyed, turns=True)
+
+        async def ref_unkeyed() -> Rate:
+            return await measure(ref, ref_plain, n, keyed=False, turns=True)
+
+        async def ref_with_key() -> Rate:
+            return await measure(ref, ref_keyed, n, keyed=True, turns=True)
+
+        async def ts_unkeyed() -> Rate:
+            return await measure(ts, ts_sid, n, keyed=False, turns=True)
+
+        return await alternate(
+            rounds,
+            {
+                "reference, memory store, no key": ref_unkeyed,
+                "reference, memory store, fresh key": ref_with_key,
+                "TypeScript SDK 2.4.0 v2 agent, no key": ts_unkeyed,
+            },
+        )
+
+
+def print_ts(found: dict[str, Rate], n: int, rounds: int) -> float:
+    table = Table(
+        title=f"3. Echo turns over stdio, same Python client (median of {rounds} rounds of {n})"
+    )
+    for col in ("agent", "turns/s", "us each", "agent CPU us", "client CPU us"):
+        table.add_column(col, justify="left" if col == "agent" else "right")
+    for name, rate in found.items():
+        table.add_row(
+            name,
+            f"{rate.per_second:,.0f}",
+            f"{1e6 / rate.per_second:,.0f}",
+            _cpu(rate.agent_cpu_us),
+            _cpu(rate.client_cpu_us),
+        )
+    console.print(table)
+    ts = found["TypeScript SDK 2.4.0 v2 agent, no key"].per_second
+    plain = found["reference, memory store, no key"].per_second / ts
+    keyed = found["reference, memory store, fresh key"].per_second / ts
+    console.print(
+        f"reference / TypeScript: {plain:.2f}x without a key, {keyed:.2f}x with one"
+        " (target >= 1.2x)"
+    )
+    ts_cpu = found["TypeScript SDK 2.4.0 v2 agent, no key"].agent_cpu_us
+    ref_cpu = found["reference, memory store, no key"].agent_cpu_us
+    if ts_cpu and ref_cpu:
+        console.print(
+            f"agent CPU per turn: reference {ref_cpu:,.0f} us, TypeScript {ts_cpu:,.0f} us"
+            f" ({ref_cpu / ts_cpu:.1f}x); the client's own CPU per turn bounds both"
+        )
+    return min(plain, keyed)
+
+
+# -- profile -----------------------------------------------------------------------------------
+
+
+async def profile_reference(n: int, out: Path, store: str, tmp: Path) -> None:
+    url = "memory:" if store == "memory" else f"sqlite:{tmp / 'profile.sqlite3'}"
+    command = reference_command(url, tmp / "fxp", profile=out)
+    async with driven(f"reference/{store} (cProfile)", command) as agent:
+        sid = await agent.new_session()
+        for keyed in (False, True):
+            await measure(agent, sid, n, keyed=keyed, turns=True)
+    # leaving the block closes stdin; the agent exits cleanly and cProfile writes `out`
+
+
+def print_profile(out: Path, top: int = 35) -> None:
+    console.print(f"\n[bold]Top {top} by cumulative time, reference agent ({out})[/bold]")
+    stats = pstats.Stats(str(out))
+    stats.sort_stats("cumulative").print_stats(top)
+    stats.sort_stats("tottime").print_stats(20)
+
+
+# -- main --------------------------------------------------------------------------------------
+
+
+def _load() -> str:
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "n/a"
+
+
+def _verdict(ok: bool) -> str:
+    return "[green]met[/green]" if ok else "[red]MISSED[/red]"
+
+
+async def main(args: argparse.Namespace) -> None:
+    with tempfile.TemporaryDirectory(prefix="bench-agent-") as tmp_name:
+        tmp = Path(tmp_name)
+        if args.profile is not None:
+            await profile_reference(args.n, Path(args.profile), args.profile_store, tmp)
+            print_profile(Path(args.profile))
+            return
+        console.print(
+            f"[bold]bench_agent[/bold] {time.strftime('%Y-%m-%d %H:%M')}  "
+            f"Python {platform.python_version()}  {platform.machine()}  "
+            f"{os.cpu_count()} cores  N={args.n} rounds={args.rounds} retries={args.retries}"
+        )
+        console.print(f"load average at start: {_load()}")
+        began = time.perf_counter()
+        through = await bench_throughput(args.n, args.rounds, tmp)
+        overhead, ratio = print_throughput(through, args.n, args.rounds)
+
+        retry = await bench_retry(args.retries, args.big, tmp)
+        flat = print_retry(retry, args.retries)
+
+        ts_ratio: float | None = None
+        why = "skipped (--no-ts)" if args.no_ts else prepare_ts_agent()
+        if why is None:
+            ts_found = await bench_ts(args.n, args.rounds, tmp)
+            ts_ratio = print_ts(ts_found, args.n, args.rounds)
+        else:
+            console.print(f"[yellow]3. TypeScript SDK comparison skipped: {why}[/yellow]")
+
+        summary = Table(title="Targets")
+        for col in ("target", "measured", "verdict"):
+            summary.add_column(col)
+        summary.add_row(
+            "key overhead < 5% (worst case)", f"{overhead:+.1f}%", _verdict(overhead < 5)
+        )
+        summary.add_row(
+            "SQLite / memory >= 0.8 (worst case)", f"{ratio:.2f}", _verdict(ratio >= 0.8)
+        )
+        summary.add_row(
+            "retry latency flat (big/small mean)", f"{flat:.2f}x", _verdict(flat < 1.25)
+        )
+        if ts_ratio is not None:
+            summary.add_row(
+                "reference (memory) / TS SDK >= 1.2x (worst of keyed, unkeyed)",
+                f"{ts_ratio:.2f}x",
+                _verdict(ts_ratio >= 1.2),
+            )
+        console.print(summary)
+        console.print(
+            f"[dim]total {time.perf_counter() - began:.0f} s; load average at end: {_load()}"
+            " (other work on the machine skews the figures)[/dim]"
+        )
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("n", nargs="?", type=int, default=1_500, help="prompts per round")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds per figure (median)")
+    parser.add_argument("--retries", type=int, default=2_000, help="timed retries per session")
+    parser.add_argument("--big", type=int, default=100_000, help="messages in the big session")
+    parser.add_argument("--no-ts", action="store_true", help="skip the TypeScript comparison")
+    parser.add_argument("--profile", metavar="FILE", help="cProfile the reference agent only")
+    parser.add_argument(
+        "--profile-store", choices=("memory", "sqlite"), default="memory", help="for --profile"
+    )
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    anyio.run(main, parse_args(sys.argv[1:]))
