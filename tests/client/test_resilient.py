@@ -52,7 +52,9 @@ def env(tmp_path: Path) -> Env:
 
 async def test_prompt_returns_the_inserted_message_id_and_updates_flow(env: Env) -> None:
     with anyio.fail_after(TIMEOUT):
-        async with AcpClient(env.launcher(), outbox=env.outbox, backoff=FAST) as client:
+        async with AcpClient(
+            env.launcher(), outbox=env.outbox, backoff=FAST, on_unaware="refuse"
+        ) as client:
             session = await client.new_session("/tmp/project")
             seen: list[dict[str, Any]] = []
             done = anyio.Event()

@@ -52,6 +52,7 @@ from acp_once.protocol.errors import (
     SessionNotFound,
 )
 from acp_once.protocol.initialization import PROTOCOL_VERSION, negotiate_version
+from acp_once.rpc.connection import unwrap_single_exception
 from acp_once.rpc.errors import ConnectionClosed
 from acp_once.storage.base import InvalidCursor, SessionRecord, SessionStore
 
@@ -218,7 +219,8 @@ class SessionAgent(Agent):
     ) -> bool | None:
         assert self._tg is not None
         self._tg.cancel_scope.cancel()
-        return await self._tg.__aexit__(exc_type, exc, tb)
+        with unwrap_single_exception():
+            return await self._tg.__aexit__(exc_type, exc, tb)
 
     # -- what subclasses provide -----------------------------------------------------------
 
@@ -251,6 +253,9 @@ class SessionAgent(Agent):
                 "protocolVersion": version,
                 "info": self.info,
                 "capabilities": self.agent_capabilities(),
+                # No capability exists for keys (every v2 agent must honour them); this tells
+                # acp-once clients that this one really does.
+                "_meta": {"acpOnce": {"idempotencyKeys": True}},
             }
         )
 

@@ -48,6 +48,7 @@ from acp_once.protocol.errors import AcpError, RequestCancelled, SessionNotFound
 from acp_once.protocol.initialization import PROTOCOL_VERSION
 from acp_once.protocol.keys import new_key
 from acp_once.protocol.retry import may_resend
+from acp_once.rpc.connection import unwrap_single_exception
 from acp_once.rpc.errors import TransportError
 from acp_once.rpc.streams import FrameStream
 from acp_once.transports.stdio import AgentProcess, spawn
@@ -130,6 +131,7 @@ class _SessionState:
     session_id: str
     cwd: str
     queue: list[_Job] = field(default_factory=list)
+    jobs: dict[str, _Job] = field(default_factory=dict)
     wake: anyio.Event = field(default_factory=anyio.Event)
     subscribers: list[MemoryObjectSendStream[s.UpdateSessionNotification]] = field(
         default_factory=list
@@ -308,7 +310,17 @@ class AcpClient:
         self._closing = True
         assert self._tg is not None
         self._tg.cancel_scope.cancel()
-        return await self._stack.__aexit__(exc_type, exc, tb)
+        with unwrap_single_exception():
+            return await self._stack.__aexit__(exc_type, exc, tb)
+
+    @property
+    def connected(self) -> bool:
+        """True while a connection is up and its sessions are resumed."""
+        return self._conn is not None and not self._conn.closed
+
+    async def wait_connected(self) -> None:
+        """Wait until a connection is up and its sessions are resumed."""
+        await self._ready()
 
     # -- sessions ----------------------------------------------------------------------------
 
@@ -441,9 +453,13 @@ class AcpClient:
     # -- prompts -------------------------------------------------------------------------------
 
     async def _submit(self, state: _SessionState, submission: Submission) -> str:
-        job = _Job(submission)
-        state.queue.append(job)
-        state.wake.set()
+        job = state.jobs.get(submission.submission_id)
+        if job is None:
+            # one sender per submission: a recovered submission that the application submits
+            # again (with its own key) waits for the same attempt
+            job = state.jobs[submission.submission_id] = _Job(submission)
+            state.queue.append(job)
+            state.wake.set()
         await job.done.wait()
         if job.error is not None:
             raise job.error
@@ -462,6 +478,7 @@ class AcpClient:
             except Exception as exc:
                 job.error = exc
             finally:
+                state.jobs.pop(job.submission.submission_id, None)
                 job.done.set()
 
     async def _send_until_definite(self, state: _SessionState, submission: Submission) -> str:

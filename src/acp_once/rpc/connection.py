@@ -16,10 +16,11 @@ closes in the same task.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Protocol, Self
@@ -51,11 +52,27 @@ __all__ = [
     "PendingCall",
     "RequestContext",
     "RequestHandler",
+    "unwrap_single_exception",
 ]
 
 logger = logging.getLogger("acp_once.rpc")
 
 _SHUTDOWN_WRITE_TIMEOUT = 2.0
+
+
+@contextlib.contextmanager
+def unwrap_single_exception() -> Iterator[None]:
+    """Re-raise the only exception of an exception group as itself.
+
+    anyio wraps an exception raised in a task group's body in a group; callers of our
+    context managers should be able to write `except ConnectionClosed:`.
+    """
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        if len(group.exceptions) == 1:
+            raise group.exceptions[0] from None
+        raise
 
 
 class Gate(Protocol):
@@ -229,7 +246,8 @@ class Connection:
         self._shutdown(ConnectionClosed("Connection closed"))
         self._tg.cancel_scope.cancel()
         try:
-            return await self._tg.__aexit__(exc_type, exc, tb)
+            with unwrap_single_exception():
+                return await self._tg.__aexit__(exc_type, exc, tb)
         finally:
             with anyio.CancelScope(shield=True), anyio.move_on_after(_SHUTDOWN_WRITE_TIMEOUT):
                 await self._stream.aclose()
