@@ -96,6 +96,46 @@ def agent(
     anyio.run(run)
 
 
+@app.command()
+def prompt(
+    text: Annotated[str, typer.Argument(help="the prompt text")],
+    agent: Annotated[
+        str, typer.Option(help='the agent command, e.g. "acp-once agent --store sqlite:s.db"')
+    ],
+    session: Annotated[str | None, typer.Option(help="resume this session id")] = None,
+    cwd: Annotated[str, typer.Option(help="the session's working directory")] = ".",
+    outbox: Annotated[
+        Path | None,
+        typer.Option(help="SQLite outbox: a killed and rerun command finishes its submission"),
+    ] = None,
+    wait: Annotated[
+        float, typer.Option(help="seconds to wait for the turn to end (0: don't)")
+    ] = 60.0,
+) -> None:
+    """Send one prompt to an agent and print what it streams back.
+
+    With --outbox, the submission (and its idempotency key) is written to the outbox before it
+    is sent. If the command is killed and run again with the same outbox and text, it finishes
+    that submission instead of starting a new one: the agent inserts it once.
+    """
+    import shlex
+
+    from acp_once.cli.prompt import run_prompt
+
+    raise typer.Exit(
+        anyio.run(
+            lambda: run_prompt(
+                command=shlex.split(agent),
+                text=text,
+                session_id=session,
+                cwd=str(Path(cwd).resolve()),
+                outbox=f"sqlite:{outbox}" if outbox else "memory:",
+                wait=wait,
+            )
+        )
+    )
+
+
 db_app = typer.Typer(no_args_is_help=True, help="Schema migrations of a store.")
 app.add_typer(db_app, name="db")
 
