@@ -224,3 +224,29 @@ def test_resend_decision_for_every_client_request(entry: Any) -> None:
         RetryClass.DUPLICATING: (False, False, True),
     }.get(entry.retry_class, (False, False, False))
     assert (keyed, unkeyed, dup_allowed) == expected
+
+
+async def test_requests_survive_a_failed_reconnect(env: Env) -> None:
+    """Waiters that queued while the agent was down are served by a later connection, even
+    when a reconnect attempt in between failed during its handshake."""
+    launches = env.tmp / "launches"
+    agent = (
+        f"n=$(cat {launches} 2>/dev/null || echo 0); echo $((n+1)) > {launches}; "
+        f'[ "$n" = 1 ] && exit 1; exec {sys.executable} -m acp_once agent '
+        f"--store sqlite:{env.db} --side-effects {env.effects}"
+    )
+    launcher = StdioAgent(
+        ["sh", "-c", agent],
+        env={
+            **os.environ,
+            "ACP_ONCE_CRASH": "after-insert",
+            "ACP_ONCE_CRASH_MARKER": str(env.tmp / "crashed"),
+        },
+    )
+    with anyio.fail_after(TIMEOUT):
+        async with AcpClient(launcher, outbox=env.outbox, backoff=FAST) as client:
+            session = await client.new_session("/tmp/project")
+            # launch 1 commits and dies, launch 2 fails at once, launch 3 answers
+            assert await session.prompt("survive")
+            assert launches.read_text().strip() == "3"
+    assert await env.count(session.session_id) == 1

@@ -12,7 +12,9 @@ The turn, for each inserted user message:
 Fault injection for tests: with `ACP_ONCE_CRASH=after-insert` in the environment the process
 exits (status 9) right after committing a user message, before anyone is answered. With
 `ACP_ONCE_CRASH_MARKER=PATH` as well it does so once: only while PATH does not exist (it creates
-PATH first), so the restarted agent runs normally.
+PATH first), so the restarted agent runs normally. `ACP_ONCE_CRASH_RATE=P` makes each insertion
+crash with probability P instead (seeded by `ACP_ONCE_CRASH_SEED`): the answer is "cut".
+`ACP_ONCE_CRASH_LOG=FILE` appends the message id to FILE before each such exit.
 
 Interrupted work after a restart (the agent died after inserting a message and before its turn
 finished): by default reported once, when the session is resumed, as `idle` with
@@ -23,6 +25,7 @@ finished): by default reported once, when the session is resumed, as `idle` with
 from __future__ import annotations
 
 import os
+import random
 import re
 import uuid
 from pathlib import Path
@@ -36,10 +39,12 @@ if TYPE_CHECKING:
     from acp_once.agent.runtime import TurnContext
     from acp_once.storage.base import SessionStore
 
-__all__ = ["CRASH_ENV", "CRASH_MARKER_ENV", "ReferenceAgent"]
+__all__ = ["CRASH_ENV", "CRASH_MARKER_ENV", "CRASH_RATE_ENV", "ReferenceAgent"]
 
 CRASH_ENV = "ACP_ONCE_CRASH"
 CRASH_MARKER_ENV = "ACP_ONCE_CRASH_MARKER"
+CRASH_RATE_ENV = "ACP_ONCE_CRASH_RATE"
+CRASH_LOG_ENV = "ACP_ONCE_CRASH_LOG"
 _WORK = re.compile(r"\[work:(\d+(?:\.\d+)?)\]")
 
 
@@ -65,12 +70,21 @@ class ReferenceAgent(SessionAgent):
         self.side_effects = side_effects
         self._crash = os.environ.get(CRASH_ENV, "")
         self._crash_marker = os.environ.get(CRASH_MARKER_ENV)
+        self._crash_rate = float(os.environ.get(CRASH_RATE_ENV, "1"))
+        # a new draw per process: with one seed for every launch, a restarted agent would cut
+        # the same insertions again and again
+        self._random = random.Random(f"{os.environ.get('ACP_ONCE_CRASH_SEED')}-{os.getpid()}")
 
     async def after_insert(self, session_id: str, message_id: str) -> None:
         if self._crash != "after-insert":
             return
+        if self._random.random() >= self._crash_rate:
+            return
         if self._crash_marker is not None and not _claim(self._crash_marker):
             return  # crashed once already
+        log = os.environ.get(CRASH_LOG_ENV)
+        if log:
+            _append_line(log, message_id)
         os._exit(9)
 
     async def run_turn(self, turn: Turn, emit: TurnContext) -> str:
@@ -132,3 +146,10 @@ def _claim(path: str) -> bool:
     except FileExistsError:
         return False
     return True
+
+
+def _append_line(path: str, line: str) -> None:
+    with open(path, "a", encoding="utf-8") as out:
+        out.write(line + "\n")
+        out.flush()
+        os.fsync(out.fileno())

@@ -22,12 +22,23 @@ def _data_dir() -> Path:
 
 
 @app.command()
-def demo() -> None:
-    """Show what idempotency keys buy, under injected faults (being built: see the issues)."""
-    typer.echo(
-        "acp-once demo is not built yet. Meanwhile: `acp-once agent --help` runs the reference "
-        "agent over stdio."
-    )
+def demo(
+    submissions: Annotated[int, typer.Option(help="prompts per run")] = 200,
+    seed: Annotated[int, typer.Option(help="makes a run repeatable")] = 1,
+    transport: Annotated[str, typer.Option(help="stdio (ws and http: not built yet)")] = "stdio",
+) -> None:
+    """Show what idempotency keys buy: the same faulty run with keys and without.
+
+    The reference agent runs over stdio on SQLite in a temporary directory while a fault
+    injector kills it at random moments, cuts answers (the agent dies after committing a
+    message, before answering) and restarts the client. Then every submission is counted in
+    the agent's store.
+    """
+    from acp_once.cli.demo_view import show_demo
+
+    if transport != "stdio":
+        raise typer.BadParameter("only stdio exists so far; ws and http arrive with the server")
+    raise typer.Exit(show_demo(submissions=submissions, seed=seed))
 
 
 @app.command()

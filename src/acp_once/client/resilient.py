@@ -392,7 +392,9 @@ class AcpClient:
                 logger.warning("connection to the agent failed: %s", type(exc).__name__)
             finally:
                 self._conn = None
-                self._connected = anyio.Event()
+                if self._connected.is_set():
+                    # a fresh event for the next connection; an unset one keeps its waiters
+                    self._connected = anyio.Event()
             if self._closing:
                 return
             self.reconnects += 1

@@ -1,0 +1,89 @@
+"""The demo's screen: a progress bar per run, then the table."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import anyio
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from rich.table import Table
+
+from acp_once.demo import DemoResult, run_demo
+
+__all__ = ["results_table", "show_demo"]
+
+
+def results_table(results: list[DemoResult]) -> Table:
+    """The demo's result table (one row per run)."""
+    table = Table(title="acp-once demo: the same faults, with and without idempotency keys")
+    for name in (
+        "run",
+        "submitted",
+        "inserted once",
+        "2+ times",
+        "lost",
+        "dup. side effects",
+        "agent kills",
+        "cut answers",
+        "client restarts",
+        "time",
+    ):
+        table.add_column(name, justify="left" if name == "run" else "right")
+    for r in results:
+        bad = "bold red" if not r.keys else "bold green"
+        table.add_row(
+            "with keys" if r.keys else "without keys",
+            str(r.submissions),
+            str(r.inserted_once),
+            f"[{bad}]{r.inserted_twice_or_more}[/]",
+            f"[{bad}]{r.lost}[/]",
+            f"[{bad}]{r.duplicate_side_effects}[/]",
+            str(r.agent_kills),
+            str(r.cut_answers),
+            str(r.client_restarts),
+            f"{r.seconds:.1f} s",
+        )
+    return table
+
+
+async def _one_run(
+    keys: bool, submissions: int, seed: int, advance: Callable[[int], None]
+) -> DemoResult:
+    return await run_demo(keys=keys, submissions=submissions, seed=seed, on_progress=advance)
+
+
+def show_demo(*, submissions: int, seed: int) -> int:
+    """Run both demos with a progress bar, print the table; 0 when keys kept the promise."""
+    console = Console(width=None if Console().is_terminal else 120)
+    results: list[DemoResult] = []
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+    ) as progress:
+        for keys in (True, False):
+            task = progress.add_task("with keys   " if keys else "without keys", total=submissions)
+
+            def advance(count: int, task: TaskID = task) -> None:
+                progress.advance(task, count)
+
+            results.append(anyio.run(_one_run, keys, submissions, seed, advance))
+    console.print(results_table(results))
+    keyed = results[0]
+    ok = keyed.inserted_twice_or_more == 0 and keyed.lost == 0 and keyed.duplicate_side_effects == 0
+    console.print(
+        "[bold green]With keys every submission was inserted exactly once.[/]"
+        if ok
+        else "[bold red]With keys something was duplicated or lost: that is a bug.[/]"
+    )
+    return 0 if ok else 1

@@ -1,0 +1,24 @@
+"""The demo's invariant: with keys nothing is duplicated and nothing is lost, under the same
+faults that make the keyless run duplicate."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from acp_once.demo import run_demo
+
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+
+
+async def test_with_keys_every_submission_is_inserted_exactly_once(tmp_path: Path) -> None:
+    result = await run_demo(keys=True, submissions=80, seed=3, workdir=tmp_path, cut_rate=0.1)
+    assert result.submissions == 80
+    assert result.inserted_once == 80
+    assert result.inserted_twice_or_more == 0
+    assert result.lost == 0
+    assert result.duplicate_side_effects == 0
+    assert result.missing_side_effects == 0
+    assert result.cut_answers > 0, "no answer was cut"
+    assert result.client_restarts == 2
