@@ -69,7 +69,8 @@ class _PauseAtInsert:
 
 
 def _raw(store: SqliteStore) -> sqlite3.Connection:
-    """The store's own connection, for white-box checks while the store is idle."""
+    """The store's worker-thread connection, for white-box checks while the store is idle
+    (tests that instrument it open the store with `inline=False`, so every call uses it)."""
     conn = store._conn
     assert conn is not None
     return conn
@@ -280,7 +281,7 @@ async def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
 @pytest.mark.anyio
 async def test_a_write_cancelled_mid_call_finishes_its_transaction(tmp_path: Path) -> None:
     path = tmp_path / "cancel.db"
-    async with SqliteStore.open(path) as store:
+    async with SqliteStore.open(path, inline=False) as store:
         await store.create_session(_record())
         pause = _PauseAtInsert()
         _raw(store).set_trace_callback(pause)
@@ -319,7 +320,7 @@ async def test_a_write_cancelled_mid_call_finishes_its_transaction(tmp_path: Pat
 
 @pytest.mark.anyio
 async def test_a_write_cancelled_before_its_turn_writes_nothing(tmp_path: Path) -> None:
-    async with SqliteStore.open(tmp_path / "queued.db") as store:
+    async with SqliteStore.open(tmp_path / "queued.db", inline=False) as store:
         await store.create_session(_record())
         pause = _PauseAtInsert()
         _raw(store).set_trace_callback(pause)
@@ -353,7 +354,7 @@ async def test_a_write_cancelled_before_its_turn_writes_nothing(tmp_path: Path) 
 @pytest.mark.anyio
 async def test_aclose_waits_for_the_call_in_flight(tmp_path: Path) -> None:
     path = tmp_path / "close.db"
-    store = await SqliteStore.open(path)
+    store = await SqliteStore.open(path, inline=False)
     await store.create_session(_record())
     pause = _PauseAtInsert()
     _raw(store).set_trace_callback(pause)
@@ -397,7 +398,7 @@ def _bulk_insert(conn: sqlite3.Connection, session_id: str, count: int) -> None:
 
 @pytest.mark.anyio
 async def test_find_key_is_an_index_lookup(tmp_path: Path) -> None:
-    async with SqliteStore.open(tmp_path / "big.db") as store:
+    async with SqliteStore.open(tmp_path / "big.db", inline=False) as store:
         await store.create_session(_record("big"))
         await store.create_session(_record("small"))
         conn = _raw(store)
@@ -438,3 +439,50 @@ async def test_find_key_is_an_index_lookup(tmp_path: Path) -> None:
         assert big <= small + 10, (big, small)
         assert missing <= small + 10, (missing, small)
         assert scan > 100 * big, (scan, big)
+
+
+@pytest.mark.anyio
+async def test_inline_write_waits_in_the_thread_while_another_connection_writes(
+    tmp_path: Path,
+) -> None:
+    """The inline fast path never waits on the event loop: when another connection holds the
+    write lock, the call goes to the worker thread, which waits for the lock, and then
+    writes exactly once."""
+    path = tmp_path / "busy.db"
+    async with SqliteStore.open(path) as store:
+        await store.create_session(_record())
+        other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        try:
+            other.execute("BEGIN IMMEDIATE")  # another process is writing
+            done = anyio.Event()
+
+            async def write() -> None:
+                await _insert(store, "m1", "key-1")
+                done.set()
+
+            with anyio.fail_after(10):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(write)
+                    await anyio.wait_all_tasks_blocked()
+                    assert not done.is_set()  # waiting for the lock, in the thread
+                    assert await anyio.to_thread.run_sync(lambda: other.in_transaction)
+                    other.execute("COMMIT")
+                    await done.wait()
+        finally:
+            other.close()
+        assert await store.count_user_messages("sess_1") == 1
+        assert await store.find_key("sess_1", "key-1") == KeyRecord("m1", b"digest")
+
+
+@pytest.mark.anyio
+async def test_inline_writes_are_checkpointed(tmp_path: Path) -> None:
+    """Inline writes do not checkpoint themselves; every 250th call does, in the thread, so
+    the write-ahead log does not grow without bound (2500 appends write ~10,000 pages)."""
+    path = tmp_path / "wal.db"
+    async with SqliteStore.open(path) as store:
+        await store.create_session(_record())
+        for i in range(2500):
+            await store.append_update("sess_1", b'{"n":%d}' % i)
+        wal = path.with_name(path.name + "-wal")
+        pages = wal.stat().st_size // 4096
+        assert pages < 2500, f"the WAL grew to {pages} pages"

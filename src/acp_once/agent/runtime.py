@@ -73,6 +73,7 @@ logger = logging.getLogger("acp_once.agent")
 HeldPolicy = Literal["hold", "steer"]
 
 _STOP_TIMEOUT = 10.0
+_REUSED_KEY = "idempotencyKey was already used with a different prompt"
 _TURN_MARKER = "_acp_once_turn"  # retained, never replayed: did each message's turn finish?
 _RECOVERY_WINDOW = 500  # timeline entries read after a restart to find unfinished turns
 INTERRUPTED_MESSAGE = "The agent restarted before the turn finished"
@@ -140,7 +141,7 @@ class Turn:
 class _Session:
     record: SessionRecord
     conns: dict[str, AgentSideConnection] = field(default_factory=dict)
-    lock: anyio.Lock = field(default_factory=anyio.Lock)
+    lock: anyio.Lock = field(default_factory=lambda: anyio.Lock(fast_acquire=True))
     pending_by_key: dict[str, _Pending] = field(default_factory=dict)
     held: collections.deque[_Pending] = field(default_factory=collections.deque)
     turns: collections.deque[Turn] = field(default_factory=collections.deque)
@@ -403,17 +404,23 @@ class SessionAgent(Agent):
         async with session.lock:
             if key is not None:
                 recorded = session.live_keys.get(key)
-                if recorded is None:
+                if recorded is not None:
+                    return s.PromptResponse(message_id=recorded)
+                pending = session.pending_by_key.get(key)
+                if pending is None and (
+                    self._would_hold(session) or self._is_live_only(params.prompt)
+                ):
+                    # It would be held (or not stored): look for an inserted message first, so
+                    # a retry of it is answered now instead of queued. A prompt inserted at
+                    # once needs no lookup: the store's insert answers for a recorded key.
                     found = await self.store.find_key(session.id, key)
                     if found is not None:
                         self._check_digest(found.prompt_digest, digest)
                         return s.PromptResponse(message_id=found.message_id)
-                else:
-                    return s.PromptResponse(message_id=recorded)
+                    pending = session.pending_by_key.get(key)  # the lookup awaited
                 # no await from this check to the queueing below: a session/cancel or close
                 # that ran during the lookup is seen here (D33)
                 self._check_cancel_mark(session.id, ctx)
-                pending = session.pending_by_key.get(key)
                 if pending is not None:
                     self._check_digest(pending.digest, digest)
                     pending.waiters.append((conn_id, ctx.request))
@@ -423,7 +430,7 @@ class SessionAgent(Agent):
                 pending.waiters.append((conn_id, ctx.request))
                 if key is not None:
                     session.pending_by_key[key] = pending
-                if (session.running and self.policy == "hold") or session.held:
+                if self._would_hold(session):
                     session.held.append(pending)
                 else:
                     await self._insert(session, pending)
@@ -439,6 +446,10 @@ class SessionAgent(Agent):
         assert pending.message_id is not None
         return s.PromptResponse(message_id=pending.message_id)
 
+    def _would_hold(self, session: _Session) -> bool:
+        """A prompt arriving now is held: a turn runs (hold policy), or others wait already."""
+        return (session.running and self.policy == "hold") or bool(session.held)
+
     def _check_cancel_mark(self, session_id: str, ctx: CallContext) -> None:
         session = self._sessions.get(session_id)
         if session is None or ctx.request is None:
@@ -450,7 +461,7 @@ class SessionAgent(Agent):
 
     def _check_digest(self, recorded: bytes | None, digest: bytes) -> None:
         if self.compare_prompts and recorded is not None and recorded != digest:
-            raise InvalidParams("idempotencyKey was already used with a different prompt")
+            raise InvalidParams(_REUSED_KEY)
 
     def _on_cancel_request(self, session: _Session, pending: _Pending) -> None:
         # R25/R26: a cancel for any request of the key withdraws an un-inserted prompt and
@@ -503,10 +514,16 @@ class SessionAgent(Agent):
             return
         if pending.key is not None and session.pending_by_key.get(pending.key) is pending:
             del session.pending_by_key[pending.key]
+        if not inserted:
+            # The key was recorded already (by an earlier attempt, or another process): answer
+            # as a retry, or refuse a different prompt; nothing new was inserted (R19, R23).
+            if self.compare_prompts and outcome.prompt_digest not in (None, pending.digest):
+                pending.finish(error=InvalidParams(_REUSED_KEY))
+            else:
+                pending.finish(message_id=message_id)
+            return
         await self.after_insert(session.id, message_id)
         pending.finish(message_id=message_id)
-        if not inserted:  # another process inserted it first: nothing new to do
-            return
         await self._broadcast(session, update)
         session.turns.append(Turn(session.id, message_id, pending.prompt, live_only))
         self._ensure_worker(session)

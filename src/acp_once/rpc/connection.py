@@ -220,7 +220,8 @@ class Connection:
         self._gate = gate
         self._name = name
         self._slots = anyio.Semaphore(max_inflight)
-        self._send_lock = anyio.Lock()
+        # fast_acquire: an uncontended lock is taken without a trip through the event loop
+        self._send_lock = anyio.Lock(fast_acquire=True)
         self._ids = itertools.count(0)
         self._pending: dict[RequestId, PendingCall] = {}
         self._inflight: dict[RequestId, RequestContext] = {}
