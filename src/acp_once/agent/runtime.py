@@ -700,8 +700,7 @@ class TurnContext:
             await self._agent.store.append_update(
                 self._session.id, orjson.dumps(update), message_id=update.get("messageId")
             )
-        with anyio.CancelScope(shield=True):
-            await self._agent._broadcast(self._session, update)
+        await self._agent._broadcast(self._session, update)
 
     async def request_permission(
         self, request: s.RequestPermissionRequest

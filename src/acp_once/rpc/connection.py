@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
-import math
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -166,8 +165,11 @@ class PendingCall:
             RequestTimeout: no answer within `timeout` seconds; `$/cancel_request` was sent.
         """
         try:
-            with anyio.fail_after(math.inf if timeout is None else timeout):
+            if timeout is None:
                 await self._done.wait()
+            else:
+                with anyio.fail_after(timeout):
+                    await self._done.wait()
         except TimeoutError:
             await self.cancel()
             raise RequestTimeout(f"No answer to '{self.method}' within {timeout} s") from None
@@ -198,6 +200,8 @@ class Connection:
             (`RequestContext.on_cancel`), even when it arrives before the handler started: the
             engine then never cancels their scope (an inserted prompt must still succeed).
         max_inflight: inbound requests handled at once; beyond it the reader waits (bounded).
+        send_timeout: seconds a frame may wait for the peer to read it before the connection
+            is treated as gone.
         name: shown in logs.
     """
 
@@ -211,7 +215,9 @@ class Connection:
         max_inflight: int = 256,
         name: str = "acp",
         cooperative_cancel: frozenset[str] = frozenset(),
+        send_timeout: float = 60.0,
     ) -> None:
+        self._send_timeout = send_timeout
         self._cooperative = cooperative_cancel
         self._arrivals = 0
         self._stream = stream
@@ -287,11 +293,25 @@ class Connection:
     # -- outbound --------------------------------------------------------------------------
 
     async def _send(self, frame: bytes) -> None:
+        """Write one whole frame.
+
+        The write is shielded: a frame cancelled half-way would leave a torn line that corrupts
+        the stream for everything after it. It is bounded instead: a peer that reads nothing
+        for `send_timeout` seconds is treated as gone, and the connection is closed.
+
+        Raises:
+            ConnectionClosed: the connection is closed, or broke (or stalled) while sending.
+        """
         if self._closed.is_set():
             raise ConnectionClosed("Connection is closed")
         try:
             async with self._send_lock:
-                await self._stream.send(frame)
+                with anyio.CancelScope(
+                    shield=True, deadline=anyio.current_time() + self._send_timeout
+                ) as scope:
+                    await self._stream.send(frame)
+                if scope.cancelled_caught:
+                    raise anyio.BrokenResourceError("the peer stopped reading")
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
             self._shutdown(ConnectionClosed("Connection lost while sending"))
             raise ConnectionClosed("Connection lost while sending") from exc
@@ -479,7 +499,6 @@ class Connection:
 
     async def _answer_quietly(self, frame: bytes) -> None:
         try:
-            with anyio.CancelScope(shield=True), anyio.move_on_after(_SHUTDOWN_WRITE_TIMEOUT * 30):
-                await self._send(frame)
+            await self._send(frame)  # shielded and bounded inside
         except ConnectionClosed:
             logger.debug("%s: answer dropped, the connection is closed", self._name)
