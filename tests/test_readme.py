@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 
 
-@pytest.mark.parametrize("example", ["echo_agent.py", "client.py"])
+@pytest.mark.parametrize("example", ["echo_agent.py", "client.py", "session_agent.py"])
 def test_readme_shows_the_examples_verbatim(example: str) -> None:
     source = (ROOT / "examples" / example).read_text(encoding="utf-8")
     body = source.split('"""', 2)[2].lstrip("\n")  # the file without its docstring
@@ -47,3 +47,21 @@ def test_client_example_runs_against_the_agent_example() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("inserted as ")
+
+
+def test_session_agent_example_serves_a_keyed_prompt(tmp_path: Path) -> None:
+    import anyio
+
+    from acp_once.client.resilient import AcpClient, StdioAgent
+
+    async def go() -> None:
+        launcher = StdioAgent(
+            [sys.executable, str(ROOT / "examples" / "session_agent.py")], cwd=str(tmp_path)
+        )
+        async with AcpClient(launcher) as client:
+            session = await client.new_session(str(tmp_path))
+            first = await session.prompt("hello", idempotency_key="k-1")
+            assert await session.prompt("hello", idempotency_key="k-1") == first
+
+    anyio.run(go)
+    assert (tmp_path / "sessions.db").exists()

@@ -40,7 +40,7 @@ def results_table(results: list[DemoResult]) -> Table:
     for r in results:
         bad = "bold red" if not r.keys else "bold green"
         table.add_row(
-            "with keys" if r.keys else "without keys",
+            "with keys" if r.keys else "no keys",
             str(r.submissions),
             str(r.inserted_once),
             f"[{bad}]{r.inserted_twice_or_more}[/]",
