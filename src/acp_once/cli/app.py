@@ -147,6 +147,37 @@ def prompt(
     )
 
 
+@app.command(
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+)
+def check(
+    ctx: typer.Context,
+    target: Annotated[
+        str | None, typer.Argument(help="ws:// or http:// URL (or -- CMD ARGS)")
+    ] = None,
+    token: Annotated[str | None, typer.Option(help="bearer token for a URL target")] = None,
+    json_report: Annotated[Path | None, typer.Option("--json", help="write a JSON report")] = None,
+    junit: Annotated[Path | None, typer.Option(help="write a JUnit XML report")] = None,
+    slow_prompt: Annotated[
+        str, typer.Option(help="a prompt that keeps the agent busy (for held-prompt traces)")
+    ] = "[work:2]",
+) -> None:
+    """Check whether an ACP v2 agent honours idempotency keys: `acp-once check -- CMD ARGS`."""
+    from acp_once.cli.check import run_check
+
+    command = list(ctx.args)
+    raise typer.Exit(
+        run_check(
+            target=target,
+            command=command,
+            token=token,
+            json_report=json_report,
+            junit=junit,
+            slow_prompt=slow_prompt,
+        )
+    )
+
+
 db_app = typer.Typer(no_args_is_help=True, help="Schema migrations of a store.")
 app.add_typer(db_app, name="db")
 
