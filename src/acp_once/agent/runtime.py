@@ -107,6 +107,7 @@ class _Pending:
     key: str | None
     digest: bytes
     origin: str  # connection id of the first request
+    wire: list[dict[str, Any]]  # the content blocks as sent on the wire (dumped once)
     waiters: list[tuple[str, RequestContext | None]] = field(default_factory=list)
     state: Literal["held", "inserting", "done"] = "held"
     done: anyio.Event = field(default_factory=anyio.Event)
@@ -398,7 +399,8 @@ class SessionAgent(Agent):
         self._check_cancel_mark(params.session_id, ctx)
         session = self._active(params.session_id, ctx.connection)
         key = params.idempotency_key
-        digest = prompt_digest(params.prompt)
+        wire = [b.model_dump(by_alias=True, exclude_unset=True) for b in params.prompt]
+        digest = prompt_digest(wire)
         conn_id = ctx.connection.id
         pending: _Pending | None = None
         async with session.lock:
@@ -426,7 +428,7 @@ class SessionAgent(Agent):
                     pending.waiters.append((conn_id, ctx.request))
             if pending is None:
                 self._check_cancel_mark(session.id, ctx)
-                pending = _Pending(session.id, list(params.prompt), key, digest, conn_id)
+                pending = _Pending(session.id, list(params.prompt), key, digest, conn_id, wire)
                 pending.waiters.append((conn_id, ctx.request))
                 if key is not None:
                     session.pending_by_key[key] = pending
@@ -489,7 +491,7 @@ class SessionAgent(Agent):
         update = {
             "sessionUpdate": "user_message",
             "messageId": message_id,
-            "content": [b.model_dump(by_alias=True, exclude_unset=True) for b in pending.prompt],
+            "content": pending.wire,
         }
         try:
             if live_only:
