@@ -39,7 +39,7 @@ from acp_once.protocol.errors import AcpError
 from acp_once.rpc.errors import TransportError
 from acp_once.storage import open_store
 
-__all__ = ["DemoResult", "prompt_text", "run_demo"]
+__all__ = ["DemoResult", "drain", "prompt_text", "run_demo"]
 
 SESSIONS = 4
 
@@ -190,7 +190,7 @@ class _Demo:
                 self.restarts += 1
                 self.restart_points = [p for p in self.restart_points if p > len(self.done)]
             else:
-                await _drain(client, self.session_ids)
+                await drain(client, self.session_ids)
 
     async def submitter(
         self, k: int, session: ClientSession, restart: anyio.CancelScope, restart_at: int | None
@@ -224,9 +224,10 @@ def _index(submission: Submission) -> int:
     return int(text.split("#", 1)[1].split()[0])
 
 
-async def _drain(client: AcpClient, session_ids: list[str]) -> None:
-    """Wait until every session's earlier turns have run: a last prompt per session whose
-    echo comes after all of them."""
+async def drain(client: AcpClient, session_ids: list[str]) -> None:
+    """Wait until every session's earlier turns have run: a last prompt per session
+    ("drain <session id>") whose echo comes after all of them, since a session's turns run in
+    order. Works with agents that echo the prompt (the reference agent)."""
     for sid in session_ids:
         session = client.session(sid)
         assert session is not None

@@ -21,6 +21,7 @@ import pytest
 
 from acp_once.client.recovery import Backoff
 from acp_once.client.resilient import AcpClient, StdioAgent
+from acp_once.demo import drain
 from acp_once.storage import open_store
 from tests.client.chaos_client import prompt_text
 
@@ -63,24 +64,6 @@ async def check_invariant(
             log = workdir / "effects" / f"{sid}.log"
             lines = log.read_text().split() if log.exists() else []
             assert sorted(lines) == sorted(ids[i] for i in indexes if "[tool]" in prompt_text(i))
-
-
-async def drain(client: AcpClient, session_ids: list[str]) -> None:
-    """A barrier: a last prompt per session, answered after every earlier turn has run (turns
-    run in order), so every side effect is in the log."""
-    for sid in session_ids:
-        session = client.session(sid)
-        assert session is not None
-        marker = f"drain {sid}"
-        async with session.updates() as stream:
-            await session.prompt(marker)
-            async for n in stream:
-                update = n.update.model_dump(by_alias=True, exclude_unset=True)
-                if (
-                    update["sessionUpdate"] == "agent_message"
-                    and update["content"][0]["text"] == marker
-                ):
-                    break
 
 
 async def test_agent_killed_at_random_while_200_prompts_are_submitted(tmp_path: Path) -> None:
