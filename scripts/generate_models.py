@@ -68,10 +68,26 @@ def name_variants(defs: dict[str, Any]) -> None:
                 variant["title"] = def_name + _pascal(label)
 
 
+def flatten_idle_state(defs: dict[str, Any]) -> None:
+    """Make `IdleStateUpdate` one object with an open `stopReason` and an optional `error`.
+
+    The schema spells it as properties plus an `anyOf` of one variant per stop reason (the
+    `error` one adding `ErrorStopReason`). The generator turns that into classes that lose the
+    idle fields, so an idle update would parse as an unknown state. Flattened, it accepts the
+    same JSON: `stopReason` stays an open string and `error` is the `ErrorStopReason` field.
+    """
+    idle = defs["IdleStateUpdate"]
+    if "anyOf" not in idle:
+        raise SystemExit("IdleStateUpdate has no anyOf any more: drop flatten_idle_state")
+    del idle["anyOf"]
+    idle["properties"]["error"] = defs["ErrorStopReason"]["properties"]["error"]
+
+
 def patch(schema: dict[str, Any]) -> dict[str, Any]:
     """Apply the RFD's schema delta; fail loudly if the vendored schema already has it."""
     defs = schema["$defs"]
     name_variants(defs)
+    flatten_idle_state(defs)
     if "IdempotencyKey" in defs:
         raise SystemExit("schema already defines IdempotencyKey: drop the patch")
     defs["IdempotencyKey"] = IDEMPOTENCY_KEY_DEF

@@ -164,23 +164,7 @@ def _undeclared(value: Any, where: str) -> list[str]:
     return []
 
 
-IDLE_GAP = pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "the generated models parse an idle state_update as StateUpdateOther (an unknown "
-        "state) and keep stopReason/usage/error as untyped extras"
-    ),
-)
-
-
-@pytest.mark.parametrize(
-    "path",
-    [
-        pytest.param(path, marks=IDLE_GAP) if ".state_update.idle" in path.name else path
-        for path in FILES
-    ],
-    ids=_ids,
-)
+@pytest.mark.parametrize("path", FILES, ids=_ids)
 def test_golden_fields_are_declared(path: Path) -> None:
     # The models allow extra fields, so a misspelt field would round-trip unnoticed.
     golden = _load(path)
@@ -236,3 +220,23 @@ def test_permission_outcomes_are_told_apart() -> None:
     assert isinstance(selected.outcome, schema.SelectedPermissionOutcome)
     assert selected.outcome.option_id == "allow-once"
     assert isinstance(cancelled.outcome, schema.CancelledPermissionOutcome)
+
+
+def test_idle_state_update_is_typed_not_unknown() -> None:
+    """An idle update parses as the idle state with its stop reason and error, not as a
+    catch-all unknown state (the generator needs the schema's idle variants flattened)."""
+    notification = schema.UpdateSessionNotification.model_validate(
+        {
+            "sessionId": "sess_1",
+            "update": {
+                "sessionUpdate": "state_update",
+                "state": "idle",
+                "stopReason": "error",
+                "error": {"code": -32603, "message": "The turn failed"},
+            },
+        }
+    )
+    update = notification.update
+    assert isinstance(update, schema.StateUpdateIdle)
+    assert update.stop_reason == "error"
+    assert update.error is not None and update.error.code == -32603

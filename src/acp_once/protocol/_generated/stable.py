@@ -1513,18 +1513,6 @@ class SessionNotFoundErrorData(BaseModel):
     """
 
 
-class StateUpdateIdle1(BaseModel):
-    """
-    No foreground work is active. Background activity may continue.
-    """
-
-    model_config = ConfigDict(
-        extra="allow",
-        populate_by_name=True,
-    )
-    state: Literal["idle"]
-
-
 class StateUpdateOther(BaseModel):
     """
     Custom or future session state.
@@ -4206,22 +4194,6 @@ class BackgroundWorkToolCall(BackgroundToolCall):
     type: Literal["tool_call"]
 
 
-class BackgroundWork(
-    RootModel[BackgroundWorkTerminal | BackgroundWorkToolCall | BackgroundWorkOther]
-):
-    root: BackgroundWorkTerminal | BackgroundWorkToolCall | BackgroundWorkOther
-    """
-    One piece of work running independently of the session's foreground work.
-
-    Items reference entities the Client already tracks. The Agent MUST announce each item
-    before the first snapshot that lists it, and MUST report a terminal's `exitStatus` or a
-    tool call's final status before the snapshot that removes it. Each piece of work is
-    listed once: process-backed work is listed as its terminal, not also as its tool call.
-
-    See protocol docs: [Background Work](https://agentclientprotocol.com/protocol/v2/prompt-lifecycle#background-work)
-    """
-
-
 class RunningStateUpdate(BaseModel):
     """
     Foreground work is in progress.
@@ -4251,301 +4223,6 @@ class RunningStateUpdate(BaseModel):
     Implementations MUST NOT assign meaning to keys they do not recognize.
 
     See protocol docs: [Extensibility](https://agentclientprotocol.com/protocol/v2/extensibility)
-    """
-
-
-class IdleStateUpdateEndTurn(BaseModel):
-    """
-    The active work ended successfully.
-    Includes locally handled commands that required no model call.
-    """
-
-    model_config = ConfigDict(
-        extra="allow",
-        populate_by_name=True,
-    )
-    background: (
-        list[BackgroundWorkTerminal | BackgroundWorkToolCall | BackgroundWorkOther] | None
-    ) = None
-    """
-    Work running independently of foreground work, as a complete snapshot.
-
-    Optional. Omitted and `null` are equivalent and mean the Agent is not reporting
-    background work, not that nothing is running. `[]` means no background work is
-    running. An Agent that reports background work MUST include it on every state
-    update for the session. A malformed list is treated as not reported.
-
-    See protocol docs: [Background Work](https://agentclientprotocol.com/protocol/v2/prompt-lifecycle#background-work)
-    """
-    field_meta: Annotated[dict[str, Any] | None, Field(alias="_meta")] = None
-    """
-    The _meta property is reserved by ACP to allow clients and agents to attach additional
-    metadata to their interactions. Omitted and `null` are equivalent and mean no metadata.
-    Implementations MUST NOT assign meaning to keys they do not recognize.
-
-    See protocol docs: [Extensibility](https://agentclientprotocol.com/protocol/v2/extensibility)
-    """
-    stop_reason: Annotated[Literal["end_turn"], Field(alias="stopReason")]
-    """
-    Why foreground work stopped. The value selects one of this type's variants, which may add fields of their own.
-
-    Optional. Omitted and `null` are equivalent and mean the agent is not reporting a stop reason; a malformed value is treated the same way.
-
-    See protocol docs: [Stop Reasons](https://agentclientprotocol.com/protocol/v2/prompt-lifecycle#stop-reasons)
-    """
-
-
-class IdleStateUpdateMaxTokens(BaseModel):
-    """
-    The active work ended because the agent reached the maximum number of tokens.
-    """
-
-    model_config = ConfigDict(
-        extra="allow",
-        populate_by_name=True,
-    )
-    background: (
-        list[BackgroundWorkTerminal | BackgroundWorkToolCall | BackgroundWorkOther] | None
-    ) = None
-    """
-    Work running independently of foreground work, as a complete snapshot.
-
-    Optional. Omitted and `null` are equivalent and mean the Agent is not reporting
-    background work, not that nothing is running. `[]` means no background work is
-    running. An Agent that reports background work MUST include it on every state
-    update for the session. A malformed list is treated as not reported.
-
-    See protocol docs: [Background Work](https://agentclientprotocol.com/protocol/v2/prompt-lifecycle#background-work)
-    """
-    field_meta: Annotated[dict[str, Any] | None, Field(alias="_meta")] = None
-    """
-    The _meta property is reserved by ACP to allow clients and agents to attach additional
-    metadata to their interactions. Omitted and `null` are equivalent and mean no metadata.
-    Implementations MUST NOT assign meaning to keys they do not recognize.
-
-    See protocol docs: [Extensibility](https://agentclientprotocol.com/protocol/v2/extensibility)
-    """
-    stop_reason: Annotated[Literal["max_tokens"], Field(alias="stopReason")]
-    """
-    Why foreground work stopped. The value selects one of this type's variants, which may add fields of their own.
-
-    Optional. Omitted and `null` are equivalent and mean the agent is not reporting a stop reason; a malformed value is treated the same way.
-
-    See protocol docs: [Stop Reasons](https://agentclientprotocol.com/protocol/v2/prompt-lifecycle#stop-reasons)
-    """
-
-
-class IdleStateUpdateMaxTurnRequests(BaseModel):
-    """
-    The active work ended because the agent reached the maximum number of
-    model requests for the foreground work.
-    """
-
-    model_config = ConfigDict(
-        extra="allow",
-        populate_by_name=True,
-    )
-    background: (
-        list[BackgroundWorkTerminal | BackgroundWorkToolCall | BackgroundWorkOther] | None
-    ) = None
-    """
-    Work running independently of foreground work, as a complete snapshot.
-
-    Optional. Omitted and `null` are equivalent and mean the Agent is not reporting
-    background work, not that nothing is running. `[]` means no background work is
-    running. An Agent that reports background work MUST include it on every state
-    update for the session. A malformed list is treated as not reported.
-
-    See protocol docs: [Background Work](https://agentclientprotocol.com/protocol/v2/prompt-lifecycle#background-work)
-    """
-    field_meta: Annotated[dict[str, Any] | None, Field(alias="_meta")] = None
-    """
-    The _meta property is reserved by ACP to allow clients and agents to attach additional
-    metadata to their interactions. Omitted and `null` are equivalent and mean no metadata.
-    Implementations MUST NOT assign meaning to keys they do not recognize.
-
-    See protocol docs: [Extensibility](https://agentclientprotocol.com/protocol/v2/extensibility)
-    """
-    stop_reason: Annotated[Literal["max_turn_requests"], Field(alias="stopReason")]
-    """
-    Why foreground work stopped. The value selects one of this type's variants, which may add fields of their own.
-
-    Optional. Omitted and `null` are equivalent and mean the agent is not reporting a stop reason; a malformed value is treated the same way.
-
-    See protocol docs: [Stop Reasons](https://agentclientprotocol.com/protocol/v2/prompt-lifecycle#stop-reasons)
-    """
-
-
-class IdleStateUpdateRefusal(BaseModel):
-    """
-    The active work ended because the agent refused to continue.
-    """
-
-    model_config = ConfigDict(
-        extra="allow",
-        populate_by_name=True,
-    )
-    background: (
-        list[BackgroundWorkTerminal | BackgroundWorkToolCall | BackgroundWorkOther] | None
-    ) = None
-    """
-    Work running independently of foreground work, as a complete snapshot.
-
-    Optional. Omitted and `null` are equivalent and mean the Agent is not reporting
-    background work, not that nothing is running. `[]` means no background work is
-    running. An Agent that reports background work MUST include it on every state
-    update for the session. A malformed list is treated as not reported.
-
-    See protocol docs: [Background Work](https://agentclientprotocol.com/protocol/v2/prompt-lifecycle#background-work)
-    """
-    field_meta: Annotated[dict[str, Any] | None, Field(alias="_meta")] = None
-    """
-    The _meta property is reserved by ACP to allow clients and agents to attach additional
-    metadata to their interactions. Omitted and `null` are equivalent and mean no metadata.
-    Implementations MUST NOT assign meaning to keys they do not recognize.
-
-    See protocol docs: [Extensibility](https://agentclientprotocol.com/protocol/v2/extensibility)
-    """
-    stop_reason: Annotated[Literal["refusal"], Field(alias="stopReason")]
-    """
-    Why foreground work stopped. The value selects one of this type's variants, which may add fields of their own.
-
-    Optional. Omitted and `null` are equivalent and mean the agent is not reporting a stop reason; a malformed value is treated the same way.
-
-    See protocol docs: [Stop Reasons](https://agentclientprotocol.com/protocol/v2/prompt-lifecycle#stop-reasons)
-    """
-
-
-class IdleStateUpdateCancelled(BaseModel):
-    """
-    The user or client chose to stop the work: via `session/cancel`, by
-    closing the session, or through an interaction the agent offers, such
-    as a permission option that tells the agent to stop. Work the agent
-    stops for its own reasons uses another reason, such as `error` for an
-    internal timeout.
-
-    Agents MUST report this stop reason on an idle `state_update` when
-    cancellation ends active foreground work, even if aborting causes
-    exceptions. Agents MUST catch these errors and report `cancelled`, not
-    `error`.
-    """
-
-    model_config = ConfigDict(
-        extra="allow",
-        populate_by_name=True,
-    )
-    background: (
-        list[BackgroundWorkTerminal | BackgroundWorkToolCall | BackgroundWorkOther] | None
-    ) = None
-    """
-    Work running independently of foreground work, as a complete snapshot.
-
-    Optional. Omitted and `null` are equivalent and mean the Agent is not reporting
-    background work, not that nothing is running. `[]` means no background work is
-    running. An Agent that reports background work MUST include it on every state
-    update for the session. A malformed list is treated as not reported.
-
-    See protocol docs: [Background Work](https://agentclientprotocol.com/protocol/v2/prompt-lifecycle#background-work)
-    """
-    field_meta: Annotated[dict[str, Any] | None, Field(alias="_meta")] = None
-    """
-    The _meta property is reserved by ACP to allow clients and agents to attach additional
-    metadata to their interactions. Omitted and `null` are equivalent and mean no metadata.
-    Implementations MUST NOT assign meaning to keys they do not recognize.
-
-    See protocol docs: [Extensibility](https://agentclientprotocol.com/protocol/v2/extensibility)
-    """
-    stop_reason: Annotated[Literal["cancelled"], Field(alias="stopReason")]
-    """
-    Why foreground work stopped. The value selects one of this type's variants, which may add fields of their own.
-
-    Optional. Omitted and `null` are equivalent and mean the agent is not reporting a stop reason; a malformed value is treated the same way.
-
-    See protocol docs: [Stop Reasons](https://agentclientprotocol.com/protocol/v2/prompt-lifecycle#stop-reasons)
-    """
-
-
-class IdleStateUpdateOther(BaseModel):
-    """
-    Custom or future stop reason.
-
-    Values beginning with `_` are reserved for implementation-specific
-    extensions. Unknown values that do not begin with `_` are reserved for
-    future ACP variants.
-    """
-
-    model_config = ConfigDict(
-        extra="allow",
-        populate_by_name=True,
-    )
-    background: (
-        list[BackgroundWorkTerminal | BackgroundWorkToolCall | BackgroundWorkOther] | None
-    ) = None
-    """
-    Work running independently of foreground work, as a complete snapshot.
-
-    Optional. Omitted and `null` are equivalent and mean the Agent is not reporting
-    background work, not that nothing is running. `[]` means no background work is
-    running. An Agent that reports background work MUST include it on every state
-    update for the session. A malformed list is treated as not reported.
-
-    See protocol docs: [Background Work](https://agentclientprotocol.com/protocol/v2/prompt-lifecycle#background-work)
-    """
-    field_meta: Annotated[dict[str, Any] | None, Field(alias="_meta")] = None
-    """
-    The _meta property is reserved by ACP to allow clients and agents to attach additional
-    metadata to their interactions. Omitted and `null` are equivalent and mean no metadata.
-    Implementations MUST NOT assign meaning to keys they do not recognize.
-
-    See protocol docs: [Extensibility](https://agentclientprotocol.com/protocol/v2/extensibility)
-    """
-    stop_reason: Annotated[str, Field(alias="stopReason")]
-    """
-    Custom or future stop reason.
-
-    Values beginning with `_` are reserved for implementation-specific
-    extensions. Unknown values that do not begin with `_` are reserved for
-    future ACP variants.
-    """
-
-
-class IdleStateUpdateNone(BaseModel):
-    """
-    No stop reason: `stopReason` is omitted or `null`.
-    """
-
-    model_config = ConfigDict(
-        extra="allow",
-        populate_by_name=True,
-    )
-    background: (
-        list[BackgroundWorkTerminal | BackgroundWorkToolCall | BackgroundWorkOther] | None
-    ) = None
-    """
-    Work running independently of foreground work, as a complete snapshot.
-
-    Optional. Omitted and `null` are equivalent and mean the Agent is not reporting
-    background work, not that nothing is running. `[]` means no background work is
-    running. An Agent that reports background work MUST include it on every state
-    update for the session. A malformed list is treated as not reported.
-
-    See protocol docs: [Background Work](https://agentclientprotocol.com/protocol/v2/prompt-lifecycle#background-work)
-    """
-    field_meta: Annotated[dict[str, Any] | None, Field(alias="_meta")] = None
-    """
-    The _meta property is reserved by ACP to allow clients and agents to attach additional
-    metadata to their interactions. Omitted and `null` are equivalent and mean no metadata.
-    Implementations MUST NOT assign meaning to keys they do not recognize.
-
-    See protocol docs: [Extensibility](https://agentclientprotocol.com/protocol/v2/extensibility)
-    """
-    stop_reason: Annotated[None, Field(alias="stopReason")] = None
-    """
-    Why foreground work stopped. The value selects one of this type's variants, which may add fields of their own.
-
-    Optional. Omitted and `null` are equivalent and mean the agent is not reporting a stop reason; a malformed value is treated the same way.
-
-    See protocol docs: [Stop Reasons](https://agentclientprotocol.com/protocol/v2/prompt-lifecycle#stop-reasons)
     """
 
 
@@ -4598,90 +4275,6 @@ class StateUpdateRunning(RunningStateUpdate):
         populate_by_name=True,
     )
     state: Literal["running"]
-
-
-class StateUpdateIdle12(IdleStateUpdateEndTurn, StateUpdateIdle1):
-    """
-    No foreground work is active. Background activity may continue.
-    """
-
-    model_config = ConfigDict(
-        extra="allow",
-        populate_by_name=True,
-    )
-    state: Literal["idle"]
-
-
-class StateUpdateIdle13(IdleStateUpdateMaxTokens, StateUpdateIdle1):
-    """
-    No foreground work is active. Background activity may continue.
-    """
-
-    model_config = ConfigDict(
-        extra="allow",
-        populate_by_name=True,
-    )
-    state: Literal["idle"]
-
-
-class StateUpdateIdle14(IdleStateUpdateMaxTurnRequests, StateUpdateIdle1):
-    """
-    No foreground work is active. Background activity may continue.
-    """
-
-    model_config = ConfigDict(
-        extra="allow",
-        populate_by_name=True,
-    )
-    state: Literal["idle"]
-
-
-class StateUpdateIdle15(IdleStateUpdateRefusal, StateUpdateIdle1):
-    """
-    No foreground work is active. Background activity may continue.
-    """
-
-    model_config = ConfigDict(
-        extra="allow",
-        populate_by_name=True,
-    )
-    state: Literal["idle"]
-
-
-class StateUpdateIdle16(IdleStateUpdateCancelled, StateUpdateIdle1):
-    """
-    No foreground work is active. Background activity may continue.
-    """
-
-    model_config = ConfigDict(
-        extra="allow",
-        populate_by_name=True,
-    )
-    state: Literal["idle"]
-
-
-class StateUpdateIdle18(IdleStateUpdateOther, StateUpdateIdle1):
-    """
-    No foreground work is active. Background activity may continue.
-    """
-
-    model_config = ConfigDict(
-        extra="allow",
-        populate_by_name=True,
-    )
-    state: Literal["idle"]
-
-
-class StateUpdateIdle19(IdleStateUpdateNone, StateUpdateIdle1):
-    """
-    No foreground work is active. Background activity may continue.
-    """
-
-    model_config = ConfigDict(
-        extra="allow",
-        populate_by_name=True,
-    )
-    state: Literal["idle"]
 
 
 class StateUpdateRequiresAction(RequiresActionStateUpdate):
@@ -5384,90 +4977,6 @@ class Error(BaseModel):
     """
 
 
-class StateUpdateIdle2(IdleStateUpdateEndTurn, StateUpdateIdle1):
-    """
-    No foreground work is active. Background activity may continue.
-    """
-
-    model_config = ConfigDict(
-        extra="allow",
-        populate_by_name=True,
-    )
-    state: Literal["idle"]
-
-
-class StateUpdateIdle3(IdleStateUpdateMaxTokens, StateUpdateIdle1):
-    """
-    No foreground work is active. Background activity may continue.
-    """
-
-    model_config = ConfigDict(
-        extra="allow",
-        populate_by_name=True,
-    )
-    state: Literal["idle"]
-
-
-class StateUpdateIdle4(IdleStateUpdateMaxTurnRequests, StateUpdateIdle1):
-    """
-    No foreground work is active. Background activity may continue.
-    """
-
-    model_config = ConfigDict(
-        extra="allow",
-        populate_by_name=True,
-    )
-    state: Literal["idle"]
-
-
-class StateUpdateIdle5(IdleStateUpdateRefusal, StateUpdateIdle1):
-    """
-    No foreground work is active. Background activity may continue.
-    """
-
-    model_config = ConfigDict(
-        extra="allow",
-        populate_by_name=True,
-    )
-    state: Literal["idle"]
-
-
-class StateUpdateIdle6(IdleStateUpdateCancelled, StateUpdateIdle1):
-    """
-    No foreground work is active. Background activity may continue.
-    """
-
-    model_config = ConfigDict(
-        extra="allow",
-        populate_by_name=True,
-    )
-    state: Literal["idle"]
-
-
-class StateUpdateIdle8(IdleStateUpdateOther, StateUpdateIdle1):
-    """
-    No foreground work is active. Background activity may continue.
-    """
-
-    model_config = ConfigDict(
-        extra="allow",
-        populate_by_name=True,
-    )
-    state: Literal["idle"]
-
-
-class StateUpdateIdle9(IdleStateUpdateNone, StateUpdateIdle1):
-    """
-    No foreground work is active. Background activity may continue.
-    """
-
-    model_config = ConfigDict(
-        extra="allow",
-        populate_by_name=True,
-    )
-    state: Literal["idle"]
-
-
 class SessionUpdateStateUpdate2(StateUpdateRunning, SessionUpdateStateUpdate1):
     """
     A snapshot of the session's aggregate foreground activity.
@@ -5716,13 +5225,16 @@ class ErrorStopReason(BaseModel):
     """
 
 
-class IdleStateUpdateError(ErrorStopReason):
+class IdleStateUpdate(BaseModel):
     """
-    The active work ended because something failed.
+    No foreground work is active. Background activity may continue.
 
-    This includes pre-insertion foreground work. A prompt failure before
-    insertion also requires an error response to `session/prompt`. After
-    insertion, the prompt's response remains successful.
+    Agents SHOULD include a `stopReason` when the idle transition ends foreground
+    work. An idle update that does not end foreground work need not include one.
+    Receivers treat an omitted, `null`, or malformed `stopReason` as the agent not
+    reporting one.
+    Repeated or resume snapshots may carry the last stop reason for context.
+    They MUST NOT be counted as new completions, cancellations, or additional usage.
     """
 
     model_config = ConfigDict(
@@ -5750,7 +5262,7 @@ class IdleStateUpdateError(ErrorStopReason):
 
     See protocol docs: [Extensibility](https://agentclientprotocol.com/protocol/v2/extensibility)
     """
-    stop_reason: Annotated[Literal["error"], Field(alias="stopReason")]
+    stop_reason: Annotated[str | None, Field(alias="stopReason")] = None
     """
     Why foreground work stopped. The value selects one of this type's variants, which may add fields of their own.
 
@@ -5758,43 +5270,16 @@ class IdleStateUpdateError(ErrorStopReason):
 
     See protocol docs: [Stop Reasons](https://agentclientprotocol.com/protocol/v2/prompt-lifecycle#stop-reasons)
     """
-
-
-class IdleStateUpdate(
-    RootModel[
-        IdleStateUpdateEndTurn
-        | IdleStateUpdateMaxTokens
-        | IdleStateUpdateMaxTurnRequests
-        | IdleStateUpdateRefusal
-        | IdleStateUpdateCancelled
-        | IdleStateUpdateError
-        | IdleStateUpdateOther
-        | IdleStateUpdateNone
-    ]
-):
-    root: (
-        IdleStateUpdateEndTurn
-        | IdleStateUpdateMaxTokens
-        | IdleStateUpdateMaxTurnRequests
-        | IdleStateUpdateRefusal
-        | IdleStateUpdateCancelled
-        | IdleStateUpdateError
-        | IdleStateUpdateOther
-        | IdleStateUpdateNone
-    )
+    error: Error | None = None
     """
-    No foreground work is active. Background activity may continue.
+    The failure, as a JSON-RPC error object.
 
-    Agents SHOULD include a `stopReason` when the idle transition ends foreground
-    work. An idle update that does not end foreground work need not include one.
-    Receivers treat an omitted, `null`, or malformed `stopReason` as the agent not
-    reporting one.
-    Repeated or resume snapshots may carry the last stop reason for context.
-    They MUST NOT be counted as new completions, cancellations, or additional usage.
+    Optional. Omitted and `null` are equivalent and mean the agent is not reporting failure details.
+    Agents SHOULD include it.
     """
 
 
-class StateUpdateIdle17(IdleStateUpdateError, StateUpdateIdle1):
+class StateUpdateIdle(IdleStateUpdate):
     """
     No foreground work is active. Background activity may continue.
     """
@@ -5807,33 +5292,9 @@ class StateUpdateIdle17(IdleStateUpdateError, StateUpdateIdle1):
 
 
 class StateUpdate(
-    RootModel[
-        StateUpdateRunning
-        | StateUpdateRequiresAction
-        | StateUpdateOther
-        | StateUpdateIdle12
-        | StateUpdateIdle13
-        | StateUpdateIdle14
-        | StateUpdateIdle15
-        | StateUpdateIdle16
-        | StateUpdateIdle17
-        | StateUpdateIdle18
-        | StateUpdateIdle19
-    ]
+    RootModel[StateUpdateRunning | StateUpdateIdle | StateUpdateRequiresAction | StateUpdateOther]
 ):
-    root: (
-        StateUpdateRunning
-        | StateUpdateRequiresAction
-        | StateUpdateOther
-        | StateUpdateIdle12
-        | StateUpdateIdle13
-        | StateUpdateIdle14
-        | StateUpdateIdle15
-        | StateUpdateIdle16
-        | StateUpdateIdle17
-        | StateUpdateIdle18
-        | StateUpdateIdle19
-    )
+    root: StateUpdateRunning | StateUpdateIdle | StateUpdateRequiresAction | StateUpdateOther
     """
     A snapshot of the session's aggregate foreground activity.
 
@@ -6783,51 +6244,7 @@ class SessionUpdateAgentThought(AgentThought):
     session_update: Annotated[Literal["agent_thought"], Field(alias="sessionUpdate")]
 
 
-class StateUpdateIdle7(IdleStateUpdateError, StateUpdateIdle1):
-    """
-    No foreground work is active. Background activity may continue.
-    """
-
-    model_config = ConfigDict(
-        extra="allow",
-        populate_by_name=True,
-    )
-    state: Literal["idle"]
-
-
-class StateUpdateIdle(
-    RootModel[
-        StateUpdateIdle2
-        | StateUpdateIdle3
-        | StateUpdateIdle4
-        | StateUpdateIdle5
-        | StateUpdateIdle6
-        | StateUpdateIdle7
-        | StateUpdateIdle8
-        | StateUpdateIdle9
-    ]
-):
-    """
-    No foreground work is active. Background activity may continue.
-    """
-
-    root: Annotated[
-        StateUpdateIdle2
-        | StateUpdateIdle3
-        | StateUpdateIdle4
-        | StateUpdateIdle5
-        | StateUpdateIdle6
-        | StateUpdateIdle7
-        | StateUpdateIdle8
-        | StateUpdateIdle9,
-        Field(title="StateUpdateIdle"),
-    ]
-    """
-    No foreground work is active. Background activity may continue.
-    """
-
-
-class SessionUpdateStateUpdate3(SessionUpdateStateUpdate1):
+class SessionUpdateStateUpdate3(StateUpdateIdle, SessionUpdateStateUpdate1):
     """
     A snapshot of the session's aggregate foreground activity.
     """

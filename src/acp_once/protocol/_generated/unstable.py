@@ -1771,18 +1771,6 @@ class UnarchiveSessionResponse(BaseModel):
     """
 
 
-class StateUpdateIdle1(BaseModel):
-    """
-    No foreground work is active. Background activity may continue.
-    """
-
-    model_config = ConfigDict(
-        extra="allow",
-        populate_by_name=True,
-    )
-    state: Literal["idle"]
-
-
 class StateUpdateOther(BaseModel):
     """
     Custom or future session state.
@@ -5472,32 +5460,6 @@ class BackgroundWorkSubagent(BackgroundSubagent):
     type: Literal["subagent"]
 
 
-class BackgroundWork(
-    RootModel[
-        BackgroundWorkTerminal
-        | BackgroundWorkToolCall
-        | BackgroundWorkSubagent
-        | BackgroundWorkOther
-    ]
-):
-    root: (
-        BackgroundWorkTerminal
-        | BackgroundWorkToolCall
-        | BackgroundWorkSubagent
-        | BackgroundWorkOther
-    )
-    """
-    One piece of work running independently of the session's foreground work.
-
-    Items reference entities the Client already tracks. The Agent MUST announce each item
-    before the first snapshot that lists it, and MUST report a terminal's `exitStatus` or a
-    tool call's final status before the snapshot that removes it. Each piece of work is
-    listed once: process-backed work is listed as its terminal, not also as its tool call.
-
-    See protocol docs: [Background Work](https://agentclientprotocol.com/protocol/v2/draft/prompt-lifecycle#background-work)
-    """
-
-
 class RunningStateUpdate(BaseModel):
     """
     Foreground work is in progress.
@@ -5533,420 +5495,6 @@ class RunningStateUpdate(BaseModel):
     Implementations MUST NOT assign meaning to keys they do not recognize.
 
     See protocol docs: [Extensibility](https://agentclientprotocol.com/protocol/v2/draft/extensibility)
-    """
-
-
-class IdleStateUpdateEndTurn(BaseModel):
-    """
-    The active work ended successfully.
-    Includes locally handled commands that required no model call.
-    """
-
-    model_config = ConfigDict(
-        extra="allow",
-        populate_by_name=True,
-    )
-    usage: Usage | None = None
-    """
-    **UNSTABLE**
-
-    This capability is not part of the spec yet, and may be removed or changed at any point.
-
-    Token usage for completed foreground work.
-
-    Optional. Omitted and `null` are equivalent and mean the agent is not reporting token
-    usage for this state update.
-    """
-    background: (
-        list[
-            BackgroundWorkTerminal
-            | BackgroundWorkToolCall
-            | BackgroundWorkSubagent
-            | BackgroundWorkOther
-        ]
-        | None
-    ) = None
-    """
-    Work running independently of foreground work, as a complete snapshot.
-
-    Optional. Omitted and `null` are equivalent and mean the Agent is not reporting
-    background work, not that nothing is running. `[]` means no background work is
-    running. An Agent that reports background work MUST include it on every state
-    update for the session. A malformed list is treated as not reported.
-
-    See protocol docs: [Background Work](https://agentclientprotocol.com/protocol/v2/draft/prompt-lifecycle#background-work)
-    """
-    field_meta: Annotated[dict[str, Any] | None, Field(alias="_meta")] = None
-    """
-    The _meta property is reserved by ACP to allow clients and agents to attach additional
-    metadata to their interactions. Omitted and `null` are equivalent and mean no metadata.
-    Implementations MUST NOT assign meaning to keys they do not recognize.
-
-    See protocol docs: [Extensibility](https://agentclientprotocol.com/protocol/v2/draft/extensibility)
-    """
-    stop_reason: Annotated[Literal["end_turn"], Field(alias="stopReason")]
-    """
-    Why foreground work stopped. The value selects one of this type's variants, which may add fields of their own.
-
-    Optional. Omitted and `null` are equivalent and mean the agent is not reporting a stop reason; a malformed value is treated the same way.
-
-    See protocol docs: [Stop Reasons](https://agentclientprotocol.com/protocol/v2/draft/prompt-lifecycle#stop-reasons)
-    """
-
-
-class IdleStateUpdateMaxTokens(BaseModel):
-    """
-    The active work ended because the agent reached the maximum number of tokens.
-    """
-
-    model_config = ConfigDict(
-        extra="allow",
-        populate_by_name=True,
-    )
-    usage: Usage | None = None
-    """
-    **UNSTABLE**
-
-    This capability is not part of the spec yet, and may be removed or changed at any point.
-
-    Token usage for completed foreground work.
-
-    Optional. Omitted and `null` are equivalent and mean the agent is not reporting token
-    usage for this state update.
-    """
-    background: (
-        list[
-            BackgroundWorkTerminal
-            | BackgroundWorkToolCall
-            | BackgroundWorkSubagent
-            | BackgroundWorkOther
-        ]
-        | None
-    ) = None
-    """
-    Work running independently of foreground work, as a complete snapshot.
-
-    Optional. Omitted and `null` are equivalent and mean the Agent is not reporting
-    background work, not that nothing is running. `[]` means no background work is
-    running. An Agent that reports background work MUST include it on every state
-    update for the session. A malformed list is treated as not reported.
-
-    See protocol docs: [Background Work](https://agentclientprotocol.com/protocol/v2/draft/prompt-lifecycle#background-work)
-    """
-    field_meta: Annotated[dict[str, Any] | None, Field(alias="_meta")] = None
-    """
-    The _meta property is reserved by ACP to allow clients and agents to attach additional
-    metadata to their interactions. Omitted and `null` are equivalent and mean no metadata.
-    Implementations MUST NOT assign meaning to keys they do not recognize.
-
-    See protocol docs: [Extensibility](https://agentclientprotocol.com/protocol/v2/draft/extensibility)
-    """
-    stop_reason: Annotated[Literal["max_tokens"], Field(alias="stopReason")]
-    """
-    Why foreground work stopped. The value selects one of this type's variants, which may add fields of their own.
-
-    Optional. Omitted and `null` are equivalent and mean the agent is not reporting a stop reason; a malformed value is treated the same way.
-
-    See protocol docs: [Stop Reasons](https://agentclientprotocol.com/protocol/v2/draft/prompt-lifecycle#stop-reasons)
-    """
-
-
-class IdleStateUpdateMaxTurnRequests(BaseModel):
-    """
-    The active work ended because the agent reached the maximum number of
-    model requests for the foreground work.
-    """
-
-    model_config = ConfigDict(
-        extra="allow",
-        populate_by_name=True,
-    )
-    usage: Usage | None = None
-    """
-    **UNSTABLE**
-
-    This capability is not part of the spec yet, and may be removed or changed at any point.
-
-    Token usage for completed foreground work.
-
-    Optional. Omitted and `null` are equivalent and mean the agent is not reporting token
-    usage for this state update.
-    """
-    background: (
-        list[
-            BackgroundWorkTerminal
-            | BackgroundWorkToolCall
-            | BackgroundWorkSubagent
-            | BackgroundWorkOther
-        ]
-        | None
-    ) = None
-    """
-    Work running independently of foreground work, as a complete snapshot.
-
-    Optional. Omitted and `null` are equivalent and mean the Agent is not reporting
-    background work, not that nothing is running. `[]` means no background work is
-    running. An Agent that reports background work MUST include it on every state
-    update for the session. A malformed list is treated as not reported.
-
-    See protocol docs: [Background Work](https://agentclientprotocol.com/protocol/v2/draft/prompt-lifecycle#background-work)
-    """
-    field_meta: Annotated[dict[str, Any] | None, Field(alias="_meta")] = None
-    """
-    The _meta property is reserved by ACP to allow clients and agents to attach additional
-    metadata to their interactions. Omitted and `null` are equivalent and mean no metadata.
-    Implementations MUST NOT assign meaning to keys they do not recognize.
-
-    See protocol docs: [Extensibility](https://agentclientprotocol.com/protocol/v2/draft/extensibility)
-    """
-    stop_reason: Annotated[Literal["max_turn_requests"], Field(alias="stopReason")]
-    """
-    Why foreground work stopped. The value selects one of this type's variants, which may add fields of their own.
-
-    Optional. Omitted and `null` are equivalent and mean the agent is not reporting a stop reason; a malformed value is treated the same way.
-
-    See protocol docs: [Stop Reasons](https://agentclientprotocol.com/protocol/v2/draft/prompt-lifecycle#stop-reasons)
-    """
-
-
-class IdleStateUpdateRefusal(BaseModel):
-    """
-    The active work ended because the agent refused to continue.
-    """
-
-    model_config = ConfigDict(
-        extra="allow",
-        populate_by_name=True,
-    )
-    usage: Usage | None = None
-    """
-    **UNSTABLE**
-
-    This capability is not part of the spec yet, and may be removed or changed at any point.
-
-    Token usage for completed foreground work.
-
-    Optional. Omitted and `null` are equivalent and mean the agent is not reporting token
-    usage for this state update.
-    """
-    background: (
-        list[
-            BackgroundWorkTerminal
-            | BackgroundWorkToolCall
-            | BackgroundWorkSubagent
-            | BackgroundWorkOther
-        ]
-        | None
-    ) = None
-    """
-    Work running independently of foreground work, as a complete snapshot.
-
-    Optional. Omitted and `null` are equivalent and mean the Agent is not reporting
-    background work, not that nothing is running. `[]` means no background work is
-    running. An Agent that reports background work MUST include it on every state
-    update for the session. A malformed list is treated as not reported.
-
-    See protocol docs: [Background Work](https://agentclientprotocol.com/protocol/v2/draft/prompt-lifecycle#background-work)
-    """
-    field_meta: Annotated[dict[str, Any] | None, Field(alias="_meta")] = None
-    """
-    The _meta property is reserved by ACP to allow clients and agents to attach additional
-    metadata to their interactions. Omitted and `null` are equivalent and mean no metadata.
-    Implementations MUST NOT assign meaning to keys they do not recognize.
-
-    See protocol docs: [Extensibility](https://agentclientprotocol.com/protocol/v2/draft/extensibility)
-    """
-    stop_reason: Annotated[Literal["refusal"], Field(alias="stopReason")]
-    """
-    Why foreground work stopped. The value selects one of this type's variants, which may add fields of their own.
-
-    Optional. Omitted and `null` are equivalent and mean the agent is not reporting a stop reason; a malformed value is treated the same way.
-
-    See protocol docs: [Stop Reasons](https://agentclientprotocol.com/protocol/v2/draft/prompt-lifecycle#stop-reasons)
-    """
-
-
-class IdleStateUpdateCancelled(BaseModel):
-    """
-    The user or client chose to stop the work: via `session/cancel`, by
-    closing the session, or through an interaction the agent offers, such
-    as a permission option that tells the agent to stop. Work the agent
-    stops for its own reasons uses another reason, such as `error` for an
-    internal timeout.
-
-    Agents MUST report this stop reason on an idle `state_update` when
-    cancellation ends active foreground work, even if aborting causes
-    exceptions. Agents MUST catch these errors and report `cancelled`, not
-    `error`.
-    """
-
-    model_config = ConfigDict(
-        extra="allow",
-        populate_by_name=True,
-    )
-    usage: Usage | None = None
-    """
-    **UNSTABLE**
-
-    This capability is not part of the spec yet, and may be removed or changed at any point.
-
-    Token usage for completed foreground work.
-
-    Optional. Omitted and `null` are equivalent and mean the agent is not reporting token
-    usage for this state update.
-    """
-    background: (
-        list[
-            BackgroundWorkTerminal
-            | BackgroundWorkToolCall
-            | BackgroundWorkSubagent
-            | BackgroundWorkOther
-        ]
-        | None
-    ) = None
-    """
-    Work running independently of foreground work, as a complete snapshot.
-
-    Optional. Omitted and `null` are equivalent and mean the Agent is not reporting
-    background work, not that nothing is running. `[]` means no background work is
-    running. An Agent that reports background work MUST include it on every state
-    update for the session. A malformed list is treated as not reported.
-
-    See protocol docs: [Background Work](https://agentclientprotocol.com/protocol/v2/draft/prompt-lifecycle#background-work)
-    """
-    field_meta: Annotated[dict[str, Any] | None, Field(alias="_meta")] = None
-    """
-    The _meta property is reserved by ACP to allow clients and agents to attach additional
-    metadata to their interactions. Omitted and `null` are equivalent and mean no metadata.
-    Implementations MUST NOT assign meaning to keys they do not recognize.
-
-    See protocol docs: [Extensibility](https://agentclientprotocol.com/protocol/v2/draft/extensibility)
-    """
-    stop_reason: Annotated[Literal["cancelled"], Field(alias="stopReason")]
-    """
-    Why foreground work stopped. The value selects one of this type's variants, which may add fields of their own.
-
-    Optional. Omitted and `null` are equivalent and mean the agent is not reporting a stop reason; a malformed value is treated the same way.
-
-    See protocol docs: [Stop Reasons](https://agentclientprotocol.com/protocol/v2/draft/prompt-lifecycle#stop-reasons)
-    """
-
-
-class IdleStateUpdateOther(BaseModel):
-    """
-    Custom or future stop reason.
-
-    Values beginning with `_` are reserved for implementation-specific
-    extensions. Unknown values that do not begin with `_` are reserved for
-    future ACP variants.
-    """
-
-    model_config = ConfigDict(
-        extra="allow",
-        populate_by_name=True,
-    )
-    usage: Usage | None = None
-    """
-    **UNSTABLE**
-
-    This capability is not part of the spec yet, and may be removed or changed at any point.
-
-    Token usage for completed foreground work.
-
-    Optional. Omitted and `null` are equivalent and mean the agent is not reporting token
-    usage for this state update.
-    """
-    background: (
-        list[
-            BackgroundWorkTerminal
-            | BackgroundWorkToolCall
-            | BackgroundWorkSubagent
-            | BackgroundWorkOther
-        ]
-        | None
-    ) = None
-    """
-    Work running independently of foreground work, as a complete snapshot.
-
-    Optional. Omitted and `null` are equivalent and mean the Agent is not reporting
-    background work, not that nothing is running. `[]` means no background work is
-    running. An Agent that reports background work MUST include it on every state
-    update for the session. A malformed list is treated as not reported.
-
-    See protocol docs: [Background Work](https://agentclientprotocol.com/protocol/v2/draft/prompt-lifecycle#background-work)
-    """
-    field_meta: Annotated[dict[str, Any] | None, Field(alias="_meta")] = None
-    """
-    The _meta property is reserved by ACP to allow clients and agents to attach additional
-    metadata to their interactions. Omitted and `null` are equivalent and mean no metadata.
-    Implementations MUST NOT assign meaning to keys they do not recognize.
-
-    See protocol docs: [Extensibility](https://agentclientprotocol.com/protocol/v2/draft/extensibility)
-    """
-    stop_reason: Annotated[str, Field(alias="stopReason")]
-    """
-    Custom or future stop reason.
-
-    Values beginning with `_` are reserved for implementation-specific
-    extensions. Unknown values that do not begin with `_` are reserved for
-    future ACP variants.
-    """
-
-
-class IdleStateUpdateNone(BaseModel):
-    """
-    No stop reason: `stopReason` is omitted or `null`.
-    """
-
-    model_config = ConfigDict(
-        extra="allow",
-        populate_by_name=True,
-    )
-    usage: Usage | None = None
-    """
-    **UNSTABLE**
-
-    This capability is not part of the spec yet, and may be removed or changed at any point.
-
-    Token usage for completed foreground work.
-
-    Optional. Omitted and `null` are equivalent and mean the agent is not reporting token
-    usage for this state update.
-    """
-    background: (
-        list[
-            BackgroundWorkTerminal
-            | BackgroundWorkToolCall
-            | BackgroundWorkSubagent
-            | BackgroundWorkOther
-        ]
-        | None
-    ) = None
-    """
-    Work running independently of foreground work, as a complete snapshot.
-
-    Optional. Omitted and `null` are equivalent and mean the Agent is not reporting
-    background work, not that nothing is running. `[]` means no background work is
-    running. An Agent that reports background work MUST include it on every state
-    update for the session. A malformed list is treated as not reported.
-
-    See protocol docs: [Background Work](https://agentclientprotocol.com/protocol/v2/draft/prompt-lifecycle#background-work)
-    """
-    field_meta: Annotated[dict[str, Any] | None, Field(alias="_meta")] = None
-    """
-    The _meta property is reserved by ACP to allow clients and agents to attach additional
-    metadata to their interactions. Omitted and `null` are equivalent and mean no metadata.
-    Implementations MUST NOT assign meaning to keys they do not recognize.
-
-    See protocol docs: [Extensibility](https://agentclientprotocol.com/protocol/v2/draft/extensibility)
-    """
-    stop_reason: Annotated[None, Field(alias="stopReason")] = None
-    """
-    Why foreground work stopped. The value selects one of this type's variants, which may add fields of their own.
-
-    Optional. Omitted and `null` are equivalent and mean the agent is not reporting a stop reason; a malformed value is treated the same way.
-
-    See protocol docs: [Stop Reasons](https://agentclientprotocol.com/protocol/v2/draft/prompt-lifecycle#stop-reasons)
     """
 
 
@@ -6093,90 +5641,6 @@ class StateUpdateRunning(RunningStateUpdate):
         populate_by_name=True,
     )
     state: Literal["running"]
-
-
-class StateUpdateIdle12(IdleStateUpdateEndTurn, StateUpdateIdle1):
-    """
-    No foreground work is active. Background activity may continue.
-    """
-
-    model_config = ConfigDict(
-        extra="allow",
-        populate_by_name=True,
-    )
-    state: Literal["idle"]
-
-
-class StateUpdateIdle13(IdleStateUpdateMaxTokens, StateUpdateIdle1):
-    """
-    No foreground work is active. Background activity may continue.
-    """
-
-    model_config = ConfigDict(
-        extra="allow",
-        populate_by_name=True,
-    )
-    state: Literal["idle"]
-
-
-class StateUpdateIdle14(IdleStateUpdateMaxTurnRequests, StateUpdateIdle1):
-    """
-    No foreground work is active. Background activity may continue.
-    """
-
-    model_config = ConfigDict(
-        extra="allow",
-        populate_by_name=True,
-    )
-    state: Literal["idle"]
-
-
-class StateUpdateIdle15(IdleStateUpdateRefusal, StateUpdateIdle1):
-    """
-    No foreground work is active. Background activity may continue.
-    """
-
-    model_config = ConfigDict(
-        extra="allow",
-        populate_by_name=True,
-    )
-    state: Literal["idle"]
-
-
-class StateUpdateIdle16(IdleStateUpdateCancelled, StateUpdateIdle1):
-    """
-    No foreground work is active. Background activity may continue.
-    """
-
-    model_config = ConfigDict(
-        extra="allow",
-        populate_by_name=True,
-    )
-    state: Literal["idle"]
-
-
-class StateUpdateIdle18(IdleStateUpdateOther, StateUpdateIdle1):
-    """
-    No foreground work is active. Background activity may continue.
-    """
-
-    model_config = ConfigDict(
-        extra="allow",
-        populate_by_name=True,
-    )
-    state: Literal["idle"]
-
-
-class StateUpdateIdle19(IdleStateUpdateNone, StateUpdateIdle1):
-    """
-    No foreground work is active. Background activity may continue.
-    """
-
-    model_config = ConfigDict(
-        extra="allow",
-        populate_by_name=True,
-    )
-    state: Literal["idle"]
 
 
 class StateUpdateRequiresAction(RequiresActionStateUpdate):
@@ -7151,90 +6615,6 @@ class AvailableCommandCommand(Command):
     type: Literal["command"]
 
 
-class StateUpdateIdle2(IdleStateUpdateEndTurn, StateUpdateIdle1):
-    """
-    No foreground work is active. Background activity may continue.
-    """
-
-    model_config = ConfigDict(
-        extra="allow",
-        populate_by_name=True,
-    )
-    state: Literal["idle"]
-
-
-class StateUpdateIdle3(IdleStateUpdateMaxTokens, StateUpdateIdle1):
-    """
-    No foreground work is active. Background activity may continue.
-    """
-
-    model_config = ConfigDict(
-        extra="allow",
-        populate_by_name=True,
-    )
-    state: Literal["idle"]
-
-
-class StateUpdateIdle4(IdleStateUpdateMaxTurnRequests, StateUpdateIdle1):
-    """
-    No foreground work is active. Background activity may continue.
-    """
-
-    model_config = ConfigDict(
-        extra="allow",
-        populate_by_name=True,
-    )
-    state: Literal["idle"]
-
-
-class StateUpdateIdle5(IdleStateUpdateRefusal, StateUpdateIdle1):
-    """
-    No foreground work is active. Background activity may continue.
-    """
-
-    model_config = ConfigDict(
-        extra="allow",
-        populate_by_name=True,
-    )
-    state: Literal["idle"]
-
-
-class StateUpdateIdle6(IdleStateUpdateCancelled, StateUpdateIdle1):
-    """
-    No foreground work is active. Background activity may continue.
-    """
-
-    model_config = ConfigDict(
-        extra="allow",
-        populate_by_name=True,
-    )
-    state: Literal["idle"]
-
-
-class StateUpdateIdle8(IdleStateUpdateOther, StateUpdateIdle1):
-    """
-    No foreground work is active. Background activity may continue.
-    """
-
-    model_config = ConfigDict(
-        extra="allow",
-        populate_by_name=True,
-    )
-    state: Literal["idle"]
-
-
-class StateUpdateIdle9(IdleStateUpdateNone, StateUpdateIdle1):
-    """
-    No foreground work is active. Background activity may continue.
-    """
-
-    model_config = ConfigDict(
-        extra="allow",
-        populate_by_name=True,
-    )
-    state: Literal["idle"]
-
-
 class Error(BaseModel):
     """
     JSON-RPC error object.
@@ -7299,13 +6679,16 @@ class ErrorStopReason(BaseModel):
     """
 
 
-class IdleStateUpdateError(ErrorStopReason):
+class IdleStateUpdate(BaseModel):
     """
-    The active work ended because something failed.
+    No foreground work is active. Background activity may continue.
 
-    This includes pre-insertion foreground work. A prompt failure before
-    insertion also requires an error response to `session/prompt`. After
-    insertion, the prompt's response remains successful.
+    Agents SHOULD include a `stopReason` when the idle transition ends foreground
+    work. An idle update that does not end foreground work need not include one.
+    Receivers treat an omitted, `null`, or malformed `stopReason` as the agent not
+    reporting one.
+    Repeated or resume snapshots may carry the last stop reason for context.
+    They MUST NOT be counted as new completions, cancellations, or additional usage.
     """
 
     model_config = ConfigDict(
@@ -7350,7 +6733,7 @@ class IdleStateUpdateError(ErrorStopReason):
 
     See protocol docs: [Extensibility](https://agentclientprotocol.com/protocol/v2/draft/extensibility)
     """
-    stop_reason: Annotated[Literal["error"], Field(alias="stopReason")]
+    stop_reason: Annotated[str | None, Field(alias="stopReason")] = None
     """
     Why foreground work stopped. The value selects one of this type's variants, which may add fields of their own.
 
@@ -7358,43 +6741,16 @@ class IdleStateUpdateError(ErrorStopReason):
 
     See protocol docs: [Stop Reasons](https://agentclientprotocol.com/protocol/v2/draft/prompt-lifecycle#stop-reasons)
     """
-
-
-class IdleStateUpdate(
-    RootModel[
-        IdleStateUpdateEndTurn
-        | IdleStateUpdateMaxTokens
-        | IdleStateUpdateMaxTurnRequests
-        | IdleStateUpdateRefusal
-        | IdleStateUpdateCancelled
-        | IdleStateUpdateError
-        | IdleStateUpdateOther
-        | IdleStateUpdateNone
-    ]
-):
-    root: (
-        IdleStateUpdateEndTurn
-        | IdleStateUpdateMaxTokens
-        | IdleStateUpdateMaxTurnRequests
-        | IdleStateUpdateRefusal
-        | IdleStateUpdateCancelled
-        | IdleStateUpdateError
-        | IdleStateUpdateOther
-        | IdleStateUpdateNone
-    )
+    error: Error | None = None
     """
-    No foreground work is active. Background activity may continue.
+    The failure, as a JSON-RPC error object.
 
-    Agents SHOULD include a `stopReason` when the idle transition ends foreground
-    work. An idle update that does not end foreground work need not include one.
-    Receivers treat an omitted, `null`, or malformed `stopReason` as the agent not
-    reporting one.
-    Repeated or resume snapshots may carry the last stop reason for context.
-    They MUST NOT be counted as new completions, cancellations, or additional usage.
+    Optional. Omitted and `null` are equivalent and mean the agent is not reporting failure details.
+    Agents SHOULD include it.
     """
 
 
-class StateUpdateIdle17(IdleStateUpdateError, StateUpdateIdle1):
+class StateUpdateIdle(IdleStateUpdate):
     """
     No foreground work is active. Background activity may continue.
     """
@@ -7406,39 +6762,7 @@ class StateUpdateIdle17(IdleStateUpdateError, StateUpdateIdle1):
     state: Literal["idle"]
 
 
-class StateUpdateIdle10(
-    RootModel[
-        StateUpdateIdle12
-        | StateUpdateIdle13
-        | StateUpdateIdle14
-        | StateUpdateIdle15
-        | StateUpdateIdle16
-        | StateUpdateIdle17
-        | StateUpdateIdle18
-        | StateUpdateIdle19
-    ]
-):
-    """
-    No foreground work is active. Background activity may continue.
-    """
-
-    root: Annotated[
-        StateUpdateIdle12
-        | StateUpdateIdle13
-        | StateUpdateIdle14
-        | StateUpdateIdle15
-        | StateUpdateIdle16
-        | StateUpdateIdle17
-        | StateUpdateIdle18
-        | StateUpdateIdle19,
-        Field(title="StateUpdateIdle"),
-    ]
-    """
-    No foreground work is active. Background activity may continue.
-    """
-
-
-class SessionUpdateStateUpdate3(SessionUpdateStateUpdate1):
+class SessionUpdateStateUpdate3(StateUpdateIdle, SessionUpdateStateUpdate1):
     """
     A snapshot of the session's aggregate foreground activity.
     """
@@ -8809,18 +8133,6 @@ class ForkSessionResponse(BaseModel):
     """
 
 
-class StateUpdateIdle7(IdleStateUpdateError, StateUpdateIdle1):
-    """
-    No foreground work is active. Background activity may continue.
-    """
-
-    model_config = ConfigDict(
-        extra="allow",
-        populate_by_name=True,
-    )
-    state: Literal["idle"]
-
-
 class ResumeSessionResponse(BaseModel):
     """
     Response from resuming an existing session.
@@ -9196,17 +8508,10 @@ class SubagentUpdate(BaseModel):
     """
     state: (
         StateUpdateRunning
+        | StateUpdateIdle
         | StateUpdateRequiresAction
         | StateUpdateUnknown
         | StateUpdateOther
-        | StateUpdateIdle2
-        | StateUpdateIdle3
-        | StateUpdateIdle4
-        | StateUpdateIdle5
-        | StateUpdateIdle6
-        | StateUpdateIdle7
-        | StateUpdateIdle8
-        | StateUpdateIdle9
         | None
     ) = None
     """
@@ -9696,17 +9001,10 @@ class SessionStatusResponse(BaseModel):
     """
     state: (
         StateUpdateRunning
+        | StateUpdateIdle
         | StateUpdateRequiresAction
         | StateUpdateUnknown
         | StateUpdateOther
-        | StateUpdateIdle2
-        | StateUpdateIdle3
-        | StateUpdateIdle4
-        | StateUpdateIdle5
-        | StateUpdateIdle6
-        | StateUpdateIdle7
-        | StateUpdateIdle8
-        | StateUpdateIdle9
         | None
     ) = None
     """
