@@ -56,7 +56,7 @@ async def test_sqlite_url_without_migrate_refuses_an_old_file(tmp_path: Path) ->
 @pytest.mark.parametrize(
     ("url", "message"),
     [
-        ("postgresql://localhost/acp", "unsupported store URL scheme 'postgresql'"),
+        ("mysql://localhost/acp", "unsupported store URL scheme 'mysql'"),
         ("redis:x", "unsupported store URL scheme 'redis'"),
         ("sessions.db", "has no scheme"),
         ("sqlite:", "needs a path"),

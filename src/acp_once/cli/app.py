@@ -108,6 +108,77 @@ def agent(
 
 
 @app.command()
+def serve(
+    host: Annotated[
+        str, typer.Option(help="address to listen on (beyond loopback only with a token)")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port")] = 8765,
+    store: Annotated[
+        str | None,
+        typer.Option(help="memory: or sqlite:PATH (default: SQLite in the user's data directory)"),
+    ] = None,
+    token: Annotated[
+        str | None,
+        typer.Option(
+            envvar="ACP_ONCE_TOKEN",
+            show_envvar=True,
+            help="bearer token clients must send (prefer the environment variable: "
+            "a command-line argument is visible to other users)",
+        ),
+    ] = None,
+    policy: Annotated[
+        str, typer.Option(help="hold: prompts sent during a turn wait; steer: inserted at once")
+    ] = "hold",
+    interrupted: Annotated[
+        str,
+        typer.Option(
+            help="work a crash interrupted: report (idle, stopReason error) or continue (rerun)"
+        ),
+    ] = "report",
+    side_effects: Annotated[
+        Path | None, typer.Option(help="directory of the per-session side-effect logs")
+    ] = None,
+    max_connections: Annotated[int, typer.Option(help="open WebSocket connections at most")] = 1000,
+    max_message_bytes: Annotated[
+        int, typer.Option(help="largest message read (a larger request is answered -32600)")
+    ] = 16 * 1024 * 1024,
+) -> None:
+    """Serve the reference agent over WebSocket at ws://HOST:PORT/acp (and GET /healthz).
+
+    Many clients share the agent and its store; a session outlives its connection and is
+    resumed on a new one. Without a token it listens on loopback addresses only.
+    """
+    from acp_once.cli.serve import InsecureListen, check_listen, serve_reference
+
+    if policy not in ("hold", "steer"):
+        raise typer.BadParameter("policy must be hold or steer")
+    if interrupted not in ("report", "continue"):
+        raise typer.BadParameter("interrupted must be report or continue")
+    token = token or None
+    try:
+        check_listen(host, token)
+    except InsecureListen as exc:
+        raise typer.BadParameter(str(exc), param_hint="--host") from None
+    url = store or f"sqlite:{_data_dir() / 'sessions.sqlite3'}"
+    if url.startswith("sqlite:") and url != "sqlite::memory:":
+        Path(url.removeprefix("sqlite:")).parent.mkdir(parents=True, exist_ok=True)
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    anyio.run(
+        lambda: serve_reference(
+            host=host,
+            port=port,
+            store=url,
+            token=token,
+            side_effects=side_effects or _data_dir() / "side-effects",
+            policy="steer" if policy == "steer" else "hold",
+            resume_interrupted=interrupted == "continue",
+            max_connections=max_connections,
+            max_message_bytes=max_message_bytes,
+        )
+    )
+
+
+@app.command()
 def prompt(
     text: Annotated[str, typer.Argument(help="the prompt text")],
     agent: Annotated[
@@ -184,17 +255,50 @@ app.add_typer(db_app, name="db")
 
 def _sqlite_path(store: str) -> Path:
     if not store.startswith("sqlite:") or store == "sqlite::memory:":
-        raise typer.BadParameter("db commands take a sqlite:PATH store")
+        raise typer.BadParameter("db commands take a sqlite:PATH or postgresql://... store")
     return Path(store.removeprefix("sqlite:"))
+
+
+def _is_postgres(store: str) -> bool:
+    return store.startswith(("postgresql://", "postgres://"))
+
+
+def _postgres_db(store: str, *, migrate: bool) -> tuple[str, int, int]:
+    """Run `db migrate` or `db status` on a PostgreSQL store URL (`?schema=NAME` allowed)."""
+    from acp_once.storage import StorageError
+    from acp_once.storage.postgres import (
+        describe_postgres,
+        migrate_postgres,
+        parse_postgres_url,
+        postgres_status,
+    )
+
+    try:
+        dsn, schema = parse_postgres_url(store)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    try:
+        first, second = anyio.run(migrate_postgres if migrate else postgres_status, dsn, schema)
+    except StorageError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    return describe_postgres(dsn, schema), first, second
+
+
+_STORE_HELP = "sqlite:PATH or postgresql://USER@HOST/DB[?schema=NAME]"
 
 
 @db_app.command("migrate")
 def db_migrate(
     store: Annotated[
-        str, typer.Option(help="sqlite:PATH")
+        str, typer.Option(help=_STORE_HELP)
     ] = f"sqlite:{_data_dir() / 'sessions.sqlite3'}",
 ) -> None:
-    """Bring the store's schema up to date (creates the file if missing)."""
+    """Bring the store's schema up to date (creates the file or schema if missing)."""
+    if _is_postgres(store):
+        where, before, after = _postgres_db(store, migrate=True)
+        typer.echo(f"{where}: schema version {before} -> {after}")
+        return
     from acp_once.storage.sqlite import migrate_database
 
     path = _sqlite_path(store)
@@ -206,16 +310,20 @@ def db_migrate(
 @db_app.command("status")
 def db_status(
     store: Annotated[
-        str, typer.Option(help="sqlite:PATH")
+        str, typer.Option(help=_STORE_HELP)
     ] = f"sqlite:{_data_dir() / 'sessions.sqlite3'}",
 ) -> None:
     """Show the store's schema version; exits 1 when migrations are pending."""
-    from acp_once.storage.sqlite import database_status
+    if _is_postgres(store):
+        where, current, latest = _postgres_db(store, migrate=False)
+    else:
+        from acp_once.storage.sqlite import database_status
 
-    path = _sqlite_path(store)
-    current, latest = anyio.run(database_status, path)
+        path = _sqlite_path(store)
+        current, latest = anyio.run(database_status, path)
+        where = str(path)
     state = "up to date" if current == latest else f"{latest - current} migration(s) pending"
-    typer.echo(f"{path}: schema version {current} of {latest} ({state})")
+    typer.echo(f"{where}: schema version {current} of {latest} ({state})")
     if current != latest:
         raise typer.Exit(1)
 

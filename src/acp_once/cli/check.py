@@ -1,10 +1,42 @@
-"""`acp-once check`: placeholder until the conformance suite lands."""
+"""`acp-once check`: run the conformance suite against an agent and show the results.
+
+`acp-once check -- CMD ARGS` launches `CMD ARGS` as a stdio agent for every check (the agent's
+storage must persist across launches: same command, same store). URL targets (ws://, http://)
+come later.
+"""
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
+import anyio
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn
+from rich.table import Table
+
+from acp_once.conformance import (
+    Check,
+    CheckResult,
+    Level,
+    Report,
+    Status,
+    StdioTarget,
+    TargetUnavailable,
+    checks_for,
+    run_suite,
+    write_json,
+    write_junit,
+)
+
 __all__ = ["run_check"]
+
+_STYLE = {Status.PASSED: "green", Status.FAILED: "red", Status.SKIPPED: "yellow"}
+_MARK = {Status.PASSED: "✓", Status.FAILED: "✗", Status.SKIPPED: "-"}
+
+
+def _is_url(target: str) -> bool:
+    return "://" in target
 
 
 def run_check(
@@ -15,7 +47,111 @@ def run_check(
     json_report: Path | None,
     junit: Path | None,
     slow_prompt: str,
+    timeout: float = 30.0,
+    console: Console | None = None,
 ) -> int:
-    """Run the conformance suite; return the exit status (non-zero when a MUST fails)."""
-    print("acp-once check: the conformance suite is being built")
-    return 2
+    """Run the conformance suite; return the exit status (1 when a MUST fails, 2 on misuse)."""
+    out = console or Console()
+    if target is not None and _is_url(target):
+        out.print(f"acp-once check: URL targets are not supported yet ({target}); use -- CMD")
+        return 2
+    if target is not None:
+        command = [target, *command]
+    if not command:
+        out.print("acp-once check: give the agent command after --, e.g. acp-once check -- CMD")
+        return 2
+    if token is not None:
+        out.print("[yellow]--token is ignored for a stdio target[/]")
+    # the agent's stderr goes to a file: shown only when it cannot be started
+    with tempfile.TemporaryFile() as stderr:
+        agent = StdioTarget(command, stderr=stderr.fileno())
+        try:
+            report = _run(agent, out, slow_prompt=slow_prompt, timeout=timeout)
+        except (TargetUnavailable, OSError) as exc:
+            stderr.seek(0)
+            tail = stderr.read().decode("utf-8", "replace")[-2000:]
+            out.print(f"acp-once check: the agent did not start or initialize: {exc}")
+            if tail.strip():
+                out.print(tail, markup=False, highlight=False)
+            return 2
+    _print_summary(out, report)
+    if json_report is not None:
+        write_json(report, json_report)
+        out.print(f"JSON report: {json_report}")
+    if junit is not None:
+        write_junit(report, junit)
+        out.print(f"JUnit report: {junit}")
+    return report.exit_code
+
+
+def _run(agent: StdioTarget, out: Console, *, slow_prompt: str, timeout: float) -> Report:
+    checks = checks_for()
+
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        console=out,
+        transient=True,
+    ) as progress:
+        task = progress.add_task("starting", total=len(checks))
+
+        def started(check: Check) -> None:
+            progress.update(task, description=check.id)
+
+        def finished(result: CheckResult) -> None:
+            style = _STYLE[result.status]
+            note = f" [dim]{result.message}[/]" if result.message else ""
+            progress.console.print(
+                f"[{style}]{_MARK[result.status]}[/] {result.id} [dim]({result.level})[/]{note}",
+                highlight=False,
+            )
+            progress.advance(task)
+
+        return anyio.run(
+            lambda: run_suite(
+                agent,
+                slow_prompt=slow_prompt,
+                on_result=finished,
+                on_start=started,
+                timeout=timeout,
+            )
+        )
+
+
+def _print_summary(out: Console, report: Report) -> None:
+    out.print(f"target: {report.target}", highlight=False)
+    table = Table(title="acp-once check", title_justify="left")
+    table.add_column("level")
+    for status in Status:
+        table.add_column(str(status), justify="right")
+    for level in Level:
+        row = [r for r in report.results if r.level is level]
+        counts = [sum(1 for r in row if r.status is status) for status in Status]
+        table.add_row(
+            str(level),
+            *(
+                f"[{_STYLE[status]}]{n}[/]" if n else "0"
+                for status, n in zip(Status, counts, strict=True)
+            ),
+        )
+    out.print(table)
+    for r in report.results:
+        if r.status is not Status.PASSED:
+            out.print(
+                f"[{_STYLE[r.status]}]{r.status}[/] {r.id} ({r.level}; {', '.join(r.refs)}): "
+                f"{r.message}",
+                highlight=False,
+            )
+    summary = report.summary()
+    verdict = (
+        "[red]FAILED: a MUST requirement is broken[/]"
+        if report.exit_code
+        else "[green]every MUST requirement holds[/]"
+    )
+    out.print(
+        f"{summary['passed']} passed, {summary['failed']} failed "
+        f"({summary['failed_must']} MUST), {summary['skipped']} skipped "
+        f"in {report.duration:.1f} s: {verdict}"
+    )

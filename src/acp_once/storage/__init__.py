@@ -63,15 +63,20 @@ async def open_store(url: str, *, migrate: bool = True) -> AsyncIterator[Session
 
     * `memory:` a new, empty `MemoryStore`;
     * `sqlite:PATH` a `SqliteStore` on the file PATH (relative to the working directory,
-      created if missing; `sqlite::memory:` is a private in-memory database).
+      created if missing; `sqlite::memory:` is a private in-memory database);
+    * `postgresql://...` or `postgres://...` a `PostgresStore` (libpq URL; the acp-once
+      parameter `?schema=NAME` picks the schema, `acp_once` by default).
 
     Raises:
         ValueError: an unsupported scheme or a missing path.
-        SchemaOutOfDate: `migrate=False` and the SQLite schema is out of date.
+        SchemaOutOfDate: `migrate=False` and the schema is out of date.
+        StorageError: the database cannot be opened.
     """
     scheme, sep, rest = url.partition(":")
     if not sep:
-        raise ValueError(f"store URL {url!r} has no scheme; use 'memory:' or 'sqlite:PATH'")
+        raise ValueError(
+            f"store URL {url!r} has no scheme; use 'memory:', 'sqlite:PATH' or 'postgresql://...'"
+        )
     if scheme == "memory":
         if rest:
             raise ValueError("the 'memory:' store URL takes nothing after the colon")
@@ -82,7 +87,14 @@ async def open_store(url: str, *, migrate: bool = True) -> AsyncIterator[Session
             raise ValueError("the 'sqlite:' store URL needs a path, as in 'sqlite:sessions.db'")
         async with SqliteStore.open(rest, migrate=migrate) as sqlite:
             yield sqlite
+    elif scheme in ("postgresql", "postgres"):
+        from acp_once.storage.postgres import PostgresStore, parse_postgres_url  # needs psycopg
+
+        dsn, schema = parse_postgres_url(url)
+        async with PostgresStore.open(dsn, migrate=migrate, schema=schema) as postgres:
+            yield postgres
     else:
         raise ValueError(
-            f"unsupported store URL scheme {scheme!r}; supported: 'memory:', 'sqlite:PATH'"
+            f"unsupported store URL scheme {scheme!r}; supported: 'memory:', 'sqlite:PATH',"
+            " 'postgresql://...'"
         )

@@ -1,0 +1,342 @@
+"""What a check drives: a target that launches agent connections, and a probe on each of them.
+
+A check gets a `CheckContext`. `ctx.connect()` launches a fresh connection to the target (for a
+stdio target: a new agent process running the same command, hence the same store), initializes
+it and yields a `Probe`. Every frame both ways is kept in the check's transcript, and every
+received frame in the suite's privacy log. Inserted messages are observed only on the wire:
+`user_message` updates seen live, plus the ids a `session/resume` with
+`replayFrom: {"type": "start"}` replays.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import subprocess
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import orjson
+
+from acp_once.client import Client, ClientSideConnection
+from acp_once.protocol import schema as s
+from acp_once.protocol.errors import AcpError
+from acp_once.protocol.framing import FrameEvent
+from acp_once.rpc.connection import PendingCall
+from acp_once.rpc.streams import FrameStream
+from acp_once.transports.stdio import spawn
+
+__all__ = [
+    "AgentTarget",
+    "CheckContext",
+    "CheckFailed",
+    "CheckSkipped",
+    "Link",
+    "Probe",
+    "StdioTarget",
+    "SuiteState",
+]
+
+NO_KEY: Any = object()
+"""Marks "leave `idempotencyKey` out of the params" (as opposed to sending `null`)."""
+
+
+class CheckFailed(AssertionError):
+    """The target broke the requirement; the message says how."""
+
+
+class CheckSkipped(Exception):
+    """The requirement could not be exercised on this target; the message says why."""
+
+
+def expect(condition: bool, message: str) -> None:
+    """Fail the check with `message` unless `condition` holds."""
+    if not condition:
+        raise CheckFailed(message)
+
+
+# -- targets -------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Link:
+    """One live connection to the target: its frame stream and, if possible, a way to kill the
+    agent abruptly (SIGKILL for a subprocess)."""
+
+    frames: FrameStream
+    kill: Callable[[], Any] | None = None
+
+
+class AgentTarget(abc.ABC):
+    """Something the suite can open fresh connections to. Each `connect()` is a new connection;
+    state the agent stores must survive between them (for stdio: the same command and store)."""
+
+    @property
+    @abc.abstractmethod
+    def description(self) -> str: ...
+
+    @abc.abstractmethod
+    def connect(self) -> contextlib.AbstractAsyncContextManager[Link]: ...
+
+
+class StdioTarget(AgentTarget):
+    """An agent launched as a subprocess per connection: `command` is run again each time.
+
+    Args:
+        command: the agent command line.
+        stderr: where the agent's stderr goes (default: discarded; None = inherited).
+        env: the agent's environment (default: ours).
+    """
+
+    def __init__(
+        self,
+        command: Sequence[str],
+        *,
+        stderr: int | None = subprocess.DEVNULL,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        if not command:
+            raise ValueError("the agent command is empty")
+        self.command = list(command)
+        self.stderr = stderr
+        self.env = env
+
+    @property
+    def description(self) -> str:
+        return "stdio: " + " ".join(self.command)
+
+    @contextlib.asynccontextmanager
+    async def connect(self) -> AsyncIterator[Link]:
+        async with spawn(
+            self.command, stderr=self.stderr, env=self.env, shutdown_timeout=3.0
+        ) as proc:
+            yield Link(proc.frames, kill=proc.process.kill)
+
+
+# -- per-suite and per-check state -------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class SuiteState:
+    """Shared by every check of a run: the keys used and every frame received."""
+
+    keys: set[str] = field(default_factory=set)
+    received: list[bytes] = field(default_factory=list)
+    capabilities: dict[str, Any] | None = None
+
+
+class _Tap:
+    """A frame stream that records every frame into the check's transcript."""
+
+    def __init__(self, inner: FrameStream, ctx: CheckContext, conn: int) -> None:
+        self.inner = inner
+        self.ctx = ctx
+        self.conn = conn
+        self.frames: list[dict[str, Any]] = []  # parsed received frames, in order
+        self._arrived = anyio.Event()
+
+    async def receive(self) -> FrameEvent:
+        frame = await self.inner.receive()
+        if isinstance(frame, bytes):
+            self.ctx._record(self.conn, "received", frame)
+            self.ctx.suite.received.append(frame)
+            with contextlib.suppress(orjson.JSONDecodeError):
+                parsed = orjson.loads(frame)
+                if isinstance(parsed, dict):
+                    self.frames.append(parsed)
+            self._arrived.set()
+            self._arrived = anyio.Event()
+        return frame
+
+    async def send(self, frame: bytes) -> None:
+        self.ctx._record(self.conn, "sent", frame)
+        await self.inner.send(frame)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+class _Recorder(Client):
+    def __init__(self, ctx: CheckContext) -> None:
+        self.ctx = ctx
+        self.updates: list[tuple[str, dict[str, Any]]] = []
+
+    async def session_update(self, params: s.UpdateSessionNotification) -> None:
+        wire = params.model_dump(by_alias=True, exclude_unset=True)
+        update = wire.get("update") or {}
+        sid = str(wire.get("sessionId"))
+        self.updates.append((sid, update))
+        if update.get("sessionUpdate") in ("user_message", "user_message_chunk"):
+            self.ctx.user_ids.setdefault(sid, set()).add(str(update.get("messageId")))
+
+
+class Probe:
+    """An initialized connection to the target, with the calls checks need."""
+
+    def __init__(
+        self, ctx: CheckContext, conn: ClientSideConnection, tap: _Tap, link: Link
+    ) -> None:
+        self.ctx = ctx
+        self.conn = conn
+        self.tap = tap
+        self.link = link
+        self.recorder: _Recorder = conn.client  # type: ignore[assignment]
+        self.initialize_result: dict[str, Any] = {}
+
+    @property
+    def timeout(self) -> float:
+        return self.ctx.timeout
+
+    async def request(self, method: str, params: Any) -> Any:
+        """A raw request; raises `AcpError` for an error answer."""
+        return await self.conn.rpc.request(method, params, timeout=self.timeout)
+
+    async def start(self, method: str, params: Any) -> PendingCall:
+        return await self.conn.rpc.start_request(method, params)
+
+    async def notify(self, method: str, params: Any) -> None:
+        await self.conn.rpc.notify(method, params)
+
+    async def new_session(self) -> str:
+        result = await self.request("session/new", {"cwd": self.ctx.cwd})
+        sid = result.get("sessionId") if isinstance(result, dict) else None
+        expect(isinstance(sid, str) and bool(sid), f"session/new gave no sessionId: {result!r}")
+        assert isinstance(sid, str)
+        return sid
+
+    def prompt_params(self, sid: str, text: str, key: Any = NO_KEY) -> dict[str, Any]:
+        params: dict[str, Any] = {"sessionId": sid, "prompt": [{"type": "text", "text": text}]}
+        if key is not NO_KEY:
+            params["idempotencyKey"] = key
+        return params
+
+    async def prompt(self, sid: str, text: str, key: Any = NO_KEY) -> str:
+        """`session/prompt`; returns the `messageId` (fails the check if there is none)."""
+        result = await self.request("session/prompt", self.prompt_params(sid, text, key))
+        return message_id_of(result)
+
+    async def start_prompt(self, sid: str, text: str, key: Any = NO_KEY) -> PendingCall:
+        return await self.start("session/prompt", self.prompt_params(sid, text, key))
+
+    async def resume(self, sid: str, *, replay: bool = False) -> PendingCall:
+        """Send `session/resume` and wait for its answer; returns the answered call."""
+        params: dict[str, Any] = {"sessionId": sid, "cwd": self.ctx.cwd}
+        if replay:
+            params["replayFrom"] = {"type": "start"}
+        call = await self.start("session/resume", params)
+        await call.result(self.timeout)
+        return call
+
+    async def inserted(self, sid: str) -> set[str]:
+        """Ids of the user messages of `sid` seen so far in this check, live or replayed (a
+        `session/resume` with replay from the start is sent on this connection)."""
+        await self.resume(sid, replay=True)
+        return set(self.ctx.user_ids.get(sid, set()))
+
+    def user_message_updates(self, sid: str) -> list[str]:
+        return [
+            str(u.get("messageId"))
+            for s_id, u in self.recorder.updates
+            if s_id == sid and u.get("sessionUpdate") in ("user_message", "user_message_chunk")
+        ]
+
+    async def wait_for(self, predicate: Callable[[], bool]) -> None:
+        """Wait (bounded by the check timeout) until `predicate()` holds after a frame."""
+        with anyio.fail_after(self.timeout):
+            while not predicate():
+                await self.tap._arrived.wait()
+
+    async def kill(self) -> None:
+        """Kill the agent abruptly (SIGKILL) and wait until the connection has ended."""
+        if self.link.kill is None:
+            raise CheckSkipped("this target cannot be killed")
+        self.link.kill()
+        with anyio.fail_after(self.timeout):
+            await self.conn.wait_closed()
+
+
+def message_id_of(result: Any) -> str:
+    mid = result.get("messageId") if isinstance(result, dict) else None
+    expect(
+        isinstance(mid, str) and bool(mid), f"session/prompt result has no messageId: {result!r}"
+    )
+    assert isinstance(mid, str)
+    return mid
+
+
+async def error_code(call: PendingCall, timeout: float) -> int | str:
+    """The error code of the call's answer, or its `messageId` when it succeeded."""
+    try:
+        return message_id_of(await call.result(timeout))
+    except AcpError as exc:
+        return exc.code
+
+
+class CheckContext:
+    """What one check works with: connections to the target, keys, the transcript."""
+
+    def __init__(
+        self, target: AgentTarget, suite: SuiteState, *, slow_prompt: str, timeout: float
+    ) -> None:
+        self.target = target
+        self.suite = suite
+        self.slow_prompt = slow_prompt
+        self.timeout = timeout
+        self.cwd = "/tmp/acp-once-conformance"
+        self.transcript: list[dict[str, Any]] = []
+        self.user_ids: dict[str, set[str]] = {}
+        self.notes: list[str] = []
+        self._conns = 0
+        self._t0 = time.monotonic()
+
+    def _record(self, conn: int, direction: str, frame: bytes) -> None:
+        self.transcript.append(
+            {
+                "conn": conn,
+                "dir": direction,
+                "t": round(time.monotonic() - self._t0, 4),
+                "frame": frame.decode("utf-8", "replace"),
+            }
+        )
+
+    def key(self, prefix: str = "acp-once-check") -> str:
+        """A fresh random key, registered for the privacy scan."""
+        key = f"{prefix}-{uuid.uuid4()}"
+        self.suite.keys.add(key)
+        return key
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+
+    @contextlib.asynccontextmanager
+    async def connect(self, *, initialize: bool = True) -> AsyncIterator[Probe]:
+        """Launch a fresh connection (a new agent process on stdio) and initialize it."""
+        self._conns += 1
+        async with self.target.connect() as link:
+            tap = _Tap(link.frames, self, self._conns)
+            async with ClientSideConnection(_Recorder(self), tap, name="conformance") as conn:
+                probe = Probe(self, conn, tap, link)
+                if initialize:
+                    result = await probe.request(
+                        "initialize",
+                        {
+                            "protocolVersion": 2,
+                            "info": {"name": "acp-once-check", "version": "1"},
+                            "capabilities": {},
+                        },
+                    )
+                    expect(isinstance(result, dict), f"initialize answered {result!r}")
+                    probe.initialize_result = result
+                    caps = result.get("capabilities")
+                    if isinstance(caps, dict):
+                        self.suite.capabilities = caps
+                yield probe
+
+    def session_capability(self, name: str) -> bool:
+        caps = self.suite.capabilities or {}
+        session = caps.get("session")
+        return isinstance(session, dict) and isinstance(session.get(name), dict)

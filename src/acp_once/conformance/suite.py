@@ -1,0 +1,138 @@
+"""`run_suite`: every check against one target, each on fresh connections."""
+
+from __future__ import annotations
+
+import fnmatch
+import time
+from collections.abc import Callable, Iterable
+
+import anyio
+
+from acp_once.conformance.checks import CHECKS, Check
+from acp_once.conformance.harness import (
+    AgentTarget,
+    CheckContext,
+    CheckFailed,
+    CheckSkipped,
+    SuiteState,
+)
+from acp_once.conformance.model import CheckResult, Report, Status
+from acp_once.protocol.errors import AcpError
+from acp_once.rpc.errors import ConnectionClosed, TransportError
+
+__all__ = ["TargetUnavailable", "checks_for", "preflight", "run_check", "run_suite"]
+
+ResultCallback = Callable[[CheckResult], None]
+
+
+class TargetUnavailable(Exception):
+    """The target could not even be connected to and initialized; no check was run."""
+
+
+async def preflight(target: AgentTarget, timeout: float = 30.0) -> None:
+    """Connect once and initialize.
+
+    Raises:
+        TargetUnavailable: the agent could not be started, or did not answer `initialize`.
+    """
+    ctx = CheckContext(target, SuiteState(), slow_prompt="", timeout=timeout)
+    try:
+        with anyio.fail_after(timeout):
+            async with ctx.connect():
+                pass
+    except Exception as raised:  # reported as one clear error
+        exc = _leaf(raised)
+        raise TargetUnavailable(f"{type(exc).__name__}: {exc}") from exc
+
+
+def checks_for(select: Iterable[str] | None = None) -> list[Check]:
+    """The checks whose id matches one of the `select` patterns (fnmatch), all when None."""
+    if select is None:
+        return list(CHECKS)
+    patterns = list(select)
+    return [c for c in CHECKS if any(fnmatch.fnmatchcase(c.id, p) for p in patterns)]
+
+
+def _leaf(exc: BaseException) -> BaseException:
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
+
+
+async def run_check(
+    check: Check, target: AgentTarget, suite: SuiteState, *, slow_prompt: str, timeout: float
+) -> CheckResult:
+    """Run one check; any outcome becomes a `CheckResult` (only cancellation propagates)."""
+    ctx = CheckContext(target, suite, slow_prompt=slow_prompt, timeout=timeout)
+    started = time.monotonic()
+    status, message = Status.PASSED, ""
+    try:
+        # a check may wait for several slow turns and restarts; bound the whole of it too
+        with anyio.fail_after(timeout * 4):
+            message = await check.run(ctx) or ""
+    except Exception as raised:  # every failure is reported
+        exc = _leaf(raised)
+        match exc:
+            case CheckFailed():
+                status, message = Status.FAILED, str(exc)
+            case CheckSkipped():
+                status, message = Status.SKIPPED, str(exc)
+            case AcpError():
+                status = Status.FAILED
+                message = f"unexpected error answer {exc.code}: {exc.message}"
+            case TimeoutError():
+                status, message = Status.FAILED, f"no answer in time ({exc or 'timeout'})"
+            case ConnectionClosed() | TransportError():
+                status, message = Status.FAILED, f"the connection was lost: {exc}"
+            case _:
+                status, message = Status.FAILED, f"{type(exc).__name__}: {exc}"
+    if ctx.notes:
+        message = "; ".join([message, *ctx.notes]) if message else "; ".join(ctx.notes)
+    return CheckResult(
+        id=check.id,
+        level=check.level,
+        refs=check.refs,
+        title=check.title,
+        status=status,
+        message=message,
+        duration=time.monotonic() - started,
+        transcript=ctx.transcript if status is Status.FAILED else [],
+    )
+
+
+async def run_suite(
+    target: AgentTarget,
+    *,
+    slow_prompt: str = "[work:2]",
+    on_result: ResultCallback | None = None,
+    on_start: Callable[[Check], None] | None = None,
+    select: Iterable[str] | None = None,
+    timeout: float = 30.0,
+) -> Report:
+    """Run the conformance checks against `target` and return the report.
+
+    Args:
+        target: what to connect to; every check launches fresh connections.
+        slow_prompt: prompt text that keeps the agent busy for a while (held-prompt traces);
+            it should last at least a second, and at most a few.
+        on_result: called with each result as soon as its check finishes.
+        on_start: called with each check before it runs (for progress displays).
+        select: fnmatch patterns of requirement ids to run (default: all).
+        timeout: seconds any single answer may take; a whole check gets four times that.
+
+    Raises:
+        TargetUnavailable: the target did not start or answer `initialize` (nothing was run).
+    """
+    await preflight(target, timeout)
+    report = Report(target=target.description)
+    suite = SuiteState()
+    started = time.monotonic()
+    for check in checks_for(select):
+        if on_start is not None:
+            on_start(check)
+        result = await run_check(check, target, suite, slow_prompt=slow_prompt, timeout=timeout)
+        report.results.append(result)
+        if on_result is not None:
+            on_result(result)
+    report.duration = time.monotonic() - started
+    return report

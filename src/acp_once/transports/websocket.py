@@ -1,0 +1,253 @@
+"""WebSocket: one text frame = one JSON-RPC message (digest 7.3).
+
+- `ServerWebSocketFrames`: the agent side, a `FrameStream` over an accepted starlette
+  `WebSocket` (any ASGI server). Binary frames are ignored. A text frame above `max_frame`
+  bytes is reported as `OversizedFrame` (the engine answers a request with -32600) and the
+  connection lives on; the ASGI server's own limit (uvicorn's `ws_max_size`) closes the socket
+  with 1009 for anything larger still, before it is held in memory.
+- `connect_websocket(url)`: the client side, with the `websockets` asyncio client (so it runs
+  on anyio's asyncio backend). Frames above `max_frame` close the connection with 1009.
+
+Closing a socket leaves every pending request on it with an unknown outcome; sessions outlive
+it and are resumed on a new connection. Close codes used here: 1000 normal, 1001 going away
+(server shutting down), 1008 policy (authentication, limits), 1011 internal error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+import anyio
+from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import (
+    ConnectionClosed,
+    InvalidHandshake,
+    InvalidStatus,
+    WebSocketException,
+)
+
+from acp_once.protocol.framing import DEFAULT_MAX_FRAME, FrameEvent, OversizedFrame
+
+__all__ = [
+    "CONNECTION_ID_HEADER",
+    "ClientWebSocketFrames",
+    "ServerWebSocketFrames",
+    "WebSocketRejected",
+    "connect_websocket",
+    "redact_authorization",
+]
+
+CONNECTION_ID_HEADER = "Acp-Connection-Id"
+"""Sent on the 101 response: the transport-level id of the new connection (not a credential)."""
+
+_HEAD_BYTES = 1024  # what an OversizedFrame keeps, as the line framer does
+
+CLOSE_NORMAL = 1000
+CLOSE_GOING_AWAY = 1001
+CLOSE_POLICY = 1008
+CLOSE_TOO_BIG = 1009
+CLOSE_INTERNAL = 1011
+
+
+class _RedactAuthorization(logging.Filter):
+    """`websockets` logs every handshake header at DEBUG level: never the bearer token."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if (
+            isinstance(args, tuple)
+            and len(args) == 2
+            and str(args[0]).lower() in ("authorization", "proxy-authorization")
+        ):
+            record.args = (args[0], "[redacted]")
+        return True
+
+
+_REDACT = _RedactAuthorization()
+
+
+def redact_authorization(logger: logging.Logger) -> logging.Logger:
+    """Make `logger` (one `websockets` handshakes log to) hide Authorization headers; idempotent.
+
+    Servers: apply it to the ASGI server's logger (uvicorn's is "uvicorn.error")."""
+    if _REDACT not in logger.filters:
+        logger.addFilter(_REDACT)
+    return logger
+
+
+_client_logger = redact_authorization(logging.getLogger("acp_once.transports.websocket"))
+
+
+class WebSocketRejected(ConnectionError):
+    """The server refused the upgrade (for example 401: missing or wrong token; 503: full).
+
+    A `ConnectionError`, so a reconnecting client treats it like a refused connection.
+
+    Attributes:
+        status: the HTTP status of the refusal (0 when the handshake failed otherwise).
+    """
+
+    def __init__(self, message: str, status: int = 0) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class ServerWebSocketFrames:
+    """A `FrameStream` over an accepted starlette `WebSocket` (the agent side).
+
+    Call `accept()` once (or accept the socket yourself) before the engine reads from it.
+    """
+
+    def __init__(self, websocket: WebSocket, *, max_frame: int = DEFAULT_MAX_FRAME) -> None:
+        if max_frame < 1:
+            raise ValueError("max_frame must be positive")
+        self.websocket = websocket
+        self.max_frame = max_frame
+        self.close_code: int | None = None
+        """The close code once the socket is closed (ours, or the peer's on disconnect)."""
+        self._ended = False
+
+    async def accept(self, connection_id: str) -> None:
+        """Complete the upgrade, with `Acp-Connection-Id` on the 101 response."""
+        header = (CONNECTION_ID_HEADER.lower().encode("latin-1"), connection_id.encode("latin-1"))
+        await self.websocket.accept(headers=[header])
+
+    async def receive(self) -> FrameEvent:
+        while True:
+            if self._ended:
+                raise anyio.EndOfStream
+            try:
+                message = await self.websocket.receive()
+            except (RuntimeError, OSError, WebSocketDisconnect):
+                self._ended = True
+                raise anyio.EndOfStream from None
+            kind = message["type"]
+            if kind == "websocket.disconnect":
+                self._ended = True
+                if self.close_code is None:
+                    self.close_code = int(message.get("code", CLOSE_NORMAL))
+                raise anyio.EndOfStream
+            if kind != "websocket.receive":
+                continue
+            text = message.get("text")
+            if not isinstance(text, str):
+                continue  # binary frames carry no ACP messages
+            frame = text.encode("utf-8", errors="surrogatepass")
+            if len(frame) > self.max_frame:
+                return OversizedFrame(size=len(frame), head=frame[:_HEAD_BYTES])
+            return frame
+
+    async def send(self, frame: bytes) -> None:
+        if self._ended or self.websocket.application_state != WebSocketState.CONNECTED:
+            raise anyio.ClosedResourceError
+        try:
+            await self.websocket.send_text(frame.decode("utf-8"))
+        except (RuntimeError, OSError, WebSocketDisconnect) as exc:
+            raise anyio.BrokenResourceError from exc
+
+    async def close(self, code: int = CLOSE_NORMAL, reason: str = "") -> None:
+        """Close the socket with `code`; the reading side then sees the end of the stream.
+        Idempotent."""
+        if self.websocket.application_state != WebSocketState.CONNECTED:
+            return
+        if self.close_code is None:
+            self.close_code = code
+        with contextlib.suppress(RuntimeError, OSError, WebSocketDisconnect):
+            await self.websocket.close(code, reason)
+
+    async def aclose(self) -> None:
+        await self.close(CLOSE_NORMAL)
+
+
+class ClientWebSocketFrames:
+    """A `FrameStream` over a `websockets` client connection (the client side)."""
+
+    def __init__(self, connection: ClientConnection) -> None:
+        self.connection = connection
+        response = connection.response
+        self.connection_id: str | None = (
+            response.headers.get(CONNECTION_ID_HEADER) if response is not None else None
+        )
+        """The server's `Acp-Connection-Id` for this connection, if it sent one."""
+
+    async def receive(self) -> FrameEvent:
+        while True:
+            try:
+                message = await self.connection.recv()
+            except ConnectionClosed:
+                raise anyio.EndOfStream from None
+            if isinstance(message, str):
+                return message.encode("utf-8", errors="surrogatepass")
+            # binary frames carry no ACP messages
+
+    async def send(self, frame: bytes) -> None:
+        try:
+            await self.connection.send(frame, text=True)
+        except ConnectionClosed as exc:
+            raise anyio.BrokenResourceError from exc
+
+    @property
+    def close_code(self) -> int | None:
+        """The close code once closed (None before)."""
+        return self.connection.close_code
+
+    async def abort(self) -> None:
+        """Drop the TCP connection without a closing handshake (what a network failure does)."""
+        transport = self.connection.transport
+        transport.abort()
+
+    async def aclose(self) -> None:
+        with contextlib.suppress(OSError, WebSocketException):
+            await self.connection.close()
+
+
+@contextlib.asynccontextmanager
+async def connect_websocket(
+    url: str,
+    *,
+    token: str | None = None,
+    max_frame: int = DEFAULT_MAX_FRAME,
+    open_timeout: float = 10.0,
+    close_timeout: float = 5.0,
+    ping_interval: float | None = 20.0,
+    ping_timeout: float | None = 20.0,
+) -> AsyncIterator[ClientWebSocketFrames]:
+    """Open a WebSocket to an ACP server (`ws://host:port/acp`) and yield its frame stream.
+
+    `token` is sent as `Authorization: Bearer <token>`. Keepalive pings detect a silent peer.
+    Needs anyio's asyncio backend.
+
+    Raises:
+        WebSocketRejected: the server refused the upgrade (`status` tells why).
+        OSError: the server could not be reached.
+        TimeoutError: no handshake within `open_timeout`.
+    """
+    headers = {"Authorization": f"Bearer {token}"} if token is not None else None
+    try:
+        connection = await connect(
+            url,
+            additional_headers=headers,
+            max_size=max_frame,
+            open_timeout=open_timeout,
+            close_timeout=close_timeout,
+            ping_interval=ping_interval,
+            ping_timeout=ping_timeout,
+            compression=None,
+            logger=_client_logger,
+        )
+    except InvalidStatus as exc:
+        status = exc.response.status_code
+        raise WebSocketRejected(
+            f"The server refused the WebSocket: HTTP {status}", status
+        ) from None
+    except InvalidHandshake as exc:
+        raise WebSocketRejected(f"The WebSocket handshake failed: {type(exc).__name__}") from exc
+    frames = ClientWebSocketFrames(connection)
+    try:
+        yield frames
+    finally:
+        with anyio.CancelScope(shield=True):
+            await frames.aclose()
