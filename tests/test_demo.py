@@ -22,3 +22,22 @@ async def test_with_keys_every_submission_is_inserted_exactly_once(tmp_path: Pat
     assert result.missing_side_effects == 0
     assert result.cut_answers > 0, "no answer was cut"
     assert result.client_restarts == 2
+
+
+async def test_over_websocket_with_keys_every_submission_is_inserted_exactly_once(
+    tmp_path: Path,
+) -> None:
+    """`acp-once serve` as a supervised subprocess: killed (SIGKILL), dying after commits (cut
+    answers), and its connections dropped while it runs; the client reconnects over WebSocket."""
+    result = await run_demo(
+        keys=True, submissions=60, seed=3, workdir=tmp_path, cut_rate=0.1, transport="ws"
+    )
+    assert result.transport == "ws"
+    assert result.submissions == 60
+    assert result.inserted_once == 60
+    assert result.inserted_twice_or_more == 0
+    assert result.lost == 0
+    assert result.duplicate_side_effects == 0
+    assert result.missing_side_effects == 0
+    assert result.cut_answers > 0, "no answer was cut"
+    assert result.client_restarts == 2

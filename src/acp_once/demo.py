@@ -1,13 +1,17 @@
 """`acp-once demo`: what idempotency keys buy, measured under injected faults.
 
-The reference agent runs over stdio on a SQLite store in a temporary directory. A client
+The reference agent runs over stdio on a SQLite store in a temporary directory (or, with
+`transport="ws"`, as an `acp-once serve` subprocess on a free loopback port, which a small
+supervisor restarts whenever it dies, and the client connects with `WebSocketAgent`). A client
 submits a few hundred prompts over four sessions (some slow, `[work:...]`, some with a
 side-effecting tool call, `[tool]`) while a fault injector
 
 - kills the agent with SIGKILL at random moments,
 - cuts answers: the agent dies right after committing a message, before answering (a random
   share of insertions),
-- restarts the client itself, which then finds its pending submissions in its SQLite outbox.
+- restarts the client itself, which then finds its pending submissions in its SQLite outbox,
+- over WebSocket also drops the client's connection without killing the server (a network
+  failure: the answers in flight are lost, the server lives on).
 
 It runs twice. With keys, the client resends with the same key and the agent inserts each
 submission once. Without keys, the client does what a keyless client can: it resends after a
@@ -18,8 +22,10 @@ store, every submission's user messages and side effects.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
+import socket
 import subprocess
 import sys
 import tempfile
@@ -28,12 +34,15 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import anyio
+import anyio.abc
 import orjson
 
 from acp_once.client.outbox import Submission
 from acp_once.client.recovery import Backoff
+from acp_once.client.remote import WebSocketAgent
 from acp_once.client.resilient import AcpClient, ClientSession, StdioAgent
 from acp_once.protocol.errors import AcpError
 from acp_once.rpc.errors import TransportError
@@ -42,6 +51,8 @@ from acp_once.storage import open_store
 __all__ = ["DemoResult", "drain", "prompt_text", "run_demo"]
 
 SESSIONS = 4
+
+Transport = Literal["stdio", "ws"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +70,9 @@ class DemoResult:
     agent_kills: int
     cut_answers: int
     client_restarts: int
+    dropped_connections: int = 0
+    """WebSocket connections dropped with the server still running (ws only)."""
+    transport: Transport = "stdio"
 
 
 def prompt_text(i: int) -> str:
@@ -79,32 +93,120 @@ async def run_demo(
     workdir: Path | None = None,
     on_progress: Callable[[int], None] | None = None,
     cut_rate: float = 0.03,
+    transport: Transport = "stdio",
 ) -> DemoResult:
     """Run the demo once; see the module docstring.
 
     `cut_rate` is the share of insertions after which the agent dies before answering.
+    `transport`: "stdio" (the agent is the client's subprocess) or "ws" (`acp-once serve` as a
+    supervised subprocess, the client over WebSocket).
     """
+    if transport not in ("stdio", "ws"):
+        raise ValueError(f"unknown transport {transport!r}: stdio or ws")
     with tempfile.TemporaryDirectory(prefix="acp-once-demo-") as tmp:
-        return await _run(Path(workdir or tmp), keys, submissions, seed, on_progress, cut_rate)
+        demo = _Demo(Path(workdir or tmp), keys, submissions, seed, on_progress, cut_rate)
+        if transport == "ws":
+            return await _run_ws(demo)
+        launcher = StdioAgent(demo.agent_command("agent"), env=demo.env, stderr=subprocess.DEVNULL)
+        return await _run(demo, launcher)
 
 
-async def _run(
-    workdir: Path,
-    keys: bool,
-    n: int,
-    seed: int,
-    on_progress: Callable[[int], None] | None,
-    cut_rate: float,
-) -> DemoResult:
-    demo = _Demo(workdir, keys, n, seed, on_progress, cut_rate)
+async def _run(demo: _Demo, launcher: StdioAgent | WebSocketAgent) -> DemoResult:
+    demo.launcher = launcher
     started = time.perf_counter()
-    while len(demo.done) < n:
+    while len(demo.done) < demo.n:
         await demo.client_run()
     elapsed = time.perf_counter() - started
+    if demo.server is not None:
+        await demo.server.stop()
     cuts = len(demo.cut_log.read_text().split()) if demo.cut_log.exists() else 0
-    return await _count(
-        workdir, demo.session_ids, n, keys, elapsed, demo.kills, cuts, demo.restarts
+    result = await _count(
+        demo.workdir, demo.session_ids, demo.n, demo.keys, elapsed, demo.kills, cuts, demo.restarts
     )
+    if demo.server is None:
+        return result
+    return dataclasses.replace(result, dropped_connections=demo.drops, transport="ws")
+
+
+async def _run_ws(demo: _Demo) -> DemoResult:
+    server = _ServerSupervisor(demo.agent_command("serve"), demo.env)
+    demo.server = server
+    try:
+        async with anyio.create_task_group() as tg:
+            await tg.start(server.run)
+            try:
+                result = await _run(demo, WebSocketAgent(server.url))
+            finally:
+                tg.cancel_scope.cancel()  # kills a server still running (an error above)
+    finally:
+        server.sock.close()
+    return result
+
+
+class _ServerSupervisor:
+    """`acp-once serve` as a subprocess, started again whenever it dies (killed by the fault
+    injector, or exiting after a cut answer) until `stop()`.
+
+    The listening socket is the supervisor's: bound once on a free loopback port and passed to
+    every server process (`--fd`). A client may connect at any moment, even while the server
+    is down: it waits in the backlog until the next server process accepts it.
+    """
+
+    def __init__(self, command: list[str], env: dict[str, str]) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(128)
+        self.port: int = self.sock.getsockname()[1]
+        self.url = f"ws://127.0.0.1:{self.port}/acp"
+        self.command = [*command, "--fd", str(self.sock.fileno())]
+        self.env = env
+        self.starts = 0
+        self.process: anyio.abc.Process | None = None
+        self._exited = anyio.Event()
+        self._stopping = False
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
+        while not self._stopping:
+            process = await anyio.open_process(
+                self.command,
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                pass_fds=(self.sock.fileno(),),
+            )
+            self.process, exited = process, anyio.Event()
+            self._exited = exited
+            self.starts += 1
+            if self.starts == 1:
+                task_status.started()
+            try:
+                await process.wait()
+            finally:
+                if process.returncode is None:  # cancelled: never leave a server behind
+                    process.kill()
+                    with anyio.CancelScope(shield=True):
+                        await process.wait()
+                exited.set()
+
+    async def kill(self) -> None:
+        """SIGKILL the running server and wait until it has exited (it is started again)."""
+        process, exited = self.process, self._exited
+        if process is not None and process.returncode is None:
+            process.kill()
+        await exited.wait()
+
+    async def stop(self) -> None:
+        """Stop the server for good (SIGTERM, then SIGKILL after 10 s)."""
+        self._stopping = True
+        process, exited = self.process, self._exited
+        if process is not None and process.returncode is None:
+            process.terminate()
+            with anyio.move_on_after(10):
+                await exited.wait()
+                return
+            process.kill()
+        await exited.wait()
 
 
 class _Demo:
@@ -119,34 +221,40 @@ class _Demo:
         on_progress: Callable[[int], None] | None,
         cut_rate: float,
     ) -> None:
+        self.workdir = workdir
         self.keys = keys
         self.n = n
         self.rng = random.Random(seed)
         self.run_id = uuid.UUID(int=self.rng.getrandbits(128))
         self.on_progress = on_progress
         self.cut_log = workdir / "cut-answers.log"
-        env = {
+        self.env = {
             **os.environ,
             "ACP_ONCE_CRASH": "after-insert",
             "ACP_ONCE_CRASH_RATE": str(cut_rate),
             "ACP_ONCE_CRASH_SEED": str(seed),
             "ACP_ONCE_CRASH_LOG": str(self.cut_log),
         }
-        command = [
-            sys.executable, "-m", "acp_once", "agent",
-            "--store", f"sqlite:{workdir / 'agent.sqlite3'}",
-            "--side-effects", str(workdir / "effects"),
-            "--interrupted", "continue",
-        ]  # fmt: skip
-        self.launcher = StdioAgent(command, env=env, stderr=subprocess.DEVNULL)
+        self.launcher: StdioAgent | WebSocketAgent | None = None
+        self.server: _ServerSupervisor | None = None
         self.outbox = f"sqlite:{workdir / 'outbox.sqlite3'}"
         self.done: dict[int, str] = {}
         self.session_ids: list[str] = []
         self.kills = 0
+        self.drops = 0
         self.restarts = 0
         self.restart_points = (
             sorted(self.rng.sample(range(n // 5, n - n // 5), 2)) if n >= 20 else []
         )
+
+    def agent_command(self, command: Literal["agent", "serve"]) -> list[str]:
+        """`acp-once agent` (stdio) or `acp-once serve` (WebSocket) on the demo's store."""
+        return [
+            sys.executable, "-m", "acp_once", command,
+            "--store", f"sqlite:{self.workdir / 'agent.sqlite3'}",
+            "--side-effects", str(self.workdir / "effects"),
+            "--interrupted", "continue",
+        ]  # fmt: skip
 
     def record(self, i: int, message_id: str) -> None:
         if i not in self.done:
@@ -159,6 +267,7 @@ class _Demo:
 
     async def client_run(self) -> None:
         """One life of the client process: until it is "restarted" or everything is done."""
+        assert self.launcher is not None
         client = AcpClient(
             self.launcher,
             outbox=self.outbox,
@@ -166,6 +275,8 @@ class _Demo:
             use_keys=self.keys,
             on_unaware="trust",
             on_recovered=self.on_recovered if self.keys else None,
+            # a keyless client has nothing safe to do with what it had pending: it drops it
+            recover_pending=self.keys,
         )
         async with client:
             if not self.keys:
@@ -211,11 +322,25 @@ class _Demo:
         while True:
             await client.wait_connected()
             await anyio.sleep(self.rng.uniform(0.2, 1.0))  # a random moment: the fault
-            proc = self.launcher.current
-            if proc is not None:
-                proc.process.kill()
-                self.kills += 1
-                await proc.process.wait()
+            launcher = self.launcher
+            if isinstance(launcher, StdioAgent):
+                proc = launcher.current
+                if proc is not None:
+                    proc.process.kill()
+                    self.kills += 1
+                    await proc.process.wait()
+            elif isinstance(launcher, WebSocketAgent) and self.server is not None:
+                # the server may be restarting after a cut answer: strike the next connection
+                await client.wait_connected()
+                frames = launcher.current
+                if frames is None:
+                    continue
+                if self.rng.random() < 0.5:
+                    await frames.abort()  # the network fails; the server lives on
+                    self.drops += 1
+                else:
+                    await self.server.kill()
+                    self.kills += 1
 
 
 def _index(submission: Submission) -> int:

@@ -159,8 +159,8 @@ def test_check_refuses_url_targets_and_a_missing_command() -> None:
             console=console,
         )
 
-    assert check("ws://localhost:1/acp") == 2
-    assert "not supported yet" in out.getvalue()
+    assert check("http://localhost:1/acp") == 2
+    assert "Streamable HTTP is not supported yet" in out.getvalue()
     assert check(None) == 2
     assert "give the agent command" in out.getvalue()
 

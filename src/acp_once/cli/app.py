@@ -25,20 +25,27 @@ def _data_dir() -> Path:
 def demo(
     submissions: Annotated[int, typer.Option(help="prompts per run")] = 200,
     seed: Annotated[int, typer.Option(help="makes a run repeatable")] = 1,
-    transport: Annotated[str, typer.Option(help="stdio (ws and http: not built yet)")] = "stdio",
+    transport: Annotated[
+        str,
+        typer.Option(help="stdio, or ws: a supervised `acp-once serve` process (http: not yet)"),
+    ] = "stdio",
 ) -> None:
     """Show what idempotency keys buy: the same faulty run with keys and without.
 
     The reference agent runs over stdio on SQLite in a temporary directory while a fault
     injector kills it at random moments, cuts answers (the agent dies after committing a
     message, before answering) and restarts the client. Then every submission is counted in
-    the agent's store.
+    the agent's store. With --transport ws the agent is `acp-once serve` in a subprocess that a
+    supervisor restarts, the client connects over WebSocket, and connections are also dropped
+    with the server running.
     """
     from acp_once.cli.demo_view import show_demo
 
-    if transport != "stdio":
-        raise typer.BadParameter("only stdio exists so far; ws and http arrive with the server")
-    raise typer.Exit(show_demo(submissions=submissions, seed=seed))
+    if transport == "stdio":
+        raise typer.Exit(show_demo(submissions=submissions, seed=seed))
+    if transport == "ws":
+        raise typer.Exit(show_demo(submissions=submissions, seed=seed, transport="ws"))
+    raise typer.BadParameter("stdio or ws (Streamable HTTP is not built yet)")
 
 
 @app.command()
@@ -142,6 +149,13 @@ def serve(
     max_message_bytes: Annotated[
         int, typer.Option(help="largest message read (a larger request is answered -32600)")
     ] = 16 * 1024 * 1024,
+    fd: Annotated[
+        int | None,
+        typer.Option(
+            help="serve on this inherited listening socket instead of binding HOST:PORT "
+            "(a supervisor's, kept open across restarts)"
+        ),
+    ] = None,
 ) -> None:
     """Serve the reference agent over WebSocket at ws://HOST:PORT/acp (and GET /healthz).
 
@@ -155,6 +169,12 @@ def serve(
     if interrupted not in ("report", "continue"):
         raise typer.BadParameter("interrupted must be report or continue")
     token = token or None
+    sock = None
+    if fd is not None:  # its address is the one that counts
+        import socket
+
+        sock = socket.socket(fileno=fd)
+        host, port = sock.getsockname()[:2]
     try:
         check_listen(host, token)
     except InsecureListen as exc:
@@ -174,6 +194,7 @@ def serve(
             resume_interrupted=interrupted == "continue",
             max_connections=max_connections,
             max_message_bytes=max_message_bytes,
+            sock=sock,
         )
     )
 
@@ -233,7 +254,8 @@ def check(
         str, typer.Option(help="a prompt that keeps the agent busy (for held-prompt traces)")
     ] = "[work:2]",
 ) -> None:
-    """Check whether an ACP v2 agent honours idempotency keys: `acp-once check -- CMD ARGS`."""
+    """Check whether an ACP v2 agent honours idempotency keys: `acp-once check -- CMD ARGS`,
+    or `acp-once check ws://HOST:PORT/acp [--token T]` for a running server."""
     from acp_once.cli.check import run_check
 
     command = list(ctx.args)

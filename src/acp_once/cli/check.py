@@ -1,8 +1,9 @@
 """`acp-once check`: run the conformance suite against an agent and show the results.
 
 `acp-once check -- CMD ARGS` launches `CMD ARGS` as a stdio agent for every check (the agent's
-storage must persist across launches: same command, same store). URL targets (ws://, http://)
-come later.
+storage must persist across launches: same command, same store). `acp-once check
+ws://HOST:PORT/acp [--token T]` opens fresh WebSocket connections to a running server instead
+(a check that needs an agent restart is skipped there). Streamable HTTP (http://) comes later.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 from rich.table import Table
 
 from acp_once.conformance import (
+    AgentTarget,
     Check,
     CheckResult,
     Level,
@@ -23,6 +25,7 @@ from acp_once.conformance import (
     Status,
     StdioTarget,
     TargetUnavailable,
+    WebSocketTarget,
     checks_for,
     run_suite,
     write_json,
@@ -53,8 +56,22 @@ def run_check(
     """Run the conformance suite; return the exit status (1 when a MUST fails, 2 on misuse)."""
     out = console or Console()
     if target is not None and _is_url(target):
-        out.print(f"acp-once check: URL targets are not supported yet ({target}); use -- CMD")
-        return 2
+        if not target.startswith(("ws://", "wss://")):
+            out.print(
+                f"acp-once check: only ws:// and wss:// URLs are supported ({target}): "
+                "Streamable HTTP is not supported yet; use a WebSocket URL or -- CMD"
+            )
+            return 2
+        if command:
+            out.print("acp-once check: give either a URL or -- CMD, not both")
+            return 2
+        remote = WebSocketTarget(target, token=token)
+        try:
+            report = _run(remote, out, slow_prompt=slow_prompt, timeout=timeout)
+        except (TargetUnavailable, OSError) as exc:
+            out.print(f"acp-once check: could not connect to and initialize {target}: {exc}")
+            return 2
+        return _finish(out, report, json_report=json_report, junit=junit)
     if target is not None:
         command = [target, *command]
     if not command:
@@ -74,6 +91,10 @@ def run_check(
             if tail.strip():
                 out.print(tail, markup=False, highlight=False)
             return 2
+    return _finish(out, report, json_report=json_report, junit=junit)
+
+
+def _finish(out: Console, report: Report, *, json_report: Path | None, junit: Path | None) -> int:
     _print_summary(out, report)
     if json_report is not None:
         write_json(report, json_report)
@@ -84,7 +105,7 @@ def run_check(
     return report.exit_code
 
 
-def _run(agent: StdioTarget, out: Console, *, slow_prompt: str, timeout: float) -> Report:
+def _run(agent: AgentTarget, out: Console, *, slow_prompt: str, timeout: float) -> Report:
     checks = checks_for()
 
     with Progress(

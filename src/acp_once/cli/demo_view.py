@@ -16,7 +16,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from acp_once.demo import DemoResult, run_demo
+from acp_once.demo import DemoResult, Transport, run_demo
 
 __all__ = ["results_table", "show_demo"]
 
@@ -55,12 +55,18 @@ def results_table(results: list[DemoResult]) -> Table:
 
 
 async def _one_run(
-    keys: bool, submissions: int, seed: int, advance: Callable[[int], None]
+    keys: bool,
+    submissions: int,
+    seed: int,
+    advance: Callable[[int], None],
+    transport: Transport,
 ) -> DemoResult:
-    return await run_demo(keys=keys, submissions=submissions, seed=seed, on_progress=advance)
+    return await run_demo(
+        keys=keys, submissions=submissions, seed=seed, on_progress=advance, transport=transport
+    )
 
 
-def show_demo(*, submissions: int, seed: int) -> int:
+def show_demo(*, submissions: int, seed: int, transport: Transport = "stdio") -> int:
     """Run both demos with a progress bar, print the table; 0 when keys kept the promise."""
     console = Console(width=None if Console().is_terminal else 120)
     results: list[DemoResult] = []
@@ -77,8 +83,17 @@ def show_demo(*, submissions: int, seed: int) -> int:
             def advance(count: int, task: TaskID = task) -> None:
                 progress.advance(task, count)
 
-            results.append(anyio.run(_one_run, keys, submissions, seed, advance))
+            results.append(anyio.run(_one_run, keys, submissions, seed, advance, transport))
     console.print(results_table(results))
+    if transport == "ws":
+        drops = ", ".join(
+            f"{r.dropped_connections} ({'with' if r.keys else 'no'} keys)" for r in results
+        )
+        console.print(
+            "Over WebSocket to a supervised `acp-once serve` process: agent kills and cut "
+            f"answers end the server process; connections dropped with the server running: "
+            f"{drops}."
+        )
     keyed = results[0]
     ok = keyed.inserted_twice_or_more == 0 and keyed.lost == 0 and keyed.duplicate_side_effects == 0
     console.print(

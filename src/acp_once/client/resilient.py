@@ -244,6 +244,8 @@ class AcpClient:
         on_stale: receives stale submissions (also available from `stale()`).
         on_recovered: receives `(submission, message_id)` for each pending submission of an
             earlier run that was resent and inserted.
+        recover_pending: resend what the outbox holds from an earlier run when the client
+            starts (False leaves it to the application: `outbox.pending()`).
     """
 
     def __init__(
@@ -261,7 +263,9 @@ class AcpClient:
         on_stale: StaleHandler | None = None,
         on_recovered: Callable[[Submission, str], Awaitable[None]] | None = None,
         connect_timeout: float = 30.0,
+        recover_pending: bool = True,
     ) -> None:
+        self.recover_pending = recover_pending
         self.launcher = launcher
         self._outbox_spec = outbox
         self.info = info or {"name": "acp-once-client", "version": "0.1.0"}
@@ -295,7 +299,8 @@ class AcpClient:
                 self.outbox = await self._stack.enter_async_context(open_outbox(self._outbox_spec))
             self._tg = await self._stack.enter_async_context(anyio.create_task_group())
             await self._tg.start(self._supervise)
-            await self._recover_pending()
+            if self.recover_pending:
+                await self._recover_pending()
         except BaseException:
             await self._stack.__aexit__(None, None, None)
             raise

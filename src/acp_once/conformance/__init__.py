@@ -10,7 +10,14 @@ observed on the wire only, so any agent can be checked.
 """
 
 from acp_once.conformance.checks import CHECKS, Check
-from acp_once.conformance.harness import AgentTarget, CheckContext, Link, Probe, StdioTarget
+from acp_once.conformance.harness import (
+    AgentTarget,
+    CheckContext,
+    Link,
+    Probe,
+    StdioTarget,
+    WebSocketTarget,
+)
 from acp_once.conformance.model import CheckResult, Level, Report, Status, write_json, write_junit
 from acp_once.conformance.suite import TargetUnavailable, checks_for, run_suite
 
@@ -27,6 +34,7 @@ __all__ = [
     "Status",
     "StdioTarget",
     "TargetUnavailable",
+    "WebSocketTarget",
     "checks_for",
     "run_suite",
     "write_json",

@@ -391,6 +391,8 @@ async def _t2(ctx: CheckContext) -> str | None:
     "after the agent is killed (SIGKILL) and restarted, a retry gets the original messageId",
 )
 async def _t3(ctx: CheckContext) -> str | None:
+    if ctx.target.no_restart is not None:
+        raise CheckSkipped(ctx.target.no_restart)
     key = ctx.key()
     async with ctx.connect() as p:
         sid = await p.new_session()

@@ -29,6 +29,7 @@ from acp_once.protocol.framing import FrameEvent
 from acp_once.rpc.connection import PendingCall
 from acp_once.rpc.streams import FrameStream
 from acp_once.transports.stdio import spawn
+from acp_once.transports.websocket import connect_websocket
 
 __all__ = [
     "AgentTarget",
@@ -39,6 +40,7 @@ __all__ = [
     "Probe",
     "StdioTarget",
     "SuiteState",
+    "WebSocketTarget",
 ]
 
 NO_KEY: Any = object()
@@ -65,15 +67,22 @@ def expect(condition: bool, message: str) -> None:
 @dataclass(slots=True)
 class Link:
     """One live connection to the target: its frame stream and, if possible, a way to kill the
-    agent abruptly (SIGKILL for a subprocess)."""
+    agent abruptly (SIGKILL for a subprocess); `no_kill` says why a check that needs it is
+    skipped otherwise."""
 
     frames: FrameStream
     kill: Callable[[], Any] | None = None
+    no_kill: str = "this target cannot be killed"
 
 
 class AgentTarget(abc.ABC):
     """Something the suite can open fresh connections to. Each `connect()` is a new connection;
-    state the agent stores must survive between them (for stdio: the same command and store)."""
+    state the agent stores must survive between them (for stdio: the same command and store).
+
+    `no_restart`: why the suite cannot kill and restart the agent (None: it can); checks that
+    need a restart are skipped with this reason."""
+
+    no_restart: str | None = None
 
     @property
     @abc.abstractmethod
@@ -115,6 +124,47 @@ class StdioTarget(AgentTarget):
             self.command, stderr=self.stderr, env=self.env, shutdown_timeout=3.0
         ) as proc:
             yield Link(proc.frames, kill=proc.process.kill)
+
+
+_REMOTE_NO_RESTART = (
+    "a remote server cannot be killed and restarted by the suite (URL target); "
+    "check the agent's command over stdio for this one"
+)
+
+
+class WebSocketTarget(AgentTarget):
+    """An agent served over WebSocket (`ws://HOST:PORT/acp`, e.g. `acp-once serve`): every
+    `connect()` opens a new WebSocket to the same server, so its store is shared. The suite
+    cannot kill and restart a remote server: checks that need it are skipped.
+
+    Args:
+        url: the `ws://` or `wss://` URL.
+        token: bearer token sent on the upgrade (never shown in `description`).
+        open_timeout: seconds the handshake may take.
+    """
+
+    no_restart = _REMOTE_NO_RESTART
+
+    def __init__(self, url: str, *, token: str | None = None, open_timeout: float = 10.0) -> None:
+        if not url.startswith(("ws://", "wss://")):
+            raise ValueError(f"not a WebSocket URL: {url!r}")
+        self.url = url
+        self._token = token
+        self.open_timeout = open_timeout
+
+    def __repr__(self) -> str:  # never the token
+        return f"WebSocketTarget({self.url!r})"
+
+    @property
+    def description(self) -> str:
+        return "websocket: " + self.url
+
+    @contextlib.asynccontextmanager
+    async def connect(self) -> AsyncIterator[Link]:
+        async with connect_websocket(
+            self.url, token=self._token, open_timeout=self.open_timeout
+        ) as frames:
+            yield Link(frames, no_kill=_REMOTE_NO_RESTART)
 
 
 # -- per-suite and per-check state -------------------------------------------------------------
@@ -253,7 +303,7 @@ class Probe:
     async def kill(self) -> None:
         """Kill the agent abruptly (SIGKILL) and wait until the connection has ended."""
         if self.link.kill is None:
-            raise CheckSkipped("this target cannot be killed")
+            raise CheckSkipped(self.link.no_kill)
         self.link.kill()
         with anyio.fail_after(self.timeout):
             await self.conn.wait_closed()

@@ -293,7 +293,10 @@ class SqliteStore:
         def connect_fast() -> sqlite3.Connection | None:
             if not inline or where == ":memory:" or where.startswith("file::memory:"):
                 return None  # a second connection would be a different database
-            fast = _connect(where, synchronous, 0)
+            # set up with the normal timeout (another opener may be migrating the file), then
+            # never wait: a busy inline call goes to the thread instead
+            fast = _connect(where, synchronous, busy_timeout_ms)
+            fast.execute("PRAGMA busy_timeout = 0")
             fast.execute("PRAGMA wal_autocheckpoint = 0")  # checkpoints run in the thread
             return fast
 
