@@ -225,7 +225,7 @@ class Connection:
         self._on_notification = on_notification
         self._gate = gate
         self._name = name
-        self._slots = anyio.Semaphore(max_inflight)
+        self._slots = anyio.Semaphore(max_inflight, fast_acquire=True)
         # fast_acquire: an uncontended lock is taken without a trip through the event loop
         self._send_lock = anyio.Lock(fast_acquire=True)
         self._ids = itertools.count(0)

@@ -73,7 +73,7 @@ class MemoryStore:
 
     def __init__(self, *, clock: Callable[[], float] = time.time) -> None:
         self._clock = clock
-        self._lock = anyio.Lock()
+        self._lock = anyio.Lock(fast_acquire=True)
         self._sessions: dict[str, _Session] = {}
         self._closed = False
 
