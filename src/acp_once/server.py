@@ -7,7 +7,14 @@
 - `GET /acp` with `Upgrade: websocket`: a new ACP connection (`AgentSideConnection`) on the
   shared agent, `Acp-Connection-Id` on the 101 response (digest 7.3). Sessions outlive
   connections: a client whose socket dropped resumes them on a new one.
-- Any other request at `/acp`: 405 (Streamable HTTP, digest 7.2, is not served yet).
+- Streamable HTTP at `/acp` (digest 7.2): `POST` initialize (no `Acp-Connection-Id`) creates
+  a connection and answers 200 with the initialize response and `Acp-Connection-Id`; any other
+  POSTed message answers 202 and its response travels on an SSE `GET` stream (the connection's,
+  or with `Acp-Session-Id` a session's); `DELETE` ends the connection (its sessions survive,
+  inactive: D30). Status codes: 400 (bad headers or body, batches), 404 (unknown connection),
+  406 (GET without `Accept: text/event-stream`), 409 (a second reader of a stream), 415 (POST
+  not JSON), 503 (connection limit), 405 (other methods). Nothing is replayed: a response
+  written to a GET stream that dropped is lost, as on a dropped socket.
 - `GET /healthz`: 200 `{"status": "ok"}`, without authentication (for load balancers).
 
 With `token`, every request at `/acp` must carry `Authorization: Bearer <token>`; anything else
@@ -20,12 +27,16 @@ The app is mountable in any Starlette or FastAPI app (`AcpServer.routes()` gives
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
+import json
 import logging
 import uuid
 from collections.abc import Mapping
+from typing import Any
 
+import anyio
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -34,6 +45,14 @@ from starlette.websockets import WebSocket
 
 from acp_once.agent.connection import AgentSideConnection
 from acp_once.agent.interface import Agent
+from acp_once.protocol.methods import INITIALIZE
+from acp_once.transports.http import (
+    CONNECTION_ID_HEADER,
+    SESSION_ID_HEADER,
+    ServerHttpFrames,
+    SseResponse,
+    message_session_id,
+)
 from acp_once.transports.websocket import (
     CLOSE_GOING_AWAY,
     CLOSE_INTERNAL,
@@ -86,6 +105,9 @@ class AcpServer:
         self.max_message_bytes = max_message_bytes
         self.path = path
         self.connections: dict[str, ServerWebSocketFrames] = {}
+        self.http_connections: dict[str, ServerHttpFrames] = {}
+        """The live Streamable HTTP connections by `Acp-Connection-Id`."""
+        self._http_tasks: set[asyncio.Task[None]] = set()
         self.accepted = 0
         """How many connections were accepted so far."""
         self.rejected = 0
@@ -116,7 +138,13 @@ class AcpServer:
         live = list(self.connections.values())
         for frames in live:
             await frames.close(code, reason)
-        return len(live)
+        http = list(self.http_connections.values())
+        for http_frames in http:
+            await http_frames.aclose()
+        return len(live) + len(http)
+
+    def _full(self) -> bool:
+        return len(self.connections) + len(self.http_connections) >= self.max_connections
 
     async def _websocket(self, websocket: WebSocket) -> None:
         if not self.authorized(websocket.headers):
@@ -129,7 +157,7 @@ class AcpServer:
                 {"WWW-Authenticate": 'Bearer realm="acp"'},
             )
             return
-        if len(self.connections) >= self.max_connections:
+        if self._full():
             self.rejected += 1
             logger.warning("refused a WebSocket: %d connections open", len(self.connections))
             await _deny(websocket, 503, "too many connections", {"Retry-After": "1"})
@@ -158,11 +186,118 @@ class AcpServer:
                 401,
                 headers={"WWW-Authenticate": 'Bearer realm="acp"'},
             )
-        return JSONResponse(
-            {"error": "only WebSocket upgrades are served here (Streamable HTTP: not yet)"},
-            405,
-            headers={"Allow": "GET"},
+        if request.method == "POST":
+            return await self._post(request)
+        if request.method == "GET":
+            return self._get(request)
+        if request.method == "DELETE":
+            return await self._delete(request)
+        return _error(405, "use POST, GET or DELETE", {"Allow": "GET, POST, DELETE"})
+
+    def _connection(self, request: Request) -> ServerHttpFrames | Response:
+        connection_id = request.headers.get(CONNECTION_ID_HEADER)
+        if not connection_id:
+            return _error(400, f"missing {CONNECTION_ID_HEADER}")
+        frames = self.http_connections.get(connection_id)
+        if frames is None or frames.closed.is_set():
+            return _error(404, f"unknown {CONNECTION_ID_HEADER}")
+        return frames
+
+    async def _post(self, request: Request) -> Response:
+        content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if content_type != "application/json":
+            return _error(415, "POST a JSON-RPC message as application/json")
+        body = await request.body()
+        if len(body) > self.max_message_bytes:
+            return _error(413, "message too large")
+        try:
+            message: Any = json.loads(body)
+        except ValueError:
+            return _error(400, "invalid JSON")
+        if isinstance(message, list):
+            return _error(400, "batches are not supported")
+        if not isinstance(message, dict):
+            return _error(400, "the body must be a JSON-RPC message (an object)")
+        if CONNECTION_ID_HEADER.lower() not in request.headers:
+            if message.get("method") != INITIALIZE:
+                return _error(400, f"missing {CONNECTION_ID_HEADER}")
+            if "id" not in message:
+                return _error(400, "initialize must be a request (with an id)")
+            return await self._initialize(body, message)
+        if message.get("method") == INITIALIZE:
+            return _error(400, f"initialize opens a connection: no {CONNECTION_ID_HEADER}")
+        found = self._connection(request)
+        if isinstance(found, Response):
+            return found
+        header_sid = request.headers.get(SESSION_ID_HEADER)
+        scope: str | None = None
+        if "method" in message:
+            params_sid = message_session_id(message)
+            if (params_sid is not None or header_sid is not None) and header_sid != params_sid:
+                return _error(400, f"{SESSION_ID_HEADER} must equal params.sessionId")
+            scope = params_sid
+        try:
+            await found.post(body, message, scope)
+        except anyio.ClosedResourceError:
+            return _error(404, f"unknown {CONNECTION_ID_HEADER}")
+        return Response(status_code=202)
+
+    async def _initialize(self, body: bytes, message: dict[str, Any]) -> Response:
+        if self._full():
+            self.rejected += 1
+            return _error(503, "too many connections", {"Retry-After": "1"})
+        connection_id = uuid.uuid4().hex
+        frames = ServerHttpFrames(connection_id)
+        self.http_connections[connection_id] = frames
+        self.accepted += 1
+        task = asyncio.get_running_loop().create_task(self._run_http(connection_id, frames))
+        self._http_tasks.add(task)
+        task.add_done_callback(self._http_tasks.discard)
+        try:
+            with anyio.fail_after(60):
+                answer = await frames.call(body, message)
+        except (anyio.ClosedResourceError, TimeoutError):
+            await frames.aclose()
+            return _error(500, "the connection ended before initialize was answered")
+        if "error" in json.loads(answer):
+            await frames.aclose()
+            return Response(answer, 500, media_type="application/json")
+        return Response(
+            answer,
+            200,
+            media_type="application/json",
+            headers={CONNECTION_ID_HEADER: connection_id},
         )
+
+    async def _run_http(self, connection_id: str, frames: ServerHttpFrames) -> None:
+        try:
+            async with AgentSideConnection(
+                self.agent, frames, name=f"http-{connection_id[:12]}"
+            ) as conn:
+                await conn.wait_closed()
+        except Exception:
+            logger.exception("the HTTP connection %s failed", connection_id)
+        finally:
+            self.http_connections.pop(connection_id, None)
+            await frames.aclose()
+
+    def _get(self, request: Request) -> Response:
+        if "text/event-stream" not in request.headers.get("accept", ""):
+            return _error(406, "GET needs Accept: text/event-stream (or a WebSocket upgrade)")
+        found = self._connection(request)
+        if isinstance(found, Response):
+            return found
+        session_id = request.headers.get(SESSION_ID_HEADER) or None
+        if found.outlet(session_id).reading:
+            return _error(409, "this stream already has a reader")
+        return SseResponse(found, session_id)
+
+    async def _delete(self, request: Request) -> Response:
+        found = self._connection(request)
+        if isinstance(found, Response):
+            return found
+        await found.aclose()  # sessions survive, inactive (D30)
+        return Response(status_code=202)
 
     async def _healthz(self, request: Request) -> Response:
         return JSONResponse({"status": "ok"})
@@ -175,6 +310,10 @@ async def _deny(websocket: WebSocket, status: int, message: str, headers: dict[s
         await websocket.send_denial_response(JSONResponse({"error": message}, status, headers))
     else:
         await websocket.close(CLOSE_POLICY, message)
+
+
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
+    return JSONResponse({"error": message}, status, headers=headers)
 
 
 def _peer(websocket: WebSocket) -> str:

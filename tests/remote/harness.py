@@ -101,6 +101,9 @@ async def running(
             try:
                 yield Running(f"ws://127.0.0.1:{port}/acp", port, app.state.acp, agent, server)
             finally:
+                # end the Streamable HTTP connections (their SSE streams and engine tasks)
+                for http_connection in list(app.state.acp.http_connections.values()):
+                    await http_connection.aclose()
                 server.should_exit = True
 
 

@@ -213,7 +213,7 @@ async def test_missing_or_wrong_token_is_refused_before_any_message(tmp_path: Pa
                 authed = await http.post(
                     "/acp", content=b"{}", headers={"Authorization": f"Bearer {token}"}
                 )
-                assert authed.status_code == 405
+                assert authed.status_code == 415  # past the token check: not JSON
                 assert (await http.get("/healthz")).json() == {"status": "ok"}
             async with AcpClient(WebSocketAgent(srv.url, token), backoff=FAST) as client:
                 session = await client.new_session("/w")
@@ -229,11 +229,13 @@ async def test_healthz_and_other_methods(tmp_path: Path) -> None:
             assert health.status_code == 200
             assert health.headers["content-type"] == "application/json"
             assert health.json() == {"status": "ok"}
-            for method in ("GET", "POST", "DELETE", "PUT"):
+            # plain HTTP at /acp is Streamable HTTP (tests/remote/test_http.py)
+            expected = {"GET": 406, "POST": 415, "DELETE": 400, "PUT": 405, "PATCH": 405}
+            for method, status in expected.items():
                 answer = await http.request(
                     method, "/acp", content=b"" if method != "GET" else None
                 )
-                assert answer.status_code == 405, method
+                assert answer.status_code == status, method
             assert srv.acp.accepted == 0
 
 

@@ -1,0 +1,306 @@
+"""ACP over Streamable HTTP (digest 7.2) against the reference agent served by uvicorn."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+
+from acp_once.client.remote import HttpAgent
+from acp_once.client.resilient import AcpClient
+from acp_once.transports.http import CONNECTION_ID_HEADER, SESSION_ID_HEADER, ServerHttpFrames
+from tests.remote.harness import Running, running
+from tests.remote.test_websocket import FAST, KEY, TIMEOUT, effects, prompt_params
+
+pytestmark = pytest.mark.anyio
+
+INIT = {
+    "jsonrpc": "2.0",
+    "id": 0,
+    "method": "initialize",
+    "params": {"protocolVersion": 2, "info": {"name": "t", "version": "1"}},
+}
+SSE = {"Accept": "text/event-stream"}
+JSON = {"Content-Type": "application/json"}
+
+Message = dict[str, Any]
+
+
+def url(srv: Running) -> str:
+    return f"{srv.http}/acp"
+
+
+def request(id_: int, method: str, params: Message) -> Message:
+    return {"jsonrpc": "2.0", "id": id_, "method": method, "params": params}
+
+
+class Raw:
+    """A hand-driven HTTP ACP connection."""
+
+    def __init__(self, http: httpx.AsyncClient, url: str) -> None:
+        self.http = http
+        self.url = url
+        self.cid = ""
+
+    async def initialize(self) -> Message:
+        r = await self.http.post(self.url, json=INIT)
+        assert r.status_code == 200, r.text
+        self.cid = r.headers[CONNECTION_ID_HEADER]
+        body: Message = r.json()
+        return body
+
+    async def post(self, message: Message, sid: str | None = None) -> httpx.Response:
+        headers = {CONNECTION_ID_HEADER: self.cid}
+        if sid is not None:
+            headers[SESSION_ID_HEADER] = sid
+        return await self.http.post(self.url, json=message, headers=headers)
+
+    @asynccontextmanager
+    async def stream(self, sid: str | None = None) -> AsyncIterator[Stream]:
+        headers = {**SSE, CONNECTION_ID_HEADER: self.cid}
+        if sid is not None:
+            headers[SESSION_ID_HEADER] = sid
+        async with self.http.stream("GET", self.url, headers=headers) as r:
+            assert r.status_code == 200
+            assert r.headers["content-type"].startswith("text/event-stream")
+            yield Stream(r)
+
+
+class Stream:
+    def __init__(self, response: httpx.Response) -> None:
+        self.response = response
+        self.lines = response.aiter_lines()
+        self.seen: list[Message] = []
+
+    async def until(self, predicate: Callable[[Message], bool]) -> Message:
+        async for line in self.lines:
+            if line.startswith("data:"):
+                message: Message = json.loads(line[5:])
+                self.seen.append(message)
+                if predicate(message):
+                    return message
+        raise AssertionError(f"the stream ended; seen {self.seen}")
+
+    async def response_to(self, id_: int) -> Message:
+        return await self.until(lambda m: m.get("id") == id_ and "method" not in m)
+
+
+@asynccontextmanager
+async def raw(srv: Running) -> AsyncIterator[Raw]:
+    async with httpx.AsyncClient(timeout=httpx.Timeout(TIMEOUT, read=None)) as http:
+        yield Raw(http, url(srv))
+
+
+async def new_session(conn: Raw, stream: Stream, id_: int = 1) -> str:
+    r = await conn.post(request(id_, "session/new", {"cwd": "/w"}))
+    assert r.status_code == 202 and r.content == b""
+    return str((await stream.response_to(id_))["result"]["sessionId"])
+
+
+async def test_status_codes(tmp_path: Path) -> None:
+    with anyio.fail_after(TIMEOUT):
+        async with running(tmp_path) as srv, raw(srv) as conn:
+            http, u = conn.http, conn.url
+            new = request(1, "session/new", {"cwd": "/w"})
+            assert (
+                await http.post(u, content=b"{}", headers={"Content-Type": "text/plain"})
+            ).status_code == 415
+            assert (await http.post(u, content=b"{nope", headers=JSON)).status_code == 400
+            assert (await http.post(u, json=[INIT])).status_code == 400  # batch
+            assert (await http.post(u, json=1)).status_code == 400  # not an object
+            assert (await http.post(u, json=new)).status_code == 400  # no connection id
+            assert (
+                await http.post(u, json=new, headers={CONNECTION_ID_HEADER: "x"})
+            ).status_code == 404
+            assert not srv.acp.http_connections
+
+            body = await conn.initialize()
+            assert body["id"] == 0 and body["result"]["protocolVersion"] == 2
+            assert conn.cid in srv.acp.http_connections
+            again = await http.post(u, json=INIT, headers={CONNECTION_ID_HEADER: conn.cid})
+            assert again.status_code == 400
+
+            params = prompt_params("sess_x", "hi")
+            assert (await conn.post(request(2, "session/prompt", params))).status_code == 400
+            assert (
+                await conn.post(request(2, "session/prompt", params), "sess_y")
+            ).status_code == 400
+            assert (await conn.post(new, "sess_y")).status_code == 400  # header, no sessionId
+
+            assert (await http.get(u, headers={CONNECTION_ID_HEADER: conn.cid})).status_code == 406
+            assert (await http.get(u, headers=SSE)).status_code == 400
+            assert (
+                await http.get(u, headers={**SSE, CONNECTION_ID_HEADER: "x"})
+            ).status_code == 404
+            async with conn.stream() as stream, conn.stream("sess_a"):
+                second = await http.get(u, headers={**SSE, CONNECTION_ID_HEADER: conn.cid})
+                assert second.status_code == 409
+                other = {**SSE, CONNECTION_ID_HEADER: conn.cid, SESSION_ID_HEADER: "sess_a"}
+                assert (await http.get(u, headers=other)).status_code == 409
+                sid = await new_session(conn, stream, 3)
+                assert sid.startswith("sess")
+
+            assert (await http.put(u, json=new)).status_code == 405
+            assert (await http.delete(u)).status_code == 400
+            assert (
+                await http.delete(u, headers={CONNECTION_ID_HEADER: conn.cid})
+            ).status_code == 202
+            assert (await conn.post(new)).status_code == 404
+            assert (
+                await http.delete(u, headers={CONNECTION_ID_HEADER: conn.cid})
+            ).status_code == 404
+            # the session survived the connection (D30): resumable on a new one
+            fresh = Raw(http, u)
+            await fresh.initialize()
+            async with fresh.stream(sid) as s_stream:
+                r = await fresh.post(
+                    request(1, "session/resume", {"sessionId": sid, "cwd": "/w"}), sid
+                )
+                assert r.status_code == 202
+                assert "result" in await s_stream.response_to(1)
+
+
+async def test_token_is_checked(tmp_path: Path) -> None:
+    token = "s3cret-token"
+    with anyio.fail_after(TIMEOUT):
+        async with running(tmp_path, token=token) as srv, raw(srv) as conn:
+            for headers in ({}, {"Authorization": "Bearer wrong"}):
+                r = await conn.http.post(conn.url, json=INIT, headers=headers)
+                assert r.status_code == 401
+                assert r.headers["www-authenticate"].startswith("Bearer")
+            assert not srv.acp.http_connections
+            ok = await conn.http.post(
+                conn.url, json=INIT, headers={"Authorization": f"Bearer {token}"}
+            )
+            assert ok.status_code == 200
+
+
+async def test_initialize_new_session_and_keyed_prompt(tmp_path: Path) -> None:
+    with anyio.fail_after(TIMEOUT):
+        async with running(tmp_path) as srv, raw(srv) as conn:
+            await conn.initialize()
+            async with conn.stream() as c_stream:
+                sid = await new_session(conn, c_stream)
+                async with conn.stream(sid) as s_stream:
+                    r = await conn.post(
+                        request(2, "session/prompt", prompt_params(sid, "hello [tool]")), sid
+                    )
+                    assert r.status_code == 202 and r.content == b""
+                    answer = await s_stream.response_to(2)
+                    message_id = answer["result"]["messageId"]
+                    assert message_id.startswith("msg_user_")
+                    await s_stream.until(
+                        lambda m: (
+                            m.get("params", {}).get("update", {}).get("stopReason") == "end_turn"
+                        )
+                    )
+                    updates = [m for m in s_stream.seen if m.get("method") == "session/update"]
+                    assert updates and all(m["params"]["sessionId"] == sid for m in updates)
+                # nothing session-scoped went to the connection stream
+                assert [m.get("id") for m in c_stream.seen] == [1]
+            assert await srv.agent.store.count_user_messages(sid) == 1
+    assert effects(tmp_path, sid) == [message_id]
+
+
+async def test_t2_response_lost_with_the_stream_then_resume_and_retry(tmp_path: Path) -> None:
+    """The keyed prompt is accepted (202) and committed, then the GET stream that would carry
+    the answer closes. A new connection resumes the session and the retry (same key, new id)
+    answers the original message id; one message is stored."""
+    with anyio.fail_after(TIMEOUT):
+        async with running(tmp_path) as srv, raw(srv) as first:
+            await first.initialize()
+            async with first.stream() as c_stream:
+                sid = await new_session(first, c_stream)
+            cut = anyio.Event()
+            async with first.stream(sid) as s_stream:
+
+                async def close_stream() -> None:
+                    await s_stream.response.aclose()
+                    cut.set()
+
+                srv.agent.faults.append(close_stream)
+                params = prompt_params(sid, "deploy [tool]")
+                r = await first.post(request(2, "session/prompt", params), sid)
+                assert r.status_code == 202
+                await cut.wait()
+            assert not any(m.get("id") == 2 for m in s_stream.seen)
+            assert len(srv.agent.cut) == 1
+
+            second = Raw(first.http, first.url)
+            await second.initialize()
+            assert second.cid != first.cid
+            async with second.stream(sid) as stream:
+                resume = request(1, "session/resume", {"sessionId": sid, "cwd": "/w"})
+                assert (await second.post(resume, sid)).status_code == 202
+                assert "result" in await stream.response_to(1)
+                retry = request(2, "session/prompt", params)
+                assert (await second.post(retry, sid)).status_code == 202
+                answer = await stream.response_to(2)
+                assert answer["result"]["messageId"] == srv.agent.cut[0]
+            store = srv.agent.store
+            assert await store.count_user_messages(sid) == 1
+            assert await store.count_user_messages(sid, idempotency_key=KEY) == 1
+
+
+async def test_acp_client_over_http_agent(tmp_path: Path) -> None:
+    """`AcpClient(HttpAgent(...))`: prompts are answered; when the server drops the GET
+    streams after the first insertion, the client reconnects and the retry answers the
+    original message id."""
+    with anyio.fail_after(TIMEOUT):
+        async with running(tmp_path) as srv:
+
+            async def drop_streams() -> None:
+                dropped = sum(c.drop_readers() for c in srv.acp.http_connections.values())
+                assert dropped >= 1
+
+            srv.agent.faults.append(drop_streams)
+            launcher = HttpAgent(url(srv))
+            async with AcpClient(
+                launcher, outbox=f"sqlite:{tmp_path / 'outbox.sqlite3'}", backoff=FAST
+            ) as client:
+                session = await client.new_session("/w")
+                ids = [await session.prompt(f"step {n} [tool]") for n in range(3)]
+                assert ids[0] == srv.agent.cut[0]
+                assert len(set(ids)) == 3
+                assert launcher.connects == 2
+                assert not await client.outbox.pending()
+            sid = session.session_id
+            assert await srv.agent.store.count_user_messages(sid) == 3
+    assert sorted(effects(tmp_path, sid)) == sorted(ids)
+
+
+async def test_server_frames_route_by_scope_and_close_on_overflow() -> None:
+    """Responses follow their request's scope, notifications their `params.sessionId`; more
+    than `buffer` messages waiting for an absent reader close the connection."""
+    with anyio.fail_after(TIMEOUT):
+        frames = ServerHttpFrames("c1", buffer=2)
+        scoped = request(7, "session/prompt", {"sessionId": "s1"})
+        await frames.post(json.dumps(scoped).encode(), scoped, "s1")
+        plain = request(8, "session/list", {})
+        await frames.post(json.dumps(plain).encode(), plain, None)
+        assert json.loads(await frames.receive())["id"] == 7  # type: ignore[arg-type]
+        assert json.loads(await frames.receive())["id"] == 8  # type: ignore[arg-type]
+        await frames.send(b'{"jsonrpc": "2.0", "id": 7, "result": {}}')
+        await frames.send(b'{"jsonrpc": "2.0", "id": 8, "result": {}}')
+        update = {"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": "s1"}}
+        await frames.send(json.dumps(update).encode())
+        assert json.loads(frames.outlet(None).recv.receive_nowait())["id"] == 8
+        session = frames.outlet("s1").recv
+        assert json.loads(session.receive_nowait())["id"] == 7
+        assert json.loads(session.receive_nowait())["method"] == "session/update"
+        for _ in range(2):
+            await frames.send(json.dumps(update).encode())
+        assert not frames.closed.is_set()
+        with pytest.raises(anyio.BrokenResourceError):
+            await frames.send(json.dumps(update).encode())
+        assert frames.overflowed and frames.closed.is_set()
+        with pytest.raises(anyio.EndOfStream):
+            await frames.receive()
+        with pytest.raises(anyio.ClosedResourceError):
+            await frames.post(json.dumps(plain).encode(), plain, None)
