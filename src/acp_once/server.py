@@ -28,15 +28,17 @@ The app is mountable in any Starlette or FastAPI app (`AcpServer.routes()` gives
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import hmac
 import json
 import logging
 import uuid
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import anyio
+from anyio.abc import TaskGroup
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -108,6 +110,7 @@ class AcpServer:
         self.http_connections: dict[str, ServerHttpFrames] = {}
         """The live Streamable HTTP connections by `Acp-Connection-Id`."""
         self._http_tasks: set[asyncio.Task[None]] = set()
+        self._tg: TaskGroup | None = None
         self.accepted = 0
         """How many connections were accepted so far."""
         self.rejected = 0
@@ -131,6 +134,21 @@ class AcpServer:
             return False
         # compare fixed-length digests: constant time, and the length leaks nothing either
         return hmac.compare_digest(_digest(credentials.strip()), self._token_digest)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app: object) -> AsyncIterator[None]:
+        """The app's lifespan: a task group that owns the HTTP connections' engine tasks, so
+        they end with the server (sessions stay resumable). Without a lifespan (an ASGI server
+        run with lifespan off) they run as plain tasks that end when their connection does."""
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            try:
+                yield
+            finally:
+                self._tg = None
+                with anyio.CancelScope(shield=True), anyio.move_on_after(5):
+                    await self.close_all()
+                tg.cancel_scope.cancel()
 
     async def close_all(self, code: int = CLOSE_GOING_AWAY, reason: str = "") -> int:
         """Close every live connection (a drain before shutdown, or a test's injected fault);
@@ -250,9 +268,12 @@ class AcpServer:
         frames = ServerHttpFrames(connection_id)
         self.http_connections[connection_id] = frames
         self.accepted += 1
-        task = asyncio.get_running_loop().create_task(self._run_http(connection_id, frames))
-        self._http_tasks.add(task)
-        task.add_done_callback(self._http_tasks.discard)
+        if self._tg is not None:
+            self._tg.start_soon(self._run_http, connection_id, frames)
+        else:
+            task = asyncio.get_running_loop().create_task(self._run_http(connection_id, frames))
+            self._http_tasks.add(task)
+            task.add_done_callback(self._http_tasks.discard)
         try:
             with anyio.fail_after(60):
                 answer = await frames.call(body, message)
@@ -338,6 +359,6 @@ def create_app(
         max_message_bytes=max_message_bytes,
         path=path,
     )
-    app = Starlette(routes=server.routes())
+    app = Starlette(routes=server.routes(), lifespan=server.lifespan)
     app.state.acp = server
     return app

@@ -62,7 +62,7 @@ def uvicorn_config(
         app,
         host=host,
         port=port,
-        lifespan="off",  # the agent is owned by the caller, not by the app
+        lifespan="on",  # the app owns its HTTP connections; the agent is owned by the caller
         ws="websockets-sansio",
         ws_max_size=max_message_bytes + _WS_HEADROOM,
         log_level=log_level,
