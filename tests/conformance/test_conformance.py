@@ -145,7 +145,7 @@ def _console() -> tuple[Console, io.StringIO]:
     return Console(file=buffer, width=120), buffer
 
 
-def test_check_refuses_url_targets_and_a_missing_command() -> None:
+def test_check_refuses_bad_url_targets_and_a_missing_command() -> None:
     console, out = _console()
 
     def check(target: str | None) -> int:
@@ -159,8 +159,10 @@ def test_check_refuses_url_targets_and_a_missing_command() -> None:
             console=console,
         )
 
-    assert check("http://localhost:1/acp") == 2
-    assert "Streamable HTTP is not supported yet" in out.getvalue()
+    assert check("ftp://localhost:1/acp") == 2
+    assert "unsupported URL" in out.getvalue()
+    assert check("http://localhost:1/acp") == 2  # nothing listens there: not run, exit 2
+    assert "could not connect" in out.getvalue()
     assert check(None) == 2
     assert "give the agent command" in out.getvalue()
 

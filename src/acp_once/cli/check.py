@@ -3,7 +3,8 @@
 `acp-once check -- CMD ARGS` launches `CMD ARGS` as a stdio agent for every check (the agent's
 storage must persist across launches: same command, same store). `acp-once check
 ws://HOST:PORT/acp [--token T]` opens fresh WebSocket connections to a running server instead
-(a check that needs an agent restart is skipped there). Streamable HTTP (http://) comes later.
+(a check that needs an agent restart is skipped there); `http://HOST:PORT/acp` does the same
+over Streamable HTTP.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from acp_once.conformance import (
     AgentTarget,
     Check,
     CheckResult,
+    HttpTarget,
     Level,
     Report,
     Status,
@@ -56,16 +58,20 @@ def run_check(
     """Run the conformance suite; return the exit status (1 when a MUST fails, 2 on misuse)."""
     out = console or Console()
     if target is not None and _is_url(target):
-        if not target.startswith(("ws://", "wss://")):
+        if not target.startswith(("ws://", "wss://", "http://", "https://")):
             out.print(
-                f"acp-once check: only ws:// and wss:// URLs are supported ({target}): "
-                "Streamable HTTP is not supported yet; use a WebSocket URL or -- CMD"
+                f"acp-once check: unsupported URL {target}: use ws://, wss://, http:// or "
+                "https://, or -- CMD"
             )
             return 2
         if command:
             out.print("acp-once check: give either a URL or -- CMD, not both")
             return 2
-        remote = WebSocketTarget(target, token=token)
+        remote: WebSocketTarget | HttpTarget = (
+            WebSocketTarget(target, token=token)
+            if target.startswith(("ws://", "wss://"))
+            else HttpTarget(target, token=token)
+        )
         try:
             report = _run(remote, out, slow_prompt=slow_prompt, timeout=timeout)
         except (TargetUnavailable, OSError) as exc:

@@ -13,6 +13,7 @@ from acp_once.conformance.checks import CHECKS, Check
 from acp_once.conformance.harness import (
     AgentTarget,
     CheckContext,
+    HttpTarget,
     Link,
     Probe,
     StdioTarget,
@@ -27,6 +28,7 @@ __all__ = [
     "Check",
     "CheckContext",
     "CheckResult",
+    "HttpTarget",
     "Level",
     "Link",
     "Probe",

@@ -87,6 +87,10 @@ async def _init_version(ctx: CheckContext) -> str | None:
             isinstance(caps.get("session"), dict),
             "capabilities.session is not advertised, so nothing else can be checked (R1)",
         )
+        if not ctx.target.repeat_initialize:
+            # Streamable HTTP: every initialize opens a new connection (2.4), so the repeat
+            # rules have nothing to apply to
+            return "the repeat-initialize rules do not apply over Streamable HTTP"
         again = await p.request("initialize", {"protocolVersion": 7, "info": INFO})
         version = again.get("protocolVersion") if isinstance(again, dict) else None
         expect(

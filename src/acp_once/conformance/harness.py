@@ -28,6 +28,7 @@ from acp_once.protocol.errors import AcpError
 from acp_once.protocol.framing import FrameEvent
 from acp_once.rpc.connection import PendingCall
 from acp_once.rpc.streams import FrameStream
+from acp_once.transports.http import connect_http
 from acp_once.transports.stdio import spawn
 from acp_once.transports.websocket import connect_websocket
 
@@ -36,6 +37,7 @@ __all__ = [
     "CheckContext",
     "CheckFailed",
     "CheckSkipped",
+    "HttpTarget",
     "Link",
     "Probe",
     "StdioTarget",
@@ -83,6 +85,9 @@ class AgentTarget(abc.ABC):
     need a restart are skipped with this reason."""
 
     no_restart: str | None = None
+    repeat_initialize: bool = True
+    """Whether `initialize` can be sent again on one connection (not on Streamable HTTP, where
+    each initialize opens a new connection: digest 2.4)."""
 
     @property
     @abc.abstractmethod
@@ -164,6 +169,40 @@ class WebSocketTarget(AgentTarget):
         async with connect_websocket(
             self.url, token=self._token, open_timeout=self.open_timeout
         ) as frames:
+            yield Link(frames, no_kill=_REMOTE_NO_RESTART)
+
+
+class HttpTarget(AgentTarget):
+    """An agent served over Streamable HTTP (`http://HOST:PORT/acp`, e.g. `acp-once serve`):
+    every `connect()` is a new ACP connection (a new `initialize` POST) to the same server.
+    The suite cannot kill and restart a remote server: checks that need it are skipped.
+
+    Args:
+        url: the `http://` or `https://` URL.
+        token: bearer token sent with every request (never shown in `description`).
+        open_timeout: seconds a request may take to be accepted.
+    """
+
+    no_restart = _REMOTE_NO_RESTART
+    repeat_initialize = False
+
+    def __init__(self, url: str, *, token: str | None = None, open_timeout: float = 10.0) -> None:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"not an HTTP URL: {url!r}")
+        self.url = url
+        self._token = token
+        self.open_timeout = open_timeout
+
+    def __repr__(self) -> str:  # never the token
+        return f"HttpTarget({self.url!r})"
+
+    @property
+    def description(self) -> str:
+        return "streamable http: " + self.url
+
+    @contextlib.asynccontextmanager
+    async def connect(self) -> AsyncIterator[Link]:
+        async with connect_http(self.url, token=self._token, timeout=self.open_timeout) as frames:
             yield Link(frames, no_kill=_REMOTE_NO_RESTART)
 
 
