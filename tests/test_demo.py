@@ -41,3 +41,19 @@ async def test_over_websocket_with_keys_every_submission_is_inserted_exactly_onc
     assert result.missing_side_effects == 0
     assert result.cut_answers > 0, "no answer was cut"
     assert result.client_restarts == 2
+
+
+async def test_over_streamable_http_with_keys_every_submission_is_inserted_exactly_once(
+    tmp_path: Path,
+) -> None:
+    """The same over Streamable HTTP: the server killed and dying after commits."""
+    result = await run_demo(
+        keys=True, submissions=60, seed=5, workdir=tmp_path, cut_rate=0.1, transport="http"
+    )
+    assert result.transport == "http"
+    assert result.inserted_once == 60
+    assert result.inserted_twice_or_more == 0
+    assert result.lost == 0
+    assert result.duplicate_side_effects == 0
+    assert result.missing_side_effects == 0
+    assert result.cut_answers > 0, "no answer was cut"

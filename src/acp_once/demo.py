@@ -1,10 +1,10 @@
 """`acp-once demo`: what idempotency keys buy, measured under injected faults.
 
 The reference agent runs over stdio on a SQLite store in a temporary directory (or, with
-`transport="ws"`, as an `acp-once serve` subprocess on a free loopback port, which a small
-supervisor restarts whenever it dies, and the client connects with `WebSocketAgent`). A client
-submits a few hundred prompts over four sessions (some slow, `[work:...]`, some with a
-side-effecting tool call, `[tool]`) while a fault injector
+`transport="ws"` or `"http"`, as an `acp-once serve` subprocess on a free loopback port, which a
+small supervisor restarts whenever it dies, the client connecting with `WebSocketAgent` or
+`HttpAgent`). A client submits a few hundred prompts over four sessions (some slow,
+`[work:...]`, some with a side-effecting tool call, `[tool]`) while a fault injector
 
 - kills the agent with SIGKILL at random moments,
 - cuts answers: the agent dies right after committing a message, before answering (a random
@@ -42,7 +42,7 @@ import orjson
 
 from acp_once.client.outbox import Submission
 from acp_once.client.recovery import Backoff
-from acp_once.client.remote import WebSocketAgent
+from acp_once.client.remote import HttpAgent, WebSocketAgent
 from acp_once.client.resilient import AcpClient, ClientSession, StdioAgent
 from acp_once.protocol.errors import AcpError
 from acp_once.rpc.errors import TransportError
@@ -52,7 +52,7 @@ __all__ = ["DemoResult", "drain", "prompt_text", "run_demo"]
 
 SESSIONS = 4
 
-Transport = Literal["stdio", "ws"]
+Transport = Literal["stdio", "ws", "http"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,20 +98,20 @@ async def run_demo(
     """Run the demo once; see the module docstring.
 
     `cut_rate` is the share of insertions after which the agent dies before answering.
-    `transport`: "stdio" (the agent is the client's subprocess) or "ws" (`acp-once serve` as a
-    supervised subprocess, the client over WebSocket).
+    `transport`: "stdio" (the agent is the client's subprocess), "ws" or "http" (`acp-once
+    serve` as a supervised subprocess, the client over WebSocket or Streamable HTTP).
     """
-    if transport not in ("stdio", "ws"):
-        raise ValueError(f"unknown transport {transport!r}: stdio or ws")
+    if transport not in ("stdio", "ws", "http"):
+        raise ValueError(f"unknown transport {transport!r}: stdio, ws or http")
     with tempfile.TemporaryDirectory(prefix="acp-once-demo-") as tmp:
         demo = _Demo(Path(workdir or tmp), keys, submissions, seed, on_progress, cut_rate)
-        if transport == "ws":
-            return await _run_ws(demo)
+        if transport != "stdio":
+            return await _run_remote(demo, transport)
         launcher = StdioAgent(demo.agent_command("agent"), env=demo.env, stderr=subprocess.DEVNULL)
         return await _run(demo, launcher)
 
 
-async def _run(demo: _Demo, launcher: StdioAgent | WebSocketAgent) -> DemoResult:
+async def _run(demo: _Demo, launcher: StdioAgent | WebSocketAgent | HttpAgent) -> DemoResult:
     demo.launcher = launcher
     started = time.perf_counter()
     while len(demo.done) < demo.n:
@@ -125,17 +125,23 @@ async def _run(demo: _Demo, launcher: StdioAgent | WebSocketAgent) -> DemoResult
     )
     if demo.server is None:
         return result
-    return dataclasses.replace(result, dropped_connections=demo.drops, transport="ws")
+    transport: Transport = "http" if isinstance(launcher, HttpAgent) else "ws"
+    return dataclasses.replace(result, dropped_connections=demo.drops, transport=transport)
 
 
-async def _run_ws(demo: _Demo) -> DemoResult:
+async def _run_remote(demo: _Demo, transport: Transport) -> DemoResult:
     server = _ServerSupervisor(demo.agent_command("serve"), demo.env)
     demo.server = server
     try:
         async with anyio.create_task_group() as tg:
             await tg.start(server.run)
             try:
-                result = await _run(demo, WebSocketAgent(server.url))
+                launcher = (
+                    HttpAgent(server.url.replace("ws://", "http://", 1))
+                    if transport == "http"
+                    else WebSocketAgent(server.url)
+                )
+                result = await _run(demo, launcher)
             finally:
                 tg.cancel_scope.cancel()  # kills a server still running (an error above)
     finally:
@@ -235,7 +241,7 @@ class _Demo:
             "ACP_ONCE_CRASH_SEED": str(seed),
             "ACP_ONCE_CRASH_LOG": str(self.cut_log),
         }
-        self.launcher: StdioAgent | WebSocketAgent | None = None
+        self.launcher: StdioAgent | WebSocketAgent | HttpAgent | None = None
         self.server: _ServerSupervisor | None = None
         self.outbox = f"sqlite:{workdir / 'outbox.sqlite3'}"
         self.done: dict[int, str] = {}
@@ -329,6 +335,10 @@ class _Demo:
                     proc.process.kill()
                     self.kills += 1
                     await proc.process.wait()
+            elif isinstance(launcher, HttpAgent) and self.server is not None:
+                await client.wait_connected()
+                await self.server.kill()
+                self.kills += 1
             elif isinstance(launcher, WebSocketAgent) and self.server is not None:
                 # the server may be restarting after a cut answer: strike the next connection
                 await client.wait_connected()

@@ -27,7 +27,7 @@ def demo(
     seed: Annotated[int, typer.Option(help="makes a run repeatable")] = 1,
     transport: Annotated[
         str,
-        typer.Option(help="stdio, or ws: a supervised `acp-once serve` process (http: not yet)"),
+        typer.Option(help="stdio, or ws or http: a supervised `acp-once serve` process"),
     ] = "stdio",
 ) -> None:
     """Show what idempotency keys buy: the same faulty run with keys and without.
@@ -45,7 +45,9 @@ def demo(
         raise typer.Exit(show_demo(submissions=submissions, seed=seed))
     if transport == "ws":
         raise typer.Exit(show_demo(submissions=submissions, seed=seed, transport="ws"))
-    raise typer.BadParameter("stdio or ws (Streamable HTTP is not built yet)")
+    if transport == "http":
+        raise typer.Exit(show_demo(submissions=submissions, seed=seed, transport="http"))
+    raise typer.BadParameter("stdio, ws or http")
 
 
 @app.command()

@@ -94,6 +94,11 @@ def show_demo(*, submissions: int, seed: int, transport: Transport = "stdio") ->
             f"answers end the server process; connections dropped with the server running: "
             f"{drops}."
         )
+    if transport == "http":
+        console.print(
+            "Over Streamable HTTP to a supervised `acp-once serve` process: agent kills and cut "
+            "answers end the server process."
+        )
     keyed = results[0]
     ok = keyed.inserted_twice_or_more == 0 and keyed.lost == 0 and keyed.duplicate_side_effects == 0
     console.print(
