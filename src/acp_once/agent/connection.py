@@ -13,25 +13,18 @@ from types import TracebackType
 from typing import Any, Self
 
 import anyio
-from pydantic import BaseModel
 
 from acp_once.agent.interface import Agent
 from acp_once.protocol import methods as m
 from acp_once.protocol import schema as s
 from acp_once.protocol.initialization import InitializeGate
+from acp_once.protocol.methods import to_wire
 from acp_once.rpc.connection import Connection, RequestContext
 from acp_once.rpc.streams import FrameStream
 
 __all__ = ["AgentSideConnection", "CallContext", "ClientPeer", "to_wire"]
 
 _connection_ids = itertools.count(1)
-
-
-def to_wire(model: Any) -> Any:
-    """The JSON-ready form of a wire model (camelCase, unset fields left out)."""
-    if isinstance(model, BaseModel):
-        return model.model_dump(by_alias=True, exclude_unset=True)
-    return model
 
 
 class ClientPeer:

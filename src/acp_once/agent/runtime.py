@@ -106,7 +106,6 @@ class _Pending:
     prompt: list[Any]
     key: str | None
     digest: bytes
-    origin: str  # connection id of the first request
     wire: list[dict[str, Any]]  # the content blocks as sent on the wire (dumped once)
     waiters: list[tuple[str, RequestContext | None]] = field(default_factory=list)
     state: Literal["held", "inserting", "done"] = "held"
@@ -148,7 +147,6 @@ class _Session:
     turns: collections.deque[Turn] = field(default_factory=collections.deque)
     live_keys: dict[str, str] = field(default_factory=dict)
     running: bool = False
-    wake: anyio.Event = field(default_factory=anyio.Event)
     turn_scope: anyio.CancelScope | None = None
     worker: bool = False
     interrupted: bool = False
@@ -335,7 +333,7 @@ class SessionAgent(Agent):
         if session is None or conn.id not in session.conns:
             return s.CloseSessionResponse()  # idempotent: missing or inactive succeeds
         session.cancel_marks[conn.id] = conn.rpc.arrivals
-        await self._cancel_work(session, reason="close")
+        await self._cancel_work(session)
         session.conns.pop(conn.id, None)
         self._forget_live_keys(session)
         return s.CloseSessionResponse()
@@ -345,7 +343,7 @@ class SessionAgent(Agent):
     ) -> s.DeleteSessionResponse:
         session = self._sessions.pop(params.session_id, None)
         if session is not None:
-            await self._cancel_work(session, reason="close")
+            await self._cancel_work(session)
         await self.store.delete_session(params.session_id)
         return s.DeleteSessionResponse()
 
@@ -375,7 +373,7 @@ class SessionAgent(Agent):
             return
         # covers prompts that arrived before this notification, even those not handled yet
         session.cancel_marks[ctx.connection.id] = ctx.connection.rpc.arrivals
-        await self._cancel_work(session, reason="cancel")
+        await self._cancel_work(session)
 
     async def connection_closed(self, connection: AgentSideConnection) -> None:
         for session in list(self._sessions.values()):
@@ -428,7 +426,7 @@ class SessionAgent(Agent):
                     pending.waiters.append((conn_id, ctx.request))
             if pending is None:
                 self._check_cancel_mark(session.id, ctx)
-                pending = _Pending(session.id, list(params.prompt), key, digest, conn_id, wire)
+                pending = _Pending(session.id, list(params.prompt), key, digest, wire)
                 pending.waiters.append((conn_id, ctx.request))
                 if key is not None:
                     session.pending_by_key[key] = pending
@@ -539,7 +537,6 @@ class SessionAgent(Agent):
     # -- turns -------------------------------------------------------------------------------
 
     def _ensure_worker(self, session: _Session) -> None:
-        session.wake.set()
         if session.worker:
             return
         session.worker = True
@@ -605,7 +602,7 @@ class SessionAgent(Agent):
             orjson.dumps({"sessionUpdate": _TURN_MARKER, "state": state, "messageId": message_id}),
         )
 
-    async def _cancel_work(self, session: _Session, *, reason: str) -> None:
+    async def _cancel_work(self, session: _Session) -> None:
         # prompts received before the cancel and not inserted: -32800 (R28)
         for pending in list(session.held):
             self._withdraw(session, pending)

@@ -11,19 +11,13 @@ from pydantic import BaseModel
 from acp_once.client.interface import Client
 from acp_once.protocol import methods as m
 from acp_once.protocol import schema as s
-from acp_once.protocol.methods import SetSessionConfigOptionParams
+from acp_once.protocol.methods import SetSessionConfigOptionParams, to_wire
 from acp_once.rpc.connection import Connection, PendingCall, RequestContext
 from acp_once.rpc.streams import FrameStream
 
 __all__ = ["AgentPeer", "ClientSideConnection"]
 
 _M = TypeVar("_M", bound=BaseModel)
-
-
-def _wire(model: Any) -> Any:
-    if isinstance(model, BaseModel):
-        return model.model_dump(by_alias=True, exclude_unset=True)
-    return model
 
 
 class AgentPeer:
@@ -37,7 +31,7 @@ class AgentPeer:
         self._conn = connection
 
     async def _call(self, method: str, params: Any, result: type[_M], timeout: float | None) -> _M:
-        raw = await self._conn.request(method, _wire(params), timeout=timeout)
+        raw = await self._conn.request(method, to_wire(params), timeout=timeout)
         return result.model_validate(raw)
 
     async def initialize(
@@ -84,7 +78,7 @@ class AgentPeer:
 
     async def start_prompt(self, params: s.PromptRequest) -> PendingCall:
         """Send `session/prompt` and return the pending call (to cancel it or wait later)."""
-        return await self._conn.start_request(m.SESSION_PROMPT, _wire(params))
+        return await self._conn.start_request(m.SESSION_PROMPT, to_wire(params))
 
     async def set_config_option(
         self, params: SetSessionConfigOptionParams, *, timeout: float | None = 60.0
@@ -95,7 +89,7 @@ class AgentPeer:
 
     async def cancel(self, params: s.CancelSessionNotification) -> None:
         """Send `session/cancel` (a notification; never resent)."""
-        await self._conn.notify(m.SESSION_CANCEL, _wire(params))
+        await self._conn.notify(m.SESSION_CANCEL, to_wire(params))
 
     async def ext_request(
         self, method: str, params: Any = None, *, timeout: float | None = 60.0
@@ -150,7 +144,7 @@ class ClientSideConnection:
     ) -> Any:
         if method == m.SESSION_REQUEST_PERMISSION:
             typed = s.RequestPermissionRequest.model_validate(params or {})
-            return _wire(await self.client.request_permission(typed, self))
+            return to_wire(await self.client.request_permission(typed, self))
         return await self.client.ext_method(method, params)
 
     async def _on_notification(self, method: str, params: dict[str, Any] | None) -> None:

@@ -501,7 +501,9 @@ class AcpClient:
             try:
                 result = await conn.rpc.request("session/prompt", params)
             except TransportError:
-                if not (self.use_keys and self.keys_trusted) and not self._may_resend_unkeyed():
+                # Keyed resends are safe unless the agent is not trusted with keys. Without keys
+                # (the demo's "no keys" run) a resend is a new submission: shown, not prevented.
+                if self.use_keys and not self.keys_trusted:
                     await self.outbox.complete(submission.submission_id)
                     raise OutcomeUnknown(
                         "The answer to session/prompt was lost; not resent on its own"
@@ -515,11 +517,6 @@ class AcpClient:
                 raise
             await self.outbox.complete(submission.submission_id)
             return str(result["messageId"])
-
-    def _may_resend_unkeyed(self) -> bool:
-        # Without a key a resend is a new submission; only the demo's "no keys" mode does it,
-        # to show the duplicates keys prevent.
-        return not self.use_keys
 
     async def _recover_pending(self) -> None:
         """Resend what an earlier run left pending (after resuming its sessions)."""

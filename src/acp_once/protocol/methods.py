@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import TypeAdapter
+from pydantic import BaseModel, TypeAdapter
 
 from acp_once.protocol import schema as s
 
@@ -18,6 +18,7 @@ __all__ = [
     "CLIENT_METHODS",
     "MethodSpec",
     "SetSessionConfigOptionParams",
+    "to_wire",
 ]
 
 INITIALIZE = "initialize"
@@ -43,6 +44,14 @@ SetSessionConfigOptionParams = (
     | s.SetSessionConfigOptionRequestBoolean
     | s.SetSessionConfigOptionRequestOther
 )
+
+
+def to_wire(model: Any) -> Any:
+    """The JSON-ready form of a wire model (camelCase, unset fields left out); anything else
+    (a dict already in wire form) is returned as it is."""
+    if isinstance(model, BaseModel):
+        return model.model_dump(by_alias=True, exclude_unset=True)
+    return model
 
 
 @dataclass(frozen=True, slots=True)
