@@ -50,7 +50,8 @@ def _run(*args: str) -> None:
 
 def sync() -> Path:
     uv = _uv()
-    _run(str(uv), "sync", "--frozen", "--quiet")
+    # every extra: the tests cover the optional adapters too (the LangGraph one)
+    _run(str(uv), "sync", "--frozen", "--all-extras", "--quiet")
     return uv
 
 

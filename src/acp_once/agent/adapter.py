@@ -237,6 +237,23 @@ class AdapterKeys:
             del self._pending[slot]
             pending.done.set()
 
+    async def lookup(
+        self, session_id: str, key: str, *, load_history_ids: LoadHistoryIds
+    ) -> str | None:
+        """The derived message id of `key` if the runtime has stored it, else None.
+
+        The same cache as `submit` (filled once per session per process from
+        `load_history_ids`); nothing is submitted. For an adapter that must answer "was this key
+        used?" before deciding to submit (e.g. a prompt that would be held behind a turn).
+
+        Raises:
+            ValueError: on an empty key (see `derive_message_id`).
+            Exception: whatever `load_history_ids` raised (the cache stays empty).
+        """
+        message_id = derive_message_id(session_id, key)
+        ids = await self._history_ids(session_id, load_history_ids)
+        return message_id if message_id in ids else None
+
     def note_history(self, session_id: str, ids: Iterable[str]) -> None:
         """Fill the cache from a read the adapter made anyway (a replay the Client asked for).
 
