@@ -14,8 +14,17 @@
   inactive: D30). Status codes: 400 (bad headers or body, batches), 404 (unknown connection),
   406 (GET without `Accept: text/event-stream`), 409 (a second reader of a stream), 415 (POST
   not JSON), 503 (connection limit), 405 (other methods). Nothing is replayed: a response
-  written to a GET stream that dropped is lost, as on a dropped socket.
+  written to a GET stream that dropped is lost, as on a dropped socket. An SSE stream silent
+  for `sse_keepalive` seconds (15) gets a comment line, as from the TypeScript SDK's server.
 - `GET /healthz`: 200 `{"status": "ok"}`, without authentication (for load balancers).
+- Timeouts: a connection with no message either way for `idle_timeout` seconds (300; None:
+  never) is closed (WebSocket close 1000 "idle timeout"; Streamable HTTP: the connection ends
+  with its SSE streams, its id then answers 404); a client that stops reading (its socket's
+  send buffer full) for `write_timeout` seconds (30) is dropped, so a turn waits on it no
+  longer than that. ASGI has no way to reset a socket: the ASGI server closes a stalled one
+  only once its buffer drains, but its ACP connection, engine and table entry are gone.
+- `GET /ops/status` (token-protected like `/acp`): the agent's `ops_status()`; for a cluster
+  node, every node sharing its database with sessions owned, prompts held and dedup hits.
 
 With `token`, every request at `/acp` must carry `Authorization: Bearer <token>`; anything else
 is refused with 401 before the upgrade, so no ACP message from it is ever read. The token is
@@ -34,7 +43,7 @@ import hmac
 import json
 import logging
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 import anyio
@@ -48,8 +57,10 @@ from starlette.websockets import WebSocket
 from acp_once.agent.connection import AgentSideConnection
 from acp_once.agent.interface import Agent
 from acp_once.protocol.methods import INITIALIZE
+from acp_once.rpc.streams import FrameStream
 from acp_once.transports.http import (
     CONNECTION_ID_HEADER,
+    DEFAULT_SSE_KEEPALIVE,
     SESSION_ID_HEADER,
     ServerHttpFrames,
     SseResponse,
@@ -64,7 +75,15 @@ from acp_once.transports.websocket import (
     redact_authorization,
 )
 
-__all__ = ["DEFAULT_MAX_CONNECTIONS", "DEFAULT_MAX_MESSAGE_BYTES", "AcpServer", "create_app"]
+__all__ = [
+    "DEFAULT_IDLE_TIMEOUT",
+    "DEFAULT_MAX_CONNECTIONS",
+    "DEFAULT_MAX_MESSAGE_BYTES",
+    "DEFAULT_WRITE_TIMEOUT",
+    "AcpServer",
+    "ConnectionHandler",
+    "create_app",
+]
 
 logger = logging.getLogger("acp_once.server")
 
@@ -72,9 +91,20 @@ DEFAULT_MAX_CONNECTIONS = 1000
 DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 """Largest text frame read as a message (uvicorn's own `ws_max_size` default is the same): a
 larger request is answered -32600 and the connection lives on."""
+DEFAULT_IDLE_TIMEOUT = 300.0
+"""Seconds without a message either way after which a connection is closed (WebSocket: 1000
+"idle timeout"; Streamable HTTP: the connection ends, its SSE streams too). Its sessions stay
+resumable; a client with work pending reconnects and resends by key."""
+DEFAULT_WRITE_TIMEOUT = 30.0
+"""Seconds one message may wait for a client that stopped reading (its socket's send buffer
+full) before that connection is dropped: the agent is never held up longer."""
 
 
 _ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+
+ConnectionHandler = Callable[[FrameStream, str], Awaitable[None]]
+"""`(frames, name)`: serves one accepted connection until it ends (`name` is for logs). The
+default runs an `AgentSideConnection` on the server's agent; `acp_once.bridge` passes its own."""
 
 
 def _digest(value: str) -> bytes:
@@ -90,22 +120,38 @@ class AcpServer:
 
     def __init__(
         self,
-        agent: Agent,
+        agent: Agent | None,
         *,
         token: str | None = None,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         path: str = "/acp",
+        handler: ConnectionHandler | None = None,
+        idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT,
+        write_timeout: float = DEFAULT_WRITE_TIMEOUT,
+        sse_keepalive: float | None = DEFAULT_SSE_KEEPALIVE,
     ) -> None:
+        if (idle_timeout is not None and idle_timeout <= 0) or write_timeout <= 0:
+            raise ValueError("idle_timeout and write_timeout must be positive")
+        if agent is None and handler is None:
+            raise ValueError("pass an agent, or a handler that serves each connection")
         if token is not None and not token:
             raise ValueError("an empty token would let anyone in; pass None for no token")
         if max_connections < 1 or max_message_bytes < 1:
             raise ValueError("max_connections and max_message_bytes must be positive")
         self.agent = agent
+        self._handler = handler
         self._token_digest = _digest(token) if token is not None else None
         self.max_connections = max_connections
         self.max_message_bytes = max_message_bytes
         self.path = path
+        self.idle_timeout = idle_timeout
+        """None: connections are never closed for being idle."""
+        self.write_timeout = write_timeout
+        self.sse_keepalive = sse_keepalive
+        """Seconds of silence before an SSE stream gets a comment line (None: never)."""
+        self.idle_closed = 0
+        """How many connections were closed for being idle."""
         self.connections: dict[str, ServerWebSocketFrames] = {}
         self.http_connections: dict[str, ServerHttpFrames] = {}
         """The live Streamable HTTP connections by `Acp-Connection-Id`."""
@@ -123,6 +169,7 @@ class AcpServer:
             WebSocketRoute(self.path, self._websocket),
             Route(self.path, self._http, methods=_ALL_METHODS),
             Route("/healthz", self._healthz, methods=["GET"]),
+            Route("/ops/status", self._ops_status, methods=["GET"]),
         ]
 
     def authorized(self, headers: Mapping[str, str]) -> bool:
@@ -181,15 +228,14 @@ class AcpServer:
             await _deny(websocket, 503, "too many connections", {"Retry-After": "1"})
             return
         connection_id = uuid.uuid4().hex
-        frames = ServerWebSocketFrames(websocket, max_frame=self.max_message_bytes)
+        frames = ServerWebSocketFrames(
+            websocket, max_frame=self.max_message_bytes, write_timeout=self.write_timeout
+        )
         self.connections[connection_id] = frames  # counted before the first await
         try:
             await frames.accept(connection_id)
             self.accepted += 1
-            async with AgentSideConnection(
-                self.agent, frames, name=f"ws-{connection_id[:12]}"
-            ) as conn:
-                await conn.wait_closed()
+            await self._serve_frames(frames, f"ws-{connection_id[:12]}")
         except Exception:
             logger.exception("the WebSocket connection %s failed", connection_id)
             await frames.close(CLOSE_INTERNAL)
@@ -265,7 +311,9 @@ class AcpServer:
             self.rejected += 1
             return _error(503, "too many connections", {"Retry-After": "1"})
         connection_id = uuid.uuid4().hex
-        frames = ServerHttpFrames(connection_id)
+        frames = ServerHttpFrames(
+            connection_id, write_timeout=self.write_timeout, keepalive=self.sse_keepalive
+        )
         self.http_connections[connection_id] = frames
         self.accepted += 1
         if self._tg is not None:
@@ -292,14 +340,38 @@ class AcpServer:
 
     async def _run_http(self, connection_id: str, frames: ServerHttpFrames) -> None:
         try:
-            async with AgentSideConnection(
-                self.agent, frames, name=f"http-{connection_id[:12]}"
-            ) as conn:
-                await conn.wait_closed()
+            await self._serve_frames(frames, f"http-{connection_id[:12]}")
         except Exception:
             logger.exception("the HTTP connection %s failed", connection_id)
         finally:
             self.http_connections.pop(connection_id, None)
+            await frames.aclose()
+
+    async def _serve_frames(self, frames: FrameStream, name: str) -> None:
+        async with anyio.create_task_group() as watch:
+            watch.start_soon(self._close_when_idle, frames, name)
+            try:
+                if self._handler is not None:
+                    await self._handler(frames, name)
+                    return
+                assert self.agent is not None
+                async with AgentSideConnection(self.agent, frames, name=name) as conn:
+                    await conn.wait_closed()
+            finally:
+                watch.cancel_scope.cancel()
+
+    async def _close_when_idle(self, frames: FrameStream, name: str) -> None:
+        """Close `frames` once no message went either way for `idle_timeout` seconds."""
+        timeout = self.idle_timeout
+        if timeout is None or not isinstance(frames, ServerWebSocketFrames | ServerHttpFrames):
+            return
+        while (remaining := timeout - frames.idle_for()) > 0:  # noqa: ASYNC110 (a timer)
+            await anyio.sleep(remaining)
+        self.idle_closed += 1
+        logger.info("closing the connection %s: idle for %g s", name, timeout)
+        if isinstance(frames, ServerWebSocketFrames):
+            await frames.close(CLOSE_NORMAL, "idle timeout")
+        else:
             await frames.aclose()
 
     def _get(self, request: Request) -> Response:
@@ -323,6 +395,26 @@ class AcpServer:
     async def _healthz(self, request: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
+    async def _ops_status(self, request: Request) -> Response:
+        # token-protected like /acp: it names sessions' owners and counts
+        if not self.authorized(request.headers):
+            return JSONResponse(
+                {"error": "missing or wrong bearer token"},
+                401,
+                headers={"WWW-Authenticate": 'Bearer realm="acp"'},
+            )
+        status = getattr(self.agent, "ops_status", None)
+        if status is None:
+            return _error(404, "this agent reports no status")
+        try:
+            with anyio.fail_after(10):
+                body = await status()
+        except Exception:
+            logger.exception("/ops/status failed")
+            return _error(503, "status unavailable")
+        body["connections"] = len(self.connections) + len(self.http_connections)
+        return JSONResponse(body)
+
 
 async def _deny(websocket: WebSocket, status: int, message: str, headers: dict[str, str]) -> None:
     """Refuse the upgrade with an HTTP answer where the server can send one (the ASGI
@@ -343,21 +435,34 @@ def _peer(websocket: WebSocket) -> str:
 
 
 def create_app(
-    agent: Agent,
+    agent: Agent | None,
     *,
     token: str | None = None,
     max_connections: int = DEFAULT_MAX_CONNECTIONS,
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     path: str = "/acp",
+    handler: ConnectionHandler | None = None,
+    idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT,
+    write_timeout: float = DEFAULT_WRITE_TIMEOUT,
+    sse_keepalive: float | None = DEFAULT_SSE_KEEPALIVE,
 ) -> Starlette:
     """A Starlette app serving `agent` (entered by the caller) at `path`; see the module
-    docstring. `app.state.acp` is its `AcpServer`."""
+    docstring. `app.state.acp` is its `AcpServer`. With `handler`, each connection is served
+    by it instead (the bridge's use; `agent` may then be None).
+
+    Raises:
+        ValueError: neither an agent nor a handler, an empty token, or a non-positive limit.
+    """
     server = AcpServer(
         agent,
         token=token,
         max_connections=max_connections,
         max_message_bytes=max_message_bytes,
         path=path,
+        handler=handler,
+        idle_timeout=idle_timeout,
+        write_timeout=write_timeout,
+        sse_keepalive=sse_keepalive,
     )
     app = Starlette(routes=server.routes(), lifespan=server.lifespan)
     app.state.acp = server

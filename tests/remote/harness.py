@@ -7,11 +7,13 @@ once (it waits in the backlog until the server accepts): nothing waits for "star
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import anyio
 import anyio.abc
@@ -19,7 +21,13 @@ import uvicorn
 
 from acp_once.agent.reference import ReferenceAgent
 from acp_once.cli.serve import uvicorn_config
-from acp_once.server import DEFAULT_MAX_MESSAGE_BYTES, AcpServer, create_app
+from acp_once.server import (
+    DEFAULT_IDLE_TIMEOUT,
+    DEFAULT_MAX_MESSAGE_BYTES,
+    DEFAULT_WRITE_TIMEOUT,
+    AcpServer,
+    create_app,
+)
 from acp_once.storage import open_store
 
 Fault = Callable[[], Awaitable[None]]
@@ -73,6 +81,8 @@ async def running(
     token: str | None = None,
     max_connections: int = 100,
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT,
+    write_timeout: float = DEFAULT_WRITE_TIMEOUT,
 ) -> AsyncIterator[Running]:
     """The reference agent on SQLite (`tmp/agent.sqlite3`) served at ws://127.0.0.1:PORT/acp.
 
@@ -86,7 +96,12 @@ async def running(
         FaultyAgent(store, side_effects=tmp / "effects") as agent,
     ):
         app = create_app(
-            agent, token=token, max_connections=max_connections, max_message_bytes=max_message_bytes
+            agent,
+            token=token,
+            max_connections=max_connections,
+            max_message_bytes=max_message_bytes,
+            idle_timeout=idle_timeout,
+            write_timeout=write_timeout,
         )
         config = uvicorn_config(
             app,
@@ -133,3 +148,79 @@ class Background:
     async def stop(self) -> None:
         self._stop.set()
         await self._stopped.wait()
+
+
+class ServeProcess:
+    """`acp-once serve` as a real subprocess on SQLite (`tmp/serve.sqlite3`, side effects in
+    `tmp/effects`), on a listening socket the harness keeps across restarts (`--fd`): a client
+    may connect while the server is down and waits in the backlog for the next one.
+
+    `async with ServeProcess(tmp) as srv:` starts it; `await srv.kill()` sends SIGKILL and waits
+    for the exit; `await srv.start()` starts it again on the same database and port. Leaving
+    the block kills a server still running.
+    """
+
+    def __init__(self, tmp: Path, *extra: str) -> None:
+        self.tmp = tmp
+        self.db = tmp / "serve.sqlite3"
+        self.effects = tmp / "effects"
+        self.extra = extra
+        self.sock = listening_socket()
+        self.port: int = self.sock.getsockname()[1]
+        self.process: anyio.abc.Process | None = None
+        self.starts = 0
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    async def start(self) -> None:
+        assert self.process is None or self.process.returncode is not None
+        fd = self.sock.fileno()
+        command = [
+            sys.executable, "-m", "acp_once", "serve",
+            "--store", f"sqlite:{self.db}", "--side-effects", str(self.effects),
+            "--fd", str(fd), *self.extra,
+        ]  # fmt: skip
+        with open(self.tmp / "serve.stderr", "ab") as log:  # noqa: ASYNC230 (the child's log)
+            self.process = await anyio.open_process(
+                command, stdin=subprocess.DEVNULL, stdout=log, stderr=log, pass_fds=(fd,)
+            )
+        self.starts += 1
+
+    async def kill(self) -> None:
+        """SIGKILL the server and wait until it has exited."""
+        if self.process is not None and self.process.returncode is None:
+            self.process.kill()
+            await self.process.wait()
+
+    async def restart(self) -> None:
+        await self.kill()
+        await self.start()
+
+    def rss_kib(self) -> int:
+        """The server's resident set size, from /proc."""
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+        raise AssertionError("no VmRSS")
+
+    async def count(self, session_id: str, key: str | None = None) -> int:
+        """User messages of a session in the server's store (or those with `key`)."""
+        async with open_store(f"sqlite:{self.db}") as store:
+            return await store.count_user_messages(session_id, idempotency_key=key)
+
+    def effect_lines(self, session_id: str) -> list[str]:
+        """The side-effect log of a session: one message id per `[tool]` run."""
+        log = self.effects / f"{session_id}.log"
+        return log.read_text().split() if log.exists() else []
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        with anyio.CancelScope(shield=True):
+            await self.kill()
+        self.sock.close()

@@ -11,8 +11,11 @@
 - `connect_http(url)`: the client side with httpx. The first frame sent (initialize) is
   POSTed without `Acp-Connection-Id` and its 200 body is the first frame received; then the
   connection stream is opened, and each session's stream when its id first appears in a sent
-  message. A failed POST raises `anyio.BrokenResourceError`; a lost GET stream ends the
-  connection (`receive()` raises `anyio.EndOfStream`), since responses on it may be lost.
+  message. The answer to an agent's request (a permission request) is POSTed with the
+  `Acp-Session-Id` of the stream that request came on (the TypeScript SDK's server refuses it
+  with 400 otherwise). A failed POST raises `anyio.BrokenResourceError`; a lost GET stream
+  ends the connection (`receive()` raises `anyio.EndOfStream`), since responses on it may be
+  lost.
 
 Only JSON-RPC envelope fields are read here (`id`, `method`, `params.sessionId`): transports
 know no method names.
@@ -23,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -38,6 +42,7 @@ from acp_once.transports.websocket import CONNECTION_ID_HEADER
 
 __all__ = [
     "CONNECTION_ID_HEADER",
+    "DEFAULT_SSE_KEEPALIVE",
     "DEFAULT_STREAM_BUFFER",
     "SESSION_ID_HEADER",
     "ClientHttpFrames",
@@ -53,6 +58,11 @@ logger = logging.getLogger("acp_once.transports.http")
 SESSION_ID_HEADER = "Acp-Session-Id"
 DEFAULT_STREAM_BUFFER = 1000
 """Messages kept per scope while no SSE reader is attached; one more closes the connection."""
+DEFAULT_SSE_KEEPALIVE = 15.0
+"""Seconds an SSE stream may be silent before a comment line (`:`) is written on it, as the
+TypeScript SDK's server does: Node's fetch ends a body silent for 300 s (and the SDK's client
+then its whole connection), proxies sooner. Comments are not messages: they do not count against
+the idle timeout."""
 
 
 def message_session_id(message: Mapping[str, Any]) -> str | None:
@@ -80,13 +90,33 @@ class _Outlet:
 
 
 class ServerHttpFrames:
-    """The agent side of one Streamable HTTP connection (see the module docstring)."""
+    """The agent side of one Streamable HTTP connection (see the module docstring).
 
-    def __init__(self, connection_id: str, *, buffer: int = DEFAULT_STREAM_BUFFER) -> None:
+    `write_timeout`: seconds an SSE event may wait for a reader that stopped reading (its
+    socket's send buffer full) before the connection ends (`stalled`); the engine never waits
+    on a reader, only on the bounded buffer. `keepalive`: seconds of silence on an SSE stream
+    before a comment line is written on it (`DEFAULT_SSE_KEEPALIVE`; None: never).
+    """
+
+    def __init__(
+        self,
+        connection_id: str,
+        *,
+        buffer: int = DEFAULT_STREAM_BUFFER,
+        write_timeout: float | None = None,
+        keepalive: float | None = DEFAULT_SSE_KEEPALIVE,
+    ) -> None:
         if buffer < 1:
             raise ValueError("buffer must be positive")
+        if keepalive is not None and keepalive <= 0:
+            raise ValueError("keepalive must be positive (or None)")
         self.connection_id = connection_id
         self.buffer = buffer
+        self.write_timeout = write_timeout
+        self.keepalive = keepalive
+        self.stalled = False
+        """True once an SSE reader stopped reading for longer than `write_timeout`."""
+        self._last_activity = time.monotonic()
         self._in_send, self._in_recv = anyio.create_memory_object_stream[bytes](16)
         self._outlets: dict[str | None, _Outlet] = {}
         self._session_requests: dict[str, str] = {}
@@ -95,6 +125,10 @@ class ServerHttpFrames:
         self._readers: set[anyio.CancelScope] = set()
         self.closed = anyio.Event()
         self.overflowed = False
+
+    def idle_for(self) -> float:
+        """Seconds since the last message went either way (POSTed in, or sent by the engine)."""
+        return time.monotonic() - self._last_activity
 
     def outlet(self, session_id: str | None) -> _Outlet:
         outlet = self._outlets.get(session_id)
@@ -108,6 +142,7 @@ class ServerHttpFrames:
         Raises `anyio.ClosedResourceError` when the connection has ended."""
         if self.closed.is_set():
             raise anyio.ClosedResourceError
+        self._last_activity = time.monotonic()
         if session_id is not None and "method" in message and "id" in message:
             self._session_requests[_id_key(message["id"])] = session_id
         try:
@@ -149,6 +184,7 @@ class ServerHttpFrames:
     async def send(self, frame: bytes) -> None:
         if self.closed.is_set():
             raise anyio.ClosedResourceError
+        self._last_activity = time.monotonic()
         try:
             message = json.loads(frame)
         except ValueError:
@@ -191,6 +227,19 @@ class ServerHttpFrames:
         for scope in list(self._readers):
             scope.cancel()
 
+    async def _write(self, send: Send, event: bytes) -> None:
+        """Write one SSE event; a reader that takes nothing for `write_timeout` seconds ends
+        the connection (the ASGI server's send waits while the socket's buffer is full)."""
+        try:
+            with anyio.fail_after(self.write_timeout):
+                await send({"type": "http.response.body", "body": event, "more_body": True})
+        except TimeoutError:
+            logger.warning(
+                "HTTP connection %s: an SSE reader stopped reading; closing it", self.connection_id
+            )
+            self.stalled = True
+            await self.aclose()  # cancels this reader too
+
     def drop_readers(self) -> int:
         """End every attached SSE stream without ending the connection (a test's injected
         fault: what a proxy timing out a long-lived GET does); returns how many."""
@@ -220,6 +269,15 @@ class ServerHttpFrames:
                         ],
                     }
                 )
+                lock = anyio.Lock()  # events and keep-alive comments, one write at a time
+                last_write = anyio.current_time()
+
+                async def write(event: bytes) -> None:
+                    nonlocal last_write
+                    async with lock:
+                        await self._write(send, event)
+                        last_write = anyio.current_time()
+
                 async with anyio.create_task_group() as tg:
 
                     async def watch_disconnect() -> None:
@@ -227,18 +285,24 @@ class ServerHttpFrames:
                             pass
                         tg.cancel_scope.cancel()
 
+                    async def keep_alive(interval: float) -> None:
+                        while True:
+                            await anyio.sleep(last_write + interval - anyio.current_time())
+                            if anyio.current_time() >= last_write + interval:
+                                await write(b":\n\n")
+
                     tg.start_soon(watch_disconnect)
-                    async for frame in outlet.recv:
-                        await send(
-                            {
-                                "type": "http.response.body",
-                                "body": b"data: " + frame + b"\n\n",
-                                "more_body": True,
-                            }
-                        )
+                    if self.keepalive is not None:
+                        tg.start_soon(keep_alive, self.keepalive)
+                    # aclose() (a DELETE, the server ending) closes the outlet under a waiting
+                    # reader: that is the end of this stream, not an error of the app
+                    with contextlib.suppress(anyio.ClosedResourceError):
+                        async for frame in outlet.recv:
+                            await write(b"data: " + frame + b"\n\n")
                     tg.cancel_scope.cancel()
-            with contextlib.suppress(OSError, RuntimeError):
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
+            if not self.stalled:  # else the end could not be written either
+                with contextlib.suppress(OSError, RuntimeError):
+                    await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             self._readers.discard(cancel)
             outlet.reading = False
@@ -279,6 +343,9 @@ class ClientHttpFrames:
         """The sessions whose GET stream was opened."""
         self.streams: dict[str | None, httpx.Response] = {}
         """The open SSE responses by scope (tests close them to lose what is in flight)."""
+        self._response_scopes: dict[str, str] = {}
+        # the session stream each agent-to-client request arrived on: its response is POSTed
+        # with that Acp-Session-Id (digest 7.2; the TypeScript SDK's server answers 400 without)
         self._inbox_send, self._inbox_recv = anyio.create_memory_object_stream[bytes](buffer)
         self.ended = False
         """True once a stream or a POST failed (or `aclose`): `receive()` ends."""
@@ -301,6 +368,8 @@ class ClientHttpFrames:
         except ValueError:
             message = None
         session_id = message_session_id(message) if isinstance(message, dict) else None
+        if isinstance(message, dict) and "method" not in message and "id" in message:
+            session_id = self._response_scopes.pop(_id_key(message["id"]), None)
         headers = {"Content-Type": "application/json"}
         if self.connection_id is None:  # the first message is initialize
             response = await self._post(frame, headers)
@@ -350,7 +419,10 @@ class ClientHttpFrames:
                 started = True
                 async for line in response.aiter_lines():
                     if line.startswith("data:"):
-                        await self._inbox_send.send(line[5:].strip().encode("utf-8"))
+                        frame = line[5:].strip().encode("utf-8")
+                        if session_id is not None:
+                            self._note_request_scope(frame, session_id)
+                        await self._inbox_send.send(frame)
         except (httpx.HTTPError, anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
             logger.info("SSE stream %s ended: %s", session_id, type(exc).__name__)
         finally:
@@ -359,6 +431,16 @@ class ClientHttpFrames:
             self._end()
             if not started:
                 task_status.started()
+
+    def _note_request_scope(self, frame: bytes, session_id: str) -> None:
+        if b'"id"' not in frame or b'"method"' not in frame:
+            return  # neither a request nor worth parsing
+        try:
+            message = json.loads(frame)
+        except ValueError:
+            return
+        if isinstance(message, dict) and "method" in message and "id" in message:
+            self._response_scopes[_id_key(message["id"])] = session_id
 
     async def aclose(self) -> None:
         self._end()
@@ -375,20 +457,27 @@ async def connect_http(
     """A Streamable HTTP connection to `url` (`http://host:port/acp`); nothing is sent until
     the first frame (initialize). Leaving the block DELETEs the connection (best effort)."""
     headers = {"Authorization": f"Bearer {token}"} if token is not None else None
-    async with (
-        httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(timeout, read=None)) as client,
-        anyio.create_task_group() as tg,
-    ):
-        frames = ClientHttpFrames(client, url, tg, buffer)
-        try:
-            yield frames
-        finally:
-            frames._end()
-            frames._inbox_recv.close()
-            tg.cancel_scope.cancel()  # the SSE readers
-            with anyio.CancelScope(shield=True):
-                if frames.connection_id is not None:
-                    with anyio.move_on_after(timeout), contextlib.suppress(httpx.HTTPError):
-                        await client.delete(
-                            url, headers={CONNECTION_ID_HEADER: frames.connection_id}
-                        )
+    try:
+        async with (
+            httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(timeout, read=None)) as client,
+            anyio.create_task_group() as tg,
+        ):
+            frames = ClientHttpFrames(client, url, tg, buffer)
+            try:
+                yield frames
+            finally:
+                frames._end()
+                frames._inbox_recv.close()
+                tg.cancel_scope.cancel()  # the SSE readers
+                with anyio.CancelScope(shield=True):
+                    if frames.connection_id is not None:
+                        with anyio.move_on_after(timeout), contextlib.suppress(httpx.HTTPError):
+                            await client.delete(
+                                url, headers={CONNECTION_ID_HEADER: frames.connection_id}
+                            )
+    except BaseExceptionGroup as group:
+        # the task group wraps what the caller's block raised: give it back as itself, so
+        # `except ConnectionClosed:` around this block works as it does over WebSocket
+        if len(group.exceptions) == 1:
+            raise group.exceptions[0] from None
+        raise

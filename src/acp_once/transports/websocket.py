@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator
 
 import anyio
@@ -99,16 +100,34 @@ class ServerWebSocketFrames:
     """A `FrameStream` over an accepted starlette `WebSocket` (the agent side).
 
     Call `accept()` once (or accept the socket yourself) before the engine reads from it.
+
+    `write_timeout`: seconds a frame may wait for a client that stopped reading (the socket's
+    send buffer full) before `send` gives up with `anyio.BrokenResourceError` and the stream
+    ends (`stalled`); no close frame is sent then, since it could not be delivered either.
     """
 
-    def __init__(self, websocket: WebSocket, *, max_frame: int = DEFAULT_MAX_FRAME) -> None:
+    def __init__(
+        self,
+        websocket: WebSocket,
+        *,
+        max_frame: int = DEFAULT_MAX_FRAME,
+        write_timeout: float | None = None,
+    ) -> None:
         if max_frame < 1:
             raise ValueError("max_frame must be positive")
         self.websocket = websocket
         self.max_frame = max_frame
+        self.write_timeout = write_timeout
         self.close_code: int | None = None
         """The close code once the socket is closed (ours, or the peer's on disconnect)."""
+        self.stalled = False
+        """True once a write waited longer than `write_timeout`."""
         self._ended = False
+        self._last_activity = time.monotonic()
+
+    def idle_for(self) -> float:
+        """Seconds since the last frame went either way."""
+        return time.monotonic() - self._last_activity
 
     async def accept(self, connection_id: str) -> None:
         """Complete the upgrade, with `Acp-Connection-Id` on the 101 response."""
@@ -132,6 +151,7 @@ class ServerWebSocketFrames:
                 raise anyio.EndOfStream
             if kind != "websocket.receive":
                 continue
+            self._last_activity = time.monotonic()
             text = message.get("text")
             if not isinstance(text, str):
                 continue  # binary frames carry no ACP messages
@@ -144,18 +164,27 @@ class ServerWebSocketFrames:
         if self._ended or self.websocket.application_state != WebSocketState.CONNECTED:
             raise anyio.ClosedResourceError
         try:
-            await self.websocket.send_text(frame.decode("utf-8"))
+            # the ASGI server's send waits while the socket's buffer is full: bound it
+            with anyio.fail_after(self.write_timeout):
+                await self.websocket.send_text(frame.decode("utf-8"))
+        except TimeoutError:
+            self.stalled = self._ended = True
+            raise anyio.BrokenResourceError("the client stopped reading") from None
         except (RuntimeError, OSError, WebSocketDisconnect) as exc:
             raise anyio.BrokenResourceError from exc
+        self._last_activity = time.monotonic()
 
     async def close(self, code: int = CLOSE_NORMAL, reason: str = "") -> None:
         """Close the socket with `code`; the reading side then sees the end of the stream.
         Idempotent."""
-        if self.websocket.application_state != WebSocketState.CONNECTED:
+        if self.stalled or self.websocket.application_state != WebSocketState.CONNECTED:
             return
         if self.close_code is None:
             self.close_code = code
-        with contextlib.suppress(RuntimeError, OSError, WebSocketDisconnect):
+        with (
+            contextlib.suppress(RuntimeError, OSError, WebSocketDisconnect),
+            anyio.move_on_after(self.write_timeout),  # a full send buffer would hold it
+        ):
             await self.websocket.close(code, reason)
 
     async def aclose(self) -> None:
