@@ -35,7 +35,9 @@ Fault = Callable[[], Awaitable[None]]
 
 def listening_socket(port: int = 0) -> socket.socket:
     """A TCP socket listening on 127.0.0.1 (`port` 0: a free one)."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets that say TCP (accepted
+    # sockets inherit it), and Nagle's algorithm would stall small replies ~40 ms
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", port))
     sock.listen(128)
