@@ -75,6 +75,13 @@ def agent(
             help="work a crash interrupted: report (idle, stopReason error) or continue (rerun)"
         ),
     ] = "report",
+    runtime: Annotated[
+        str,
+        typer.Option(
+            help="reference: our own store; langgraph: sessions in a LangGraph checkpointer "
+            "(memory: or sqlite:PATH; needs the langgraph extra)"
+        ),
+    ] = "reference",
 ) -> None:
     r"""Run the reference ACP v2 agent on stdin/stdout.
 
@@ -84,7 +91,8 @@ def agent(
     with / is a locally handled command (echoed live, not retained). Interrupted work after a
     restart is reported idle with stopReason error, or run again with --interrupted continue.
     ACP_ONCE_CRASH=after-insert makes it exit right after committing
-    a user message (for fault-injection tests).
+    a user message (for fault-injection tests). With --runtime langgraph the same turn runs
+    over a LangGraph thread per session, answered by a fake chat model that echoes.
     """
     from acp_once.agent.reference import ReferenceAgent
     from acp_once.agent.serve import serve_stdio
@@ -94,11 +102,37 @@ def agent(
         raise typer.BadParameter("policy must be hold or steer")
     if interrupted not in ("report", "continue"):
         raise typer.BadParameter("interrupted must be report or continue")
-    url = store or f"sqlite:{_data_dir() / 'sessions.sqlite3'}"
+    if runtime not in ("reference", "langgraph"):
+        raise typer.BadParameter("runtime must be reference or langgraph")
+    default_db = "langgraph.sqlite3" if runtime == "langgraph" else "sessions.sqlite3"
+    url = store or f"sqlite:{_data_dir() / default_db}"
     if url.startswith("sqlite:") and url != "sqlite::memory:":
         Path(url.removeprefix("sqlite:")).parent.mkdir(parents=True, exist_ok=True)
     effects = side_effects or _data_dir() / "side-effects"
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+
+    if runtime == "langgraph":
+        try:
+            from acp_once.adapters.langgraph import LangGraphAgent, LangGraphStore
+        except ImportError as exc:
+            typer.echo(f"acp-once agent: {exc}", err=True)
+            raise typer.Exit(2) from None
+
+        async def run_langgraph() -> None:
+            async with (
+                LangGraphStore.open(url) as threads,
+                LangGraphAgent(
+                    threads,
+                    side_effects=effects,
+                    policy="steer" if policy == "steer" else "hold",
+                    compare_prompts=compare_prompts,
+                    resume_interrupted=interrupted == "continue",
+                ) as adapter,
+            ):
+                await serve_stdio(adapter)
+
+        anyio.run(run_langgraph)
+        return
 
     async def run() -> None:
         async with (
@@ -158,11 +192,34 @@ def serve(
             "(a supervisor's, kept open across restarts)"
         ),
     ] = None,
+    node_id: Annotated[
+        str | None,
+        typer.Option(help="this node's name in a cluster (PostgreSQL store; default: host name)"),
+    ] = None,
+    lease_ttl: Annotated[
+        float,
+        typer.Option(help="seconds before a dead node's sessions are taken over (PostgreSQL)"),
+    ] = 10.0,
+    log_level: Annotated[
+        str, typer.Option(help="debug, info (one line per insert, lease), warning")
+    ] = "warning",
+    idle_timeout: Annotated[
+        float,
+        typer.Option(
+            help="close a connection after this many seconds without a message (0: never)"
+        ),
+    ] = 300.0,
+    write_timeout: Annotated[
+        float,
+        typer.Option(help="drop a client that reads nothing for this many seconds"),
+    ] = 30.0,
 ) -> None:
     """Serve the reference agent over WebSocket at ws://HOST:PORT/acp (and GET /healthz).
 
     Many clients share the agent and its store; a session outlives its connection and is
-    resumed on a new one. Without a token it listens on loopback addresses only.
+    resumed on a new one. Without a token it listens on loopback addresses only. On a
+    PostgreSQL store several nodes may serve the same sessions (--node-id, --lease-ttl);
+    GET /ops/status shows them.
     """
     from acp_once.cli.serve import InsecureListen, check_listen, serve_reference
 
@@ -184,7 +241,18 @@ def serve(
     url = store or f"sqlite:{_data_dir() / 'sessions.sqlite3'}"
     if url.startswith("sqlite:") and url != "sqlite::memory:":
         Path(url.removeprefix("sqlite:")).parent.mkdir(parents=True, exist_ok=True)
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    if lease_ttl <= 0:
+        raise typer.BadParameter("must be positive", param_hint="--lease-ttl")
+    if idle_timeout < 0:
+        raise typer.BadParameter("0 (never) or positive", param_hint="--idle-timeout")
+    if write_timeout <= 0:
+        raise typer.BadParameter("must be positive", param_hint="--write-timeout")
+    level = logging.getLevelName(log_level.upper())
+    if not isinstance(level, int):
+        raise typer.BadParameter("debug, info, warning or error", param_hint="--log-level")
+    logging.basicConfig(
+        level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
     anyio.run(
         lambda: serve_reference(
             host=host,
@@ -197,6 +265,64 @@ def serve(
             max_connections=max_connections,
             max_message_bytes=max_message_bytes,
             sock=sock,
+            node_id=node_id,
+            lease_ttl=lease_ttl,
+            idle_timeout=idle_timeout or None,
+            write_timeout=write_timeout,
+        )
+    )
+
+
+@app.command(
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+)
+def bridge(
+    ctx: typer.Context,
+    host: Annotated[
+        str, typer.Option(help="address to listen on (beyond loopback only with a token)")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port (0: a free one; the URL is printed)")] = 8765,
+    token: Annotated[
+        str | None,
+        typer.Option(
+            envvar="ACP_ONCE_TOKEN",
+            show_envvar=True,
+            help="bearer token clients must send (prefer the environment variable: "
+            "a command-line argument is visible to other users)",
+        ),
+    ] = None,
+    max_connections: Annotated[int, typer.Option(help="open connections at most")] = 1000,
+    max_message_bytes: Annotated[
+        int, typer.Option(help="largest message read (a larger request is answered -32600)")
+    ] = 16 * 1024 * 1024,
+) -> None:
+    """Expose a stdio ACP agent over WebSocket and Streamable HTTP: `acp-once bridge -- CMD ARGS`.
+
+    One agent process serves every connection at ws://HOST:PORT/acp (and http://, GET /healthz);
+    idempotency keys reach it unchanged and $/cancel_request is translated per hop. If the agent
+    dies it is started again, and the connections that depended on it are closed: clients
+    reconnect, resume and resend. Without a token it listens on loopback addresses only.
+    """
+    from acp_once.cli.bridge import run_bridge
+    from acp_once.cli.serve import InsecureListen, check_listen
+
+    command = list(ctx.args)
+    if not command:
+        raise typer.BadParameter("give the agent's command after --, e.g. -- acp-once agent")
+    token = token or None
+    try:
+        check_listen(host, token)
+    except InsecureListen as exc:
+        raise typer.BadParameter(str(exc), param_hint="--host") from None
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    raise typer.Exit(
+        run_bridge(
+            command,
+            host=host,
+            port=port,
+            token=token,
+            max_connections=max_connections,
+            max_message_bytes=max_message_bytes,
         )
     )
 
@@ -271,6 +397,23 @@ def check(
             slow_prompt=slow_prompt,
         )
     )
+
+
+@app.command()
+def status(
+    url: Annotated[str, typer.Argument(help="a node's base URL, e.g. http://127.0.0.1:8765")],
+    token: Annotated[
+        str | None,
+        typer.Option(envvar="ACP_ONCE_TOKEN", show_envvar=True, help="the nodes' bearer token"),
+    ] = None,
+) -> None:
+    """Show every node sharing the node's store: sessions owned, prompts held, dedup hits.
+
+    Reads GET URL/ops/status (token-protected like /acp). Exits 1 when it cannot be read.
+    """
+    from acp_once.cli.cluster_status import show_status
+
+    raise typer.Exit(show_status(url, token=token or None))
 
 
 db_app = typer.Typer(no_args_is_help=True, help="Schema migrations of a store.")

@@ -7,14 +7,25 @@ import logging
 import socket
 from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal, TypeVar
 
 import uvicorn
 from starlette.applications import Starlette
 
-from acp_once.server import create_app
+from acp_once.server import DEFAULT_IDLE_TIMEOUT, DEFAULT_WRITE_TIMEOUT, create_app
 
-__all__ = ["InsecureListen", "check_listen", "is_loopback", "serve_reference", "uvicorn_config"]
+if TYPE_CHECKING:
+    from acp_once.agent.runtime import SessionAgent
+    from acp_once.storage.base import SessionStore
+
+__all__ = [
+    "InsecureListen",
+    "check_listen",
+    "clustered",
+    "is_loopback",
+    "serve_reference",
+    "uvicorn_config",
+]
 
 logger = logging.getLogger("acp_once.server")
 
@@ -50,6 +61,29 @@ def check_listen(host: str, token: str | None) -> None:
         )
 
 
+_Agent = TypeVar("_Agent", bound="SessionAgent")
+
+
+def clustered(
+    agent: _Agent, store: SessionStore, *, node_id: str | None, lease_ttl: float
+) -> _Agent:
+    """`agent` as a cluster node when `store` is PostgreSQL (see `serve_reference`)."""
+    from acp_once.storage.postgres import PostgresStore
+
+    if isinstance(store, PostgresStore):
+        from acp_once.agent.cluster import PostgresCoordinator
+
+        coordinator = PostgresCoordinator(store, node_id=node_id, lease_ttl=lease_ttl)
+        agent.use_coordinator(coordinator)
+        logger.warning(
+            "cluster node %s (instance %s), lease TTL %.1f s",
+            coordinator.node_id,
+            coordinator.instance,
+            lease_ttl,
+        )
+    return agent
+
+
 def uvicorn_config(
     app: Starlette,
     *,
@@ -83,6 +117,10 @@ async def serve_reference(
     max_message_bytes: int,
     sock: socket.socket | None = None,
     on_server: Callable[[uvicorn.Server], None] | None = None,
+    node_id: str | None = None,
+    lease_ttl: float = 10.0,
+    idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT,
+    write_timeout: float = DEFAULT_WRITE_TIMEOUT,
 ) -> None:
     """Run the reference agent on `store` behind `create_app` until uvicorn is told to stop
     (SIGINT or SIGTERM, or `server.should_exit`); connections are closed, then the agent and
@@ -91,6 +129,10 @@ async def serve_reference(
     `sock`: an already listening socket to serve on instead of binding `host`:`port` (clients
     may connect at once: they wait in its backlog). `on_server` receives the uvicorn server
     before it starts (tests stop it with `should_exit`).
+
+    On a PostgreSQL store the agent is a cluster node (`node_id`, default the host name;
+    `lease_ttl` seconds before a dead node's sessions are taken over): any number of
+    processes may serve the same store behind a load balancer (`acp_once.agent.cluster`).
     """
     from acp_once.agent.reference import ReferenceAgent
     from acp_once.storage import open_store
@@ -98,8 +140,16 @@ async def serve_reference(
     check_listen(host, token)
     async with (
         open_store(store) as opened,
-        ReferenceAgent(
-            opened, side_effects=side_effects, policy=policy, resume_interrupted=resume_interrupted
+        clustered(
+            ReferenceAgent(
+                opened,
+                side_effects=side_effects,
+                policy=policy,
+                resume_interrupted=resume_interrupted,
+            ),
+            opened,
+            node_id=node_id,
+            lease_ttl=lease_ttl,
         ) as agent,
     ):
         app = create_app(
@@ -107,6 +157,8 @@ async def serve_reference(
             token=token,
             max_connections=max_connections,
             max_message_bytes=max_message_bytes,
+            idle_timeout=idle_timeout,
+            write_timeout=write_timeout,
         )
         config = uvicorn_config(app, host=host, port=port, max_message_bytes=max_message_bytes)
         server = uvicorn.Server(config)

@@ -18,6 +18,7 @@ Errors::
     StorageError
      ├── SessionMissing      the session does not exist (writes only; reads answer "empty")
      ├── SessionExists       create/fork onto an id that is already taken
+     ├── FencingError        a fenced write by a node that lost the session's lease
      ├── InvalidCursor       also a ValueError: a malformed `list_sessions` cursor
      └── SchemaOutOfDate     the database needs `acp-once db migrate`
 """
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "UNCHANGED",
+    "FencingError",
     "InsertOutcome",
     "InvalidCursor",
     "KeyRecord",
@@ -78,6 +80,16 @@ class SessionExists(StorageError):
 
     def __init__(self, session_id: str) -> None:
         super().__init__(f"session {session_id!r} already exists")
+        self.session_id = session_id
+
+
+class FencingError(StorageError):
+    """A fenced write (several nodes sharing one database) whose writer no longer holds the
+    session's lease at its epoch: the lease was taken over or released. Nothing was written.
+    """
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__(f"session {session_id!r}: this node no longer holds the session's lease")
         self.session_id = session_id
 
 

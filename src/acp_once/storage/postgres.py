@@ -65,6 +65,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from acp_once.storage.base import (
     UNCHANGED,
+    FencingError,
     InsertOutcome,
     KeyRecord,
     Opening,
@@ -87,6 +88,8 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_SCHEMA",
     "LATEST_VERSION",
+    "Fence",
+    "FencingError",
     "MIGRATIONS",
     "Migration",
     "PostgresStore",
@@ -109,6 +112,15 @@ _CLEANUP_TIMEOUT: Final = 5.0
 """Seconds a rollback after a failed or cancelled call may take before we close instead."""
 
 _LOCK_CLASS: Final = 0x6163706F  # "acpo": first half of the advisory lock of migrations
+
+
+@dataclass(frozen=True, slots=True)
+class Fence:
+    """A fencing token: a write is accepted only while `owner` holds the session's lease at
+    `epoch` (the `session_leases` table; see `acp_once.storage.pg_cluster`)."""
+
+    owner: str
+    epoch: int
 
 
 # -- migrations ---------------------------------------------------------------------------------
@@ -159,6 +171,73 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
             """
             CREATE UNIQUE INDEX timeline_user_keys ON {s}.timeline (session_id, idempotency_key)
             WHERE idempotency_key IS NOT NULL
+            """,
+        ),
+    ),
+    Migration(
+        "several nodes: session leases with fencing, the cluster's prompt queue, node heartbeats"
+        " and large session events (see acp_once.storage.pg_cluster)",
+        (
+            # One row per node process (`instance`); `seen_at` is its heartbeat, `stats` what
+            # `/ops/status` shows. Times are the database's clock: nodes' clocks may disagree.
+            """
+            CREATE TABLE {s}.cluster_nodes (
+                instance   text COLLATE "C" PRIMARY KEY,
+                node_id    text NOT NULL,
+                started_at timestamptz NOT NULL DEFAULT now(),
+                seen_at    timestamptz NOT NULL DEFAULT now(),
+                stats      jsonb NOT NULL DEFAULT '{{}}'
+            )
+            """,
+            # The lease of a session's foreground work. The row is kept when released (owner
+            # NULL) so that `epoch`, the fencing token, only ever grows.
+            """
+            CREATE TABLE {s}.session_leases (
+                session_id text COLLATE "C" PRIMARY KEY,
+                owner      text COLLATE "C",
+                node_id    text,
+                epoch      bigint NOT NULL DEFAULT 0,
+                expires_at timestamptz NOT NULL DEFAULT '-infinity'
+            )
+            """,
+            "CREATE INDEX session_leases_by_owner ON {s}.session_leases (owner)",
+            # Prompts accepted and not inserted yet (held), in arrival order (`id`), whichever
+            # node received them; the lease owner inserts them. The key is private: it is never
+            # in a NOTIFY payload, a log line or an error.
+            """
+            CREATE TABLE {s}.prompt_queue (
+                id              bigserial PRIMARY KEY,
+                session_id      text COLLATE "C" NOT NULL,
+                idempotency_key bytea,
+                prompt_digest   bytea NOT NULL,
+                content         bytea NOT NULL,  -- the prompt's content blocks (JSON)
+                origin          text COLLATE "C" NOT NULL,  -- the instance that received it
+                waiters         integer NOT NULL DEFAULT 1,  -- nodes with a request waiting
+                state           text NOT NULL DEFAULT 'queued' CHECK (state IN
+                                ('queued', 'inserted', 'recorded', 'withdrawn', 'dropped',
+                                 'abandoned', 'failed')),
+                message_id      text,
+                same_prompt     boolean,
+                created_at      timestamptz NOT NULL DEFAULT now()
+            )
+            """,
+            """
+            CREATE INDEX prompt_queue_open ON {s}.prompt_queue (session_id, id)
+            WHERE state = 'queued'
+            """,
+            # One queued prompt per (session, key): a second request with the key waits on it.
+            """
+            CREATE UNIQUE INDEX prompt_queue_keys ON {s}.prompt_queue (session_id, idempotency_key)
+            WHERE state = 'queued' AND idempotency_key IS NOT NULL
+            """,
+            # Session updates too large for a NOTIFY payload travel through this table.
+            """
+            CREATE TABLE {s}.session_events (
+                id         bigserial PRIMARY KEY,
+                session_id text NOT NULL,
+                payload    bytea NOT NULL,
+                created_at timestamptz NOT NULL DEFAULT now()
+            )
             """,
         ),
     ),
@@ -268,6 +347,8 @@ class _Statements:
     count_key: sql.Composed
     fork_session: sql.Composed
     copy_timeline: sql.Composed
+    check_fence: sql.Composed
+    append_fenced: sql.Composed
     schema: str
 
 
@@ -340,6 +421,24 @@ def _statements(schema: str) -> _Statements:
             "INSERT INTO {s}.timeline (session_id, seq, message_id, payload, is_user_message)"
             " SELECT %s, seq, message_id, payload, is_user_message FROM {s}.timeline"
             " WHERE session_id = %s"
+        ),
+        # FOR SHARE: a takeover (an UPDATE of the lease row) waits until this write commits,
+        # and a write that comes after it sees the new epoch and is refused.
+        check_fence=q(
+            "SELECT 1 FROM {s}.session_leases WHERE session_id = %s AND owner = %s AND epoch = %s"
+            " FOR SHARE"
+        ),
+        # `append_entry` and the fence check in one statement: a turn's writes cost one trip.
+        append_fenced=q(
+            "WITH f AS (SELECT 1 FROM {s}.session_leases WHERE session_id = %(sid)s"
+            "  AND owner = %(owner)s AND epoch = %(epoch)s FOR SHARE),"
+            " s AS ("
+            " UPDATE {s}.sessions SET next_seq = next_seq + 1,"
+            "  updated_at = GREATEST(updated_at, %(now)s)"
+            " WHERE session_id = %(sid)s AND EXISTS (SELECT 1 FROM f)"
+            " RETURNING next_seq - 1 AS seq)"
+            " INSERT INTO {s}.timeline (session_id, seq, message_id, payload)"
+            " SELECT %(sid)s, s.seq, %(mid)s, %(payload)s FROM s RETURNING seq"
         ),
         schema=schema,
     )
@@ -744,7 +843,16 @@ class PostgresStore:
         update: bytes,
         idempotency_key: str | None,
         prompt_digest: bytes | None,
+        fence: Fence | None = None,
+        then: Callable[[_Conn, InsertOutcome], Awaitable[None]] | None = None,
     ) -> InsertOutcome:
+        """`SessionStore.insert_user_message`, with two additions for several nodes.
+
+        `fence`: the write happens only while the fence's owner holds the session's lease at
+        its epoch, checked in the same transaction (else `FencingError`, nothing written).
+        `then(conn, outcome)`: runs in the same transaction after the insert (or the lookup of
+        a recorded key); an exception from it rolls everything back and propagates.
+        """
         now = self._clock()
         key = None if idempotency_key is None else _key_bytes(idempotency_key)
         statements = self._sql
@@ -754,6 +862,14 @@ class PostgresStore:
             return None if row is None else InsertOutcome(row[0], False, row[1])
 
         async def work(conn: _Conn) -> InsertOutcome:
+            if fence is not None:
+                await self._check_fence(conn, session_id, fence)
+            outcome = await insert(conn)
+            if then is not None:
+                await then(conn, outcome)
+            return outcome
+
+        async def insert(conn: _Conn) -> InsertOutcome:
             locked = await _one(conn, statements.lock_session, (session_id,))
             if locked is None:
                 raise SessionMissing(session_id)
@@ -789,18 +905,60 @@ class PostgresStore:
         return await self._call(work)
 
     async def append_update(
-        self, session_id: str, update: bytes, *, message_id: str | None = None
+        self,
+        session_id: str,
+        update: bytes,
+        *,
+        message_id: str | None = None,
+        fence: Fence | None = None,
     ) -> int:
-        params = {"sid": session_id, "mid": message_id, "payload": update, "now": self._clock()}
+        """`SessionStore.append_update`; with `fence`, only while the fence holds (see
+        `insert_user_message`), else `FencingError` and nothing is written."""
+        params: dict[str, object] = {
+            "sid": session_id,
+            "mid": message_id,
+            "payload": update,
+            "now": self._clock(),
+        }
         query = self._sql.append_entry
+        if fence is not None:
+            query = self._sql.append_fenced
+            params.update(owner=fence.owner, epoch=fence.epoch)
 
         async def work(conn: _Conn) -> int:
             row = await _one(conn, query, params)
             if row is None:
+                if fence is not None and await _one(conn, self._sql.get_session, (session_id,)):
+                    raise FencingError(session_id)
                 raise SessionMissing(session_id)
             return int(row[0])
 
         return await self._call(work)
+
+    async def _check_fence(self, conn: _Conn, session_id: str, fence: Fence) -> None:
+        params = (session_id, fence.owner, fence.epoch)
+        if await _one(conn, self._sql.check_fence, params) is None:
+            raise FencingError(session_id)
+
+    @property
+    def schema(self) -> str:
+        """The PostgreSQL schema holding the store's tables."""
+        return self._sql.schema
+
+    @property
+    def where(self) -> str:
+        """Where the store lives, for messages (no password)."""
+        return self._where
+
+    async def run(self, work: Callable[[_Conn], Awaitable[_T]], *, begin: bool = True) -> _T:
+        """Run `work(conn)` in one transaction on a pooled connection (for the storage-level
+        helpers next to this module, such as `pg_cluster`).
+
+        Raises:
+            StorageError: the store is closed, or PostgreSQL refused (psycopg errors are
+                wrapped without their values); errors of `work` itself propagate.
+        """
+        return await self._call(work, begin=begin)
 
     async def read_timeline(
         self, session_id: str, *, after_seq: int = 0, limit: int = 1000

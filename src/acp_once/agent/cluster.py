@@ -1,0 +1,847 @@
+"""Several `SessionAgent` nodes on one PostgreSQL store: leases, cross-node prompts, updates.
+
+`SessionAgent(store, coordinator=...)` takes a `Coordinator`. `LocalCoordinator` (the default,
+and what `coordinator=None` means) changes nothing: one process owns its sessions, prompts are
+held in memory, nothing extra is awaited. `PostgresCoordinator` lets any number of nodes serve
+the same sessions behind any load balancer:
+
+* **Leases with fencing.** A session's foreground work (inserting user messages, running
+  turns) happens on the node holding its lease (`session_leases`, see
+  `acp_once.storage.pg_cluster`). A node takes the lease when it needs to insert for a session
+  whose lease is free or expired, renews it every `lease_ttl / 3` seconds while it works, and
+  releases it when the session is idle with nothing queued. Every write under the lease
+  (`insert_user_message`, `append_update`) carries the fencing token `(instance, epoch)` and
+  the store refuses it in the same transaction when the lease moved on (`FencingError`): a
+  node that lost its lease cannot write. When the owner dies, its lease expires after
+  `lease_ttl` and the next node that needs the session takes it over.
+* **Cross-node prompts.** A keyed retry of an inserted prompt gets the recorded `messageId` on
+  any node (the store's lookup). A prompt that cannot be inserted at once, because a turn runs
+  (on this node or another) or prompts wait already, goes into the shared `prompt_queue` in
+  arrival order; the lease owner inserts the queued prompts one by one after its turn, each in
+  the transaction that marks the row inserted. A request on any node carrying the key of a
+  queued prompt waits on that row instead of queueing a second one, and every waiter learns the
+  outcome by NOTIFY (polled as well, every `poll_interval`, so a lost notification or a dead
+  listener never leaves a request waiting): the `messageId`, or -32800 when it was withdrawn
+  (`$/cancel_request` on any node, `session/cancel`, `session/close`). We chose forwarding
+  through the queue over "wait for the lease": it keeps one arrival order for all nodes and
+  makes held prompts visible to retries everywhere.
+* **A dead node.** Its leases expire; prompts it had queued (its clients' connections died
+  with it) are marked abandoned by the next owner: never answered, so the clients' retries
+  insert them once. Prompts other nodes queued behind it stay queued and are inserted by the
+  next owner, which a waiting node becomes by taking the expired lease itself.
+* **Updates** emitted on one node are published by NOTIFY (large ones through a table) and
+  delivered to the connections on which the session is active on every other node.
+
+With the steer policy, a prompt another node queued is inserted as soon as the owner is
+woken (NOTIFY), during its turn; the owner's own prompts are inserted at once as on one node.
+
+Interrupted work: a node that takes over a lease that expired (a dead owner, or one that
+stopped with work in progress) looks for the session's turns that did not finish and runs them
+again (`resume_interrupted`) or reports them interrupted, as one node does after a restart.
+
+Limits: keys of live-only messages (locally handled commands, never stored) are known only on
+the node that ran them. A node that dies while it has requests waiting on another node's queued
+prompt keeps that prompt held (it is inserted rather than dropped when its last other waiter
+leaves). Streamable HTTP connections live on the node that created them: a load balancer must
+route by `Acp-Connection-Id` (WebSocket connections are single TCP connections anyway).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import contextvars
+import logging
+import math
+import socket
+import uuid
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+import anyio
+import orjson
+
+from acp_once.protocol import schema as s
+from acp_once.protocol.errors import AcpError, InternalError, InvalidParams, RequestCancelled
+from acp_once.storage.base import (
+    UNCHANGED,
+    FencingError,
+    InsertOutcome,
+    KeyRecord,
+    SessionRecord,
+    StorageError,
+    TimelineEntry,
+    Unchanged,
+)
+from acp_once.storage.pg_cluster import (
+    Attached,
+    Owned,
+    PgCluster,
+    Queued,
+    QueuedPrompt,
+    RowOutcome,
+)
+from acp_once.storage.postgres import Fence, PostgresStore
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from anyio.abc import TaskGroup, TaskStatus
+
+    from acp_once.agent.runtime import SessionAgent, _Pending, _Session
+
+__all__ = ["Coordinator", "LocalCoordinator", "PostgresCoordinator", "default_node_id"]
+
+logger = logging.getLogger("acp_once.cluster")
+
+_REUSED_KEY = "idempotencyKey was already used with a different prompt"
+_QUEUE_ROW: contextvars.ContextVar[tuple[int, bytes] | None] = contextvars.ContextVar(
+    "acp_once_queue_row", default=None
+)
+_STOP_TIMEOUT = 5.0
+_DELIVERY_BUFFER = 10_000
+
+
+def default_node_id() -> str:
+    """The host name: a sensible `--node-id` when one node runs per machine."""
+    return socket.gethostname() or "node"
+
+
+@runtime_checkable
+class Coordinator(Protocol):
+    """How a `SessionAgent` shares its sessions with other nodes.
+
+    `clustered` False (`LocalCoordinator`): the agent works alone and never calls the
+    coordinator. True: the agent routes admission, insertion of held prompts, withdrawals,
+    cancellation and updates through it (see `PostgresCoordinator`).
+    """
+
+    clustered: bool
+
+
+class LocalCoordinator:
+    """One node alone: sessions, held prompts and updates stay in this process."""
+
+    clustered = False
+
+
+class PostgresCoordinator:
+    """Coordinates the nodes that share one `PostgresStore` (see the module docstring).
+
+    Args:
+        store: the node's open store (its own pool).
+        node_id: the operator's name for this node (`acp-once serve --node-id`); logs and
+            `/ops/status` show it. A process is an *instance* `NODE-<random>`, so a restarted
+            node never mistakes its predecessor's leases for its own.
+        lease_ttl: seconds a lease lasts without renewal (renewed every third of it); how long
+            a dead node's sessions wait before another node takes over.
+        poll_interval: seconds between polls of the queued prompts this node waits on (a
+            safety net behind NOTIFY).
+    """
+
+    clustered = True
+
+    def __init__(
+        self,
+        store: PostgresStore,
+        *,
+        node_id: str | None = None,
+        lease_ttl: float = 10.0,
+        poll_interval: float = 1.0,
+    ) -> None:
+        if not math.isfinite(lease_ttl) or lease_ttl <= 0:
+            raise ValueError("lease_ttl must be a positive number of seconds")
+        if poll_interval <= 0:
+            raise ValueError("poll_interval must be positive")
+        self.node_id = node_id or default_node_id()
+        self.instance = f"{self.node_id}-{uuid.uuid4().hex[:12]}"
+        self.base_store = store
+        self.pg = PgCluster(
+            store, node_id=self.node_id, instance=self.instance, lease_ttl=lease_ttl
+        )
+        self.lease_ttl = lease_ttl
+        self.poll_interval = poll_interval
+        self.leases: dict[str, int] = {}
+        """The sessions whose lease this node holds, with its epoch (the fencing token)."""
+        self._waiting: dict[int, tuple[_Session, _Pending]] = {}
+        self._rows: dict[_Pending, int] = {}
+        self._remote_state: dict[str, str] = {}
+        self._publish: collections.deque[tuple[str, dict[str, Any]]] = collections.deque()
+        self._publish_ready = anyio.Event()
+        self._agent: SessionAgent | None = None
+        self._tg: TaskGroup | None = None
+        self.listening = anyio.Event()
+        """Set once this node LISTENs (updates and outcomes from other nodes reach it)."""
+        self.counters: collections.Counter[str] = collections.Counter()
+        """dedup_hits (answered without inserting: a recorded key, or a queued prompt's key),
+        inserted, queued, forwarded (queued behind another node's work), leases_taken_over
+        (from an owner whose lease expired), leases_lost, fenced (writes refused here)."""
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    def wrap_store(self, store: Any) -> FencedStore:
+        """The store the agent uses: every write under a lease carries its fencing token."""
+        return FencedStore(self)
+
+    async def start(self, agent: SessionAgent, tg: TaskGroup) -> None:
+        """Register this node and start its background tasks in the agent's task group."""
+        self._agent = agent
+        self._tg = tg
+        await self.pg.heartbeat(self.stats())
+        await tg.start(self._listen)
+        tg.start_soon(self._maintain, name=f"cluster-maintain-{self.node_id}")
+        tg.start_soon(self._publisher, name=f"cluster-publish-{self.node_id}")
+        logger.info("cluster.start node=%s instance=%s", self.node_id, self.instance)
+
+    async def stop(self) -> None:
+        """Expire the leases this node still holds (sessions with work in progress: the next
+        owner looks for their unfinished turns) and deregister it (its queued prompts count
+        as abandoned). Bounded and shielded; the agent calls it after its turns ended."""
+        with anyio.CancelScope(shield=True), anyio.move_on_after(_STOP_TIMEOUT):
+            with contextlib.suppress(StorageError):
+                await self._flush()
+            with contextlib.suppress(StorageError):
+                await self.pg.release_all()
+            with contextlib.suppress(StorageError):
+                await self.pg.deregister()
+        self.leases.clear()
+        logger.info("cluster.stop node=%s instance=%s", self.node_id, self.instance)
+
+    def stats(self) -> dict[str, Any]:
+        """This node's figures, as its heartbeat reports them to `/ops/status`."""
+        return {
+            "prompts_held": len(self._waiting),
+            "leases": len(self.leases),
+            **{name: self.counters[name] for name in sorted(self.counters)},
+            "dedup_hits": self.counters["dedup_hits"],
+        }
+
+    async def status(self) -> dict[str, Any]:
+        """Every node sharing the database, from this node's point of view."""
+        return {"node": self.node_id, "instance": self.instance, "nodes": await self.pg.status()}
+
+    # -- what the runtime calls ---------------------------------------------------------
+
+    def fence(self, session_id: str) -> Fence:
+        """The fencing token for a write on `session_id`; `FencingError` without the lease."""
+        epoch = self.leases.get(session_id)
+        if epoch is None:
+            self.counters["fenced"] += 1
+            raise FencingError(session_id)
+        return Fence(self.instance, epoch)
+
+    def running_elsewhere(self, session_id: str) -> bool:
+        """Another node reported the session running (for the `session/resume` snapshot)."""
+        return session_id not in self.leases and self._remote_state.get(session_id) == "running"
+
+    def publish(self, session_id: str, update: dict[str, Any]) -> None:
+        """Send a session update to the other nodes (in order, batched, never blocking)."""
+        self._publish.append((session_id, update))
+        self._publish_ready.set()
+
+    async def admit(self, agent: SessionAgent, session: _Session, pending: _Pending) -> None:
+        """Insert a new prompt now, or queue it, or wait on the queued prompt with its key.
+
+        Called under the session's lock with `pending` registered under its key. A database
+        failure answers it -32603 (nothing was queued or inserted: the key stays unused).
+        """
+        try:
+            await self._admit(agent, session, pending)
+        except StorageError:
+            logger.exception("session %s: admitting a prompt failed", session.id)
+            if pending.state == "held" and pending not in self._rows:
+                self._finish(
+                    session, pending, error=InternalError("The message could not be stored")
+                )
+
+    async def _admit(self, agent: SessionAgent, session: _Session, pending: _Pending) -> None:
+        sid = session.id
+        backlog = False
+        for _ in range(3):  # a lease lost between two steps: decide again
+            epoch = self.leases.get(sid)
+            if epoch is not None:
+                if backlog or (session.worker and agent.policy == "hold"):
+                    try:
+                        admission = await self.pg.admit(
+                            sid, pending.key, pending.digest, _content(pending), epoch=epoch
+                        )
+                    except FencingError:
+                        self._lost(sid)
+                        continue
+                    assert not isinstance(admission, Owned)  # we own it already
+                    self._await_row(agent, session, pending, admission)
+                    await self._settle(agent, session)
+                    return
+                await agent._insert(session, pending)
+                await self._settle(agent, session)
+                return
+            if pending.key is not None:
+                found = await agent.store.find_key(sid, pending.key)
+                if found is not None:
+                    self._finish_recorded(
+                        agent, session, pending, found.message_id, found.prompt_digest
+                    )
+                    return
+            admission = await self.pg.admit(
+                sid, pending.key, pending.digest, _content(pending), epoch=None
+            )
+            if isinstance(admission, Owned):
+                self._took(sid, admission.epoch)
+                if admission.took_over:
+                    await self._recover(agent, session)
+                if admission.backlog:
+                    backlog = True
+                    continue  # queue behind the prompts that wait already (we own it now)
+                await agent._insert(session, pending)
+                await self._settle(agent, session)
+                return
+            self._await_row(agent, session, pending, admission)
+            return
+        self._finish(session, pending, error=InternalError("The message could not be stored"))
+
+    async def insert_next(self, agent: SessionAgent, session: _Session) -> bool:
+        """The worker's next step once its turns are done: insert the oldest queued prompt
+        (True), or release the lease when nothing is queued (False: the worker stops)."""
+        sid = session.id
+        try:
+            while True:
+                epoch = self.leases.get(sid)
+                if epoch is None:
+                    return False
+                queued = await self.pg.next_prompt(sid)
+                if queued is None:
+                    if await self.pg.release(sid, epoch):
+                        self.leases.pop(sid, None)
+                        logger.info("lease.released session=%s node=%s", sid, self.node_id)
+                        return False
+                    continue
+                await self._insert_queued(agent, session, queued)
+                return True
+        except StorageError:
+            # Stop working on the session and stop renewing its lease: it expires, and the
+            # next node that needs the session (this one included) takes the queue over.
+            logger.exception("session %s: the prompt queue failed", sid)
+            self._lost(sid)
+            return False
+
+    def withdraw(self, session: _Session, pending: _Pending, error: AcpError | None) -> bool:
+        """Withdraw a prompt waiting on a queued row ($/cancel_request): False when the prompt
+        is not queued (the runtime withdraws it itself). Insertion wins a race (R27)."""
+        row = self._rows.get(pending)
+        if row is None:
+            return False
+        self._spawn(self._withdraw_row, row, error)
+        return True
+
+    def detach(self, session: _Session, pending: _Pending) -> bool:
+        """The last local request waiting on a queued prompt went away with its connection
+        (D11): this node stops waiting; the prompt is dropped when no node waits any more."""
+        row = self._rows.pop(pending, None)
+        if row is None:
+            return False
+        self._waiting.pop(row, None)
+        self._finish(session, pending, error=RequestCancelled("The connection closed"))
+        self._spawn(self.pg.detach, row)
+        return True
+
+    async def cancel_session(self, agent: SessionAgent, session: _Session) -> None:
+        """session/cancel or close on this node: withdraw the session's queued prompts on every
+        node and cancel the owner's turn."""
+        try:
+            rows = await self.pg.cancel_session(session.id)
+        except StorageError:
+            logger.exception("session %s: withdrawing queued prompts failed", session.id)
+            return
+        for row in rows:
+            self._outcome(RowOutcome(row, "withdrawn", None, None))
+
+    async def claim(self, agent: SessionAgent, session_id: str) -> bool:
+        """Take a free lease to recover a session's interrupted turns; False when another
+        node is working on the session."""
+        if session_id in self.leases:
+            return True
+        owned = await self.pg.take(session_id)
+        if owned is None:
+            return False
+        self._took(session_id, owned.epoch)
+        return True
+
+    async def settle(self, agent: SessionAgent, session: _Session) -> None:
+        """After a recovery: drain the queue and release the lease (through the worker)."""
+        await self._settle(agent, session)
+
+    # -- internals ----------------------------------------------------------------------
+
+    def _took(self, sid: str, epoch: int) -> None:
+        self.leases[sid] = epoch
+        logger.info("lease.taken session=%s node=%s epoch=%d", sid, self.node_id, epoch)
+
+    def _lost(self, sid: str) -> None:
+        if self.leases.pop(sid, None) is None:
+            return
+        self.counters["leases_lost"] += 1
+        logger.warning("lease.lost session=%s node=%s", sid, self.node_id)
+        agent = self._agent
+        session = agent._sessions.get(sid) if agent is not None else None
+        if session is not None:
+            # its turns can no longer write; the next owner reports them interrupted
+            session.turns.clear()
+            if session.turn_scope is not None:
+                session.turn_scope.cancel()
+
+    async def _recover(self, agent: SessionAgent, session: _Session) -> None:
+        """After taking over a dead owner's lease: its unfinished turns are run again
+        (`resume_interrupted`) or reported interrupted, as after a restart of one node."""
+        from acp_once.agent.runtime import _RECOVERY_WINDOW, _unfinished_turns
+
+        self.counters["leases_taken_over"] += 1
+        tail = await agent.store.read_timeline_tail(session.id, limit=_RECOVERY_WINDOW)
+        unfinished = _unfinished_turns(session.id, tail)
+        if not unfinished:
+            return
+        logger.info(
+            "lease.recovered session=%s node=%s unfinished=%d",
+            session.id,
+            self.node_id,
+            len(unfinished),
+        )
+        if agent.resume_interrupted:
+            session.turns.extend(unfinished)
+            agent._ensure_worker(session)
+            return
+        session.interrupted = True
+        for turn in unfinished:
+            await agent._mark_turn(session, "idle", turn.message_id)
+
+    async def _settle(self, agent: SessionAgent, session: _Session) -> None:
+        """After an insert outside the worker: the worker (if any) releases the lease when
+        the session is idle; without one (an error, nothing to run) start it to do so."""
+        if session.id in self.leases and not session.worker:
+            agent._ensure_worker(session)
+
+    def _await_row(
+        self,
+        agent: SessionAgent,
+        session: _Session,
+        pending: _Pending,
+        admission: Attached | Queued,
+    ) -> None:
+        if isinstance(admission, Attached):
+            self.counters["dedup_hits"] += 1
+            if agent.compare_prompts and admission.digest != pending.digest:
+                self._spawn(self.pg.detach, admission.row)
+                self._finish(session, pending, error=InvalidParams(_REUSED_KEY))
+                return
+            existing = self._waiting.get(admission.row)
+            if existing is not None and existing[1] is not pending:
+                # this node already waits on the row: one pending, more waiters
+                self._spawn(self.pg.detach, admission.row)
+                other = existing[1]
+                other.waiters.extend(pending.waiters)
+                pending.waiters.clear()
+                self._spawn(self._follow, session, pending, other)
+                return
+        else:
+            self.counters["queued"] += 1
+            if admission.owner is not None and admission.owner != self.instance:
+                self.counters["forwarded"] += 1
+        self._waiting[admission.row] = (session, pending)
+        self._rows[pending] = admission.row
+        session.held.append(pending)
+        logger.debug("prompt.queued session=%s row=%d", session.id, admission.row)
+
+    async def _follow(self, session: _Session, pending: _Pending, other: _Pending) -> None:
+        await other.done.wait()
+        self._finish(session, pending, message_id=other.message_id, error=other.error)
+
+    async def _insert_queued(
+        self, agent: SessionAgent, session: _Session, queued: QueuedPrompt
+    ) -> None:
+        from acp_once.agent.runtime import _Pending
+
+        wire = orjson.loads(queued.content)
+        prompt = s.PromptRequest.model_validate(
+            {"sessionId": queued.session_id, "prompt": wire}
+        ).prompt
+        # a stand-in without waiters: the requests (on any node) learn the outcome from the row
+        stand_in = _Pending(session.id, list(prompt), queued.key, queued.digest, wire)
+        token = _QUEUE_ROW.set((queued.row, queued.digest))
+        try:
+            await agent._insert(session, stand_in)
+        finally:
+            _QUEUE_ROW.reset(token)
+        if stand_in.message_id is not None:
+            if agent._is_live_only(stand_in.prompt):  # not stored: no transaction marked it
+                await self.pg.mark_inserted(queued.row, stand_in.message_id)
+            self._outcome(RowOutcome(queued.row, "inserted", stand_in.message_id, True))
+            return
+        if isinstance(stand_in.error, InvalidParams):  # recorded with a different prompt
+            self._outcome(RowOutcome(queued.row, "recorded", None, False))
+            return
+        # Not stored: our lease is gone (the next owner inserts it), the row was withdrawn
+        # meanwhile, or the database failed (its waiters get -32603, as on one node).
+        epoch = self.leases.get(session.id)
+        owner, _, current, _ = await self.pg.lease_of(session.id)
+        if epoch is None or owner != self.instance or current != epoch:
+            self._lost(session.id)
+            return
+        if await self.pg.fail(queued.row):
+            self._outcome(RowOutcome(queued.row, "failed", None, None))
+
+    async def _withdraw_row(self, row: int, error: AcpError | None) -> None:
+        try:
+            withdrawn = await self.pg.withdraw(row)
+        except StorageError:
+            logger.exception("withdrawing queued prompt %d failed", row)
+            return
+        if withdrawn:
+            self._outcome(RowOutcome(row, "withdrawn", None, None), error=error)
+
+    def _outcome(self, outcome: RowOutcome, *, error: AcpError | None = None) -> None:
+        entry = self._waiting.get(outcome.row)
+        if entry is None or outcome.state == "queued":
+            return
+        session, pending = entry
+        if outcome.state in ("dropped", "abandoned"):
+            # nobody inserted it: a request still waiting here submits it again (it is the
+            # client's retry), which inserts it once
+            self._waiting.pop(outcome.row, None)
+            self._rows.pop(pending, None)
+            with contextlib.suppress(ValueError):
+                session.held.remove(pending)
+            self._spawn(self._readmit, session, pending)
+            return
+        self._waiting.pop(outcome.row, None)
+        self._rows.pop(pending, None)
+        agent = self._agent
+        if outcome.state == "inserted" or outcome.state == "recorded":
+            assert agent is not None
+            if outcome.same_prompt is False and agent.compare_prompts:
+                self._finish(session, pending, error=InvalidParams(_REUSED_KEY))
+            elif outcome.message_id is not None:
+                self._finish(session, pending, message_id=outcome.message_id)
+            else:
+                self._finish(session, pending, error=InvalidParams(_REUSED_KEY))
+        elif outcome.state == "withdrawn":
+            self._finish(
+                session,
+                pending,
+                error=error or RequestCancelled("The prompt was withdrawn before insertion"),
+            )
+        else:
+            self._finish(session, pending, error=InternalError("The message could not be stored"))
+
+    async def _readmit(self, session: _Session, pending: _Pending) -> None:
+        agent = self._agent
+        assert agent is not None
+        if not pending.waiters or pending.state == "done":
+            self._finish(session, pending, error=RequestCancelled("The connection closed"))
+            return
+        async with session.lock:
+            if pending.key is not None:
+                session.pending_by_key[pending.key] = pending
+            try:
+                await self.admit(agent, session, pending)
+            except StorageError:
+                logger.exception("session %s: submitting a prompt again failed", session.id)
+                self._finish(
+                    session, pending, error=InternalError("The message could not be stored")
+                )
+
+    def _finish_recorded(
+        self,
+        agent: SessionAgent,
+        session: _Session,
+        pending: _Pending,
+        message_id: str,
+        digest: bytes | None,
+    ) -> None:
+        if agent.compare_prompts and digest is not None and digest != pending.digest:
+            self._finish(session, pending, error=InvalidParams(_REUSED_KEY))
+        else:
+            self._finish(session, pending, message_id=message_id)
+
+    def _finish(
+        self,
+        session: _Session,
+        pending: _Pending,
+        *,
+        message_id: str | None = None,
+        error: AcpError | None = None,
+    ) -> None:
+        with contextlib.suppress(ValueError):
+            session.held.remove(pending)
+        if pending.key is not None and session.pending_by_key.get(pending.key) is pending:
+            del session.pending_by_key[pending.key]
+        pending.finish(message_id=message_id, error=error)
+
+    def _spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
+        if self._tg is not None:
+            self._tg.start_soon(self._guarded, fn, *args)
+
+    async def _guarded(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
+        # a background step that fails must never take the agent's task group down
+        try:
+            await fn(*args)
+        except Exception:
+            logger.exception("cluster node %s: a background step failed", self.node_id)
+
+    # -- background tasks ---------------------------------------------------------------
+
+    async def _listen(self, *, task_status: TaskStatus[None]) -> None:
+        conninfo = self._conninfo()
+        started = False
+        while True:
+            try:
+                async with self.pg.listen(conninfo) as notifies:
+                    self.listening.set()
+                    if not started:
+                        started = True
+                        task_status.started()
+                    while True:
+                        async for payload in notifies(self.poll_interval):
+                            await self._on_notify(payload)
+            except StorageError:
+                logger.warning("cluster.listen node=%s: reconnecting", self.node_id)
+                if not started:
+                    started = True
+                    task_status.started()
+                await anyio.sleep(self.poll_interval)  # a pause between attempts, not a sync
+
+    def _conninfo(self) -> str:
+        pool = self.base_store._pool
+        if pool is None or not isinstance(pool.conninfo, str):
+            raise StorageError("the store is closed")
+        return pool.conninfo
+
+    async def _on_notify(self, payload: str) -> None:
+        try:
+            note = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            return
+        kind = note.get("k")
+        if kind == "o":
+            self._outcome(RowOutcome(int(note["r"]), str(note["st"]), note.get("m"), note.get("p")))
+        elif kind == "u" and note.get("n") != self.instance:
+            update = note.get("u")
+            if update is None and "e" in note:
+                self._spawn(self._deliver_event, str(note["s"]), int(note["e"]))
+                return
+            if isinstance(update, dict):
+                self._deliver(str(note["s"]), update)
+        elif kind == "w" and note.get("o") == self.instance:
+            self._wake(str(note["s"]))
+        elif kind == "c" and note.get("n") != self.instance:
+            self._remote_cancel(str(note["s"]))
+
+    async def _deliver_event(self, session_id: str, event: int) -> None:
+        update = await self.pg.read_event(event)
+        if update is not None:
+            self._deliver(session_id, update)
+
+    def _deliver(self, session_id: str, update: dict[str, Any]) -> None:
+        if update.get("sessionUpdate") == "state_update":
+            self._remote_state[session_id] = str(update.get("state"))
+        agent = self._agent
+        session = agent._sessions.get(session_id) if agent is not None else None
+        if session is None or not session.conns:
+            return
+        self._spawn(self._send, session, update)
+
+    async def _send(self, session: _Session, update: dict[str, Any]) -> None:
+        from acp_once.rpc.errors import ConnectionClosed
+
+        for conn in list(session.conns.values()):
+            try:
+                await conn.client.session_update({"sessionId": session.id, "update": update})
+            except ConnectionClosed:
+                session.conns.pop(conn.id, None)
+
+    def _wake(self, session_id: str) -> None:
+        agent = self._agent
+        session = agent._sessions.get(session_id) if agent is not None else None
+        if agent is None or session is None or session_id not in self.leases:
+            return
+        if not session.worker:
+            agent._ensure_worker(session)
+        elif agent.policy == "steer":
+            self._spawn(self._steer, agent, session)
+
+    async def _steer(self, agent: SessionAgent, session: _Session) -> None:
+        """Steer policy: prompts other nodes queued are inserted at once, even mid-turn."""
+        async with session.lock:
+            while session.id in self.leases:
+                queued = await self.pg.next_prompt(session.id)
+                if queued is None:
+                    return
+                await self._insert_queued(agent, session, queued)
+
+    def _remote_cancel(self, session_id: str) -> None:
+        agent = self._agent
+        session = agent._sessions.get(session_id) if agent is not None else None
+        if agent is None or session is None or session_id not in self.leases:
+            return
+        self._spawn(agent._cancel_work, session)
+
+    async def _maintain(self) -> None:
+        """Renew leases and heartbeat every third of the TTL; poll the rows we wait on."""
+        beat = self.lease_ttl / 3
+        tick = min(beat, self.poll_interval)
+        since_beat = math.inf
+        rounds = 0
+        while True:
+            try:
+                if since_beat >= beat:
+                    since_beat = 0.0
+                    rounds += 1
+                    for sid in await self.pg.renew(dict(self.leases)):
+                        self._lost(sid)
+                    await self.pg.heartbeat(self.stats())
+                    if rounds % 100 == 1:
+                        await self.pg.cleanup()
+                await self._poll()
+            except StorageError:
+                logger.warning("cluster.maintain node=%s: the database failed", self.node_id)
+            await anyio.sleep(tick)  # the period of a background loop, not a synchronisation
+            since_beat += tick
+
+    async def _poll(self) -> None:
+        rows = list(self._waiting)
+        if not rows:
+            return
+        for outcome in await self.pg.outcomes(rows):
+            if outcome.state != "queued":
+                self._outcome(outcome)
+            elif outcome.lease_free:
+                entry = self._waiting.get(outcome.row)
+                if entry is not None:
+                    await self._take_over(entry[0])
+
+    async def _take_over(self, session: _Session) -> None:
+        """The owner of a session we wait on died: take its lease and insert the queue."""
+        agent = self._agent
+        if agent is None or session.id in self.leases:
+            return
+        owned = await self.pg.take(session.id)
+        if owned is None:
+            return
+        self._took(session.id, owned.epoch)
+        if owned.took_over:
+            async with session.lock:
+                await self._recover(agent, session)
+        if not session.worker:
+            agent._ensure_worker(session)
+
+    async def _publisher(self) -> None:
+        while True:
+            await self._publish_ready.wait()
+            self._publish_ready = anyio.Event()
+            try:
+                await self._flush()
+            except StorageError:
+                logger.warning("cluster.publish node=%s: updates not sent", self.node_id)
+
+    async def _flush(self) -> None:
+        while self._publish:
+            batch = [self._publish.popleft() for _ in range(min(len(self._publish), 200))]
+            await self.pg.publish(batch)
+
+
+def _content(pending: _Pending) -> bytes:
+    return orjson.dumps(pending.wire)
+
+
+class FencedStore:
+    """The agent's view of a `PostgresStore` in a cluster: writes on a session carry the
+    node's fencing token for it (`FencingError` without the lease), and the insert of a queued
+    prompt marks its row in the same transaction. Reads pass through."""
+
+    def __init__(self, coordinator: PostgresCoordinator) -> None:
+        self._c = coordinator
+        self._store = coordinator.base_store
+
+    async def create_session(self, record: SessionRecord) -> None:
+        await self._store.create_session(record)
+
+    async def get_session(self, session_id: str) -> SessionRecord | None:
+        return await self._store.get_session(session_id)
+
+    async def list_sessions(
+        self, *, cwd: str | None = None, cursor: str | None = None, limit: int = 100
+    ) -> tuple[list[SessionRecord], str | None]:
+        return await self._store.list_sessions(cwd=cwd, cursor=cursor, limit=limit)
+
+    async def delete_session(self, session_id: str) -> bool:
+        return await self._store.delete_session(session_id)
+
+    async def update_session(
+        self,
+        session_id: str,
+        *,
+        title: str | Unchanged | None = UNCHANGED,
+        updated_at: float | Unchanged = UNCHANGED,
+    ) -> SessionRecord:
+        return await self._store.update_session(session_id, title=title, updated_at=updated_at)
+
+    async def insert_user_message(
+        self,
+        session_id: str,
+        *,
+        message_id: str,
+        update: bytes,
+        idempotency_key: str | None,
+        prompt_digest: bytes | None,
+    ) -> InsertOutcome:
+        """Insert under the session's lease (fenced); marks the queued row being inserted."""
+        fence = self._c.fence(session_id)
+        row = _QUEUE_ROW.get()
+        _QUEUE_ROW.set(None)  # one insert per queued row, never inherited by another write
+        then = None if row is None else self._c.pg.flip(row[0], row[1])
+        outcome = await self._store.insert_user_message(
+            session_id,
+            message_id=message_id,
+            update=update,
+            idempotency_key=idempotency_key,
+            prompt_digest=prompt_digest,
+            fence=fence,
+            then=then,
+        )
+        if outcome.inserted:
+            self._c.counters["inserted"] += 1
+            logger.info("message.inserted session=%s message=%s", session_id, message_id)
+        else:
+            self._c.counters["dedup_hits"] += 1
+            logger.info("message.recorded session=%s message=%s", session_id, outcome.message_id)
+        return outcome
+
+    async def find_key(self, session_id: str, key: str) -> KeyRecord | None:
+        found = await self._store.find_key(session_id, key)
+        if found is not None:
+            self._c.counters["dedup_hits"] += 1
+        return found
+
+    async def append_update(
+        self, session_id: str, update: bytes, *, message_id: str | None = None
+    ) -> int:
+        return await self._store.append_update(
+            session_id, update, message_id=message_id, fence=self._c.fence(session_id)
+        )
+
+    async def read_timeline(
+        self, session_id: str, *, after_seq: int = 0, limit: int = 1000
+    ) -> list[TimelineEntry]:
+        return await self._store.read_timeline(session_id, after_seq=after_seq, limit=limit)
+
+    async def read_timeline_tail(self, session_id: str, *, limit: int = 1) -> list[TimelineEntry]:
+        return await self._store.read_timeline_tail(session_id, limit=limit)
+
+    async def count_user_messages(
+        self, session_id: str, *, idempotency_key: str | None = None
+    ) -> int:
+        return await self._store.count_user_messages(session_id, idempotency_key=idempotency_key)
+
+    async def fork_session(self, source_id: str, new_record: SessionRecord) -> None:
+        await self._store.fork_session(source_id, new_record)
+
+    async def aclose(self) -> None:
+        """The store belongs to the caller: closing the view closes nothing."""
+        return None

@@ -1,0 +1,663 @@
+"""The PostgreSQL side of several agent nodes sharing one store: leases, the prompt queue, events.
+
+Storage-level only (records and SQL; the agent-side coordinator is
+`acp_once.agent.cluster.PostgresCoordinator`). The tables come from migration 2 of
+`acp_once.storage.postgres`:
+
+* `session_leases (session_id, owner, node_id, epoch, expires_at)`: who does a session's
+  foreground work (inserting user messages, running turns). `owner` is a node *instance* (one
+  process; a restarted node is a new instance), NULL when free. Taking a lease bumps `epoch`,
+  the fencing token that every write under the lease carries (`PostgresStore(...,
+  fence=Fence(owner, epoch))`, checked in the write's own transaction). A lease may be taken
+  when it is free or expired (`expires_at`, the database's clock, so nodes' clocks do not
+  matter); the owner renews it and releases it when the session is idle.
+* `prompt_queue`: the prompts of a session that are accepted and not inserted yet (held), in
+  arrival order (`id`), whichever node received them. The lease owner inserts them one by one:
+  the insert, the flip of the row to `inserted` (or `recorded`: the key was inserted already)
+  and the NOTIFY of the outcome are one transaction, and a withdrawal is an UPDATE of the same
+  row guarded by `state = 'queued'`, so exactly one of "inserted" and "withdrawn" wins. A
+  unique index makes (session, key) queued at most once: a second request with the key on any
+  node waits on that row (`waiters` counts the nodes waiting). Rows whose origin node is dead
+  (no heartbeat within the lease TTL) are `abandoned` by the next owner: never answered, so the
+  client's retry inserts once.
+* `cluster_nodes`: a heartbeat and the figures of `/ops/status` per instance.
+* `session_events`: session updates too large for a NOTIFY payload (8000 bytes); the payload
+  then carries the event id.
+
+Notifications go on one channel per schema (`channel_for(schema)`), JSON payloads:
+`{"k": "o", "r": row, "st": state, "m": message_id, "p": same_prompt}` a queued prompt's
+outcome; `{"k": "w", "s": session, "o": owner}` wake the owner (a prompt was queued);
+`{"k": "u", "s": session, "n": instance, "u": update | "e": event_id}` a session update;
+`{"k": "c", "s": session, "n": instance}` cancel the session's work (session/cancel elsewhere).
+Idempotency keys never appear in a payload (nor in a log line or an error message).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
+
+import anyio
+import orjson
+import psycopg
+from psycopg import sql
+
+from acp_once.storage.base import FencingError, InsertOutcome, StorageError
+from acp_once.storage.postgres import (
+    Fence,
+    PostgresStore,
+    _all,
+    _Conn,
+    _connect,
+    _exec,
+    _key_bytes,
+    _one,
+    _q,
+    _storage_error,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+__all__ = [
+    "NOTIFY_LIMIT",
+    "Admission",
+    "Attached",
+    "Owned",
+    "PgCluster",
+    "QueueRowGone",
+    "Queued",
+    "QueuedPrompt",
+    "RowOutcome",
+    "channel_for",
+]
+
+NOTIFY_LIMIT: Final = 7000
+"""Largest NOTIFY payload we send (PostgreSQL's limit is 8000 bytes); larger updates go
+through `session_events`."""
+
+_FINISHED_RETENTION: Final = 600.0
+"""Seconds finished queue rows, old events and dead nodes are kept (for late pollers and
+`/ops/status`)."""
+
+
+def channel_for(schema: str) -> str:
+    """The NOTIFY channel of the nodes sharing `schema` (an identifier under 63 bytes)."""
+    return "acp_once_" + hashlib.sha256(schema.encode()).hexdigest()[:20]
+
+
+class QueueRowGone(StorageError):
+    """The queued prompt was withdrawn (or dropped) before the owner could insert it."""
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedPrompt:
+    """One row of the prompt queue, as the lease owner reads it to insert it."""
+
+    row: int
+    session_id: str
+    key: str | None
+    digest: bytes
+    content: bytes
+    origin: str
+
+
+@dataclass(frozen=True, slots=True)
+class RowOutcome:
+    """What became of a queued prompt. `state` is `queued` while it waits."""
+
+    row: int
+    state: str
+    message_id: str | None
+    same_prompt: bool | None
+    lease_free: bool = False
+    """The session's lease is free or expired (nobody will insert the row unless we take it)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Attached:
+    """A prompt with this key is queued already: wait on `row` (its digest is `digest`)."""
+
+    row: int
+    digest: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Queued:
+    """The prompt was queued as `row` behind the work of `owner`."""
+
+    row: int
+    owner: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Owned:
+    """The caller took the session's lease at `epoch`; `backlog`: prompts are queued already;
+    `took_over`: from an owner whose lease expired (its work may be unfinished)."""
+
+    epoch: int
+    backlog: bool
+    took_over: bool = False
+
+
+Admission = Attached | Queued | Owned
+
+
+@dataclass(frozen=True, slots=True)
+class _Sql:
+    ensure_lease: sql.Composed
+    lock_lease: sql.Composed
+    take_lease: sql.Composed
+    free_lease: sql.Composed
+    renew: sql.Composed
+    release_all: sql.Composed
+    find_queued: sql.Composed
+    attach: sql.Composed
+    enqueue: sql.Composed
+    backlog: sql.Composed
+    abandon_dead: sql.Composed
+    next_row: sql.Composed
+    flip: sql.Composed
+    withdraw: sql.Composed
+    withdraw_session: sql.Composed
+    detach: sql.Composed
+    fail: sql.Composed
+    outcomes: sql.Composed
+    heartbeat: sql.Composed
+    deregister: sql.Composed
+    cleanup_rows: sql.Composed
+    cleanup_events: sql.Composed
+    cleanup_nodes: sql.Composed
+    insert_event: sql.Composed
+    read_event: sql.Composed
+    status: sql.Composed
+    lease_of: sql.Composed
+
+
+def _statements(schema: str) -> _Sql:
+    def q(template: str) -> sql.Composed:
+        return _q(template, schema)
+
+    alive = (
+        "SELECT instance FROM {s}.cluster_nodes"
+        " WHERE seen_at > now() - make_interval(secs => %(ttl)s)"
+    )
+    return _Sql(
+        # creates the lease row if missing and locks it, in one statement (the no-op DO UPDATE
+        # takes the row lock, as FOR UPDATE would)
+        ensure_lease=q(
+            "INSERT INTO {s}.session_leases AS l (session_id) VALUES (%s)"
+            " ON CONFLICT (session_id) DO UPDATE SET session_id = EXCLUDED.session_id"
+            " RETURNING l.owner, l.epoch, l.owner IS NULL OR l.expires_at < now()"
+        ),
+        lock_lease=q(
+            "SELECT owner, epoch, owner IS NULL OR expires_at < now() FROM {s}.session_leases"
+            " WHERE session_id = %s FOR UPDATE"
+        ),
+        take_lease=q(
+            "UPDATE {s}.session_leases SET owner = %(me)s, node_id = %(node)s,"
+            " epoch = epoch + 1, expires_at = now() + make_interval(secs => %(ttl)s)"
+            " WHERE session_id = %(sid)s RETURNING epoch"
+        ),
+        free_lease=q(
+            "UPDATE {s}.session_leases SET owner = NULL, expires_at = '-infinity'"
+            " WHERE session_id = %s AND owner = %s AND epoch = %s"
+        ),
+        renew=q(
+            "UPDATE {s}.session_leases SET expires_at = now() + make_interval(secs => %s)"
+            " WHERE owner = %s AND session_id = ANY(%s) RETURNING session_id, epoch"
+        ),
+        # expired, not freed: the next owner sees a takeover and looks for unfinished turns
+        release_all=q("UPDATE {s}.session_leases SET expires_at = '-infinity' WHERE owner = %s"),
+        find_queued=q(
+            "SELECT id, prompt_digest FROM {s}.prompt_queue"
+            " WHERE session_id = %s AND idempotency_key = %s AND state = 'queued' FOR UPDATE"
+        ),
+        attach=q("UPDATE {s}.prompt_queue SET waiters = waiters + 1 WHERE id = %s"),
+        enqueue=q(
+            "INSERT INTO {s}.prompt_queue"
+            " (session_id, idempotency_key, prompt_digest, content, origin)"
+            " VALUES (%s, %s, %s, %s, %s) RETURNING id"
+        ),
+        backlog=q(
+            "SELECT EXISTS (SELECT 1 FROM {s}.prompt_queue"
+            " WHERE session_id = %s AND state = 'queued')"
+        ),
+        abandon_dead=q(
+            "UPDATE {s}.prompt_queue SET state = 'abandoned'"
+            " WHERE session_id = %(sid)s AND state = 'queued'"
+            f" AND origin NOT IN ({alive}) RETURNING id"
+        ),
+        next_row=q(
+            "SELECT id, idempotency_key, prompt_digest, content, origin,"
+            f" origin IN ({alive}) FROM {{s}}.prompt_queue"
+            " WHERE session_id = %(sid)s AND state = 'queued' ORDER BY id LIMIT 1"
+        ),
+        # marks the row and notifies its outcome (delivered at COMMIT) in one statement
+        flip=q(
+            "UPDATE {s}.prompt_queue SET state = %s, message_id = %s, same_prompt = %s"
+            " WHERE id = %s AND state = 'queued' RETURNING pg_notify(%s, %s)"
+        ),
+        withdraw=q(
+            "UPDATE {s}.prompt_queue SET state = 'withdrawn'"
+            " WHERE id = %s AND state = 'queued' RETURNING id"
+        ),
+        withdraw_session=q(
+            "UPDATE {s}.prompt_queue SET state = 'withdrawn'"
+            " WHERE session_id = %s AND state = 'queued' RETURNING id"
+        ),
+        detach=q(
+            "UPDATE {s}.prompt_queue SET waiters = waiters - 1,"
+            " state = CASE WHEN waiters <= 1 THEN 'dropped' ELSE state END"
+            " WHERE id = %s AND state = 'queued' RETURNING state"
+        ),
+        fail=q(
+            "UPDATE {s}.prompt_queue SET state = 'failed'"
+            " WHERE id = %s AND state = 'queued' RETURNING id"
+        ),
+        outcomes=q(
+            "SELECT q.id, q.state, q.message_id, q.same_prompt,"
+            " l.owner IS NULL OR l.expires_at < now()"
+            " FROM {s}.prompt_queue q LEFT JOIN {s}.session_leases l USING (session_id)"
+            " WHERE q.id = ANY(%s)"
+        ),
+        heartbeat=q(
+            "INSERT INTO {s}.cluster_nodes (instance, node_id, stats) VALUES (%s, %s, %s)"
+            " ON CONFLICT (instance) DO UPDATE SET seen_at = now(), stats = EXCLUDED.stats"
+        ),
+        deregister=q("DELETE FROM {s}.cluster_nodes WHERE instance = %s"),
+        cleanup_rows=q(
+            "DELETE FROM {s}.prompt_queue WHERE state <> 'queued'"
+            " AND created_at < now() - make_interval(secs => %s)"
+        ),
+        cleanup_events=q(
+            "DELETE FROM {s}.session_events WHERE created_at < now() - make_interval(secs => %s)"
+        ),
+        cleanup_nodes=q(
+            "DELETE FROM {s}.cluster_nodes WHERE seen_at < now() - make_interval(secs => %s)"
+        ),
+        insert_event=q(
+            "INSERT INTO {s}.session_events (session_id, payload) VALUES (%s, %s) RETURNING id"
+        ),
+        read_event=q("SELECT payload FROM {s}.session_events WHERE id = %s"),
+        status=q(
+            "SELECT n.node_id, n.instance, n.started_at, n.seen_at,"
+            " n.seen_at > now() - make_interval(secs => %(ttl)s), n.stats,"
+            " (SELECT count(*) FROM {s}.session_leases l"
+            "  WHERE l.owner = n.instance AND l.expires_at > now()),"
+            " (SELECT count(*) FROM {s}.prompt_queue q"
+            "  WHERE q.origin = n.instance AND q.state = 'queued')"
+            " FROM {s}.cluster_nodes n ORDER BY n.node_id, n.started_at"
+        ),
+        lease_of=q(
+            "SELECT owner, node_id, epoch, owner IS NOT NULL AND expires_at >= now()"
+            " FROM {s}.session_leases WHERE session_id = %s"
+        ),
+    )
+
+
+def _payload(**fields: Any) -> str:
+    return orjson.dumps(fields).decode()
+
+
+class PgCluster:
+    """The cluster tables of one `PostgresStore`, seen from one node instance.
+
+    Args:
+        store: the open store (its pool and schema are used).
+        node_id: the operator's name for the node (`--node-id`).
+        instance: this process's unique name (a restarted node is a new instance).
+        lease_ttl: seconds a lease lasts without renewal; also the heartbeat's horizon.
+    """
+
+    def __init__(
+        self, store: PostgresStore, *, node_id: str, instance: str, lease_ttl: float
+    ) -> None:
+        if lease_ttl <= 0:
+            raise ValueError("lease_ttl must be positive")
+        self.store = store
+        self.node_id = node_id
+        self.instance = instance
+        self.lease_ttl = lease_ttl
+        self.channel = channel_for(store.schema)
+        self._sql = _statements(store.schema)
+        self._notify = sql.SQL("SELECT pg_notify(%s, x) FROM unnest(%s::text[]) AS x")
+
+    async def _notify_in(self, conn: _Conn, payloads: Sequence[str]) -> None:
+        if payloads:
+            await _exec(conn, self._notify, (self.channel, list(payloads)))
+
+    # -- nodes --------------------------------------------------------------------------
+
+    async def heartbeat(self, stats: dict[str, Any]) -> None:
+        """Record that this instance is alive, with its figures for `/ops/status`."""
+        params = (self.instance, self.node_id, orjson.dumps(stats).decode())
+        await self.store.run(lambda conn: _exec(conn, self._sql.heartbeat, params), begin=False)
+
+    async def deregister(self) -> None:
+        """Forget this instance (a clean shutdown): its queued prompts count as abandoned."""
+        await self.store.run(
+            lambda conn: _exec(conn, self._sql.deregister, (self.instance,)), begin=False
+        )
+
+    async def cleanup(self) -> None:
+        """Delete finished queue rows, old events and long-dead nodes."""
+
+        async def work(conn: _Conn) -> None:
+            for query in (self._sql.cleanup_rows, self._sql.cleanup_events):
+                await _exec(conn, query, (_FINISHED_RETENTION,))
+            await _exec(conn, self._sql.cleanup_nodes, (6 * _FINISHED_RETENTION,))
+
+        await self.store.run(work, begin=False)
+
+    # -- leases -------------------------------------------------------------------------
+
+    async def _abandon_dead(self, conn: _Conn, session_id: str) -> list[str]:
+        rows = await _all(conn, self._sql.abandon_dead, {"sid": session_id, "ttl": self.lease_ttl})
+        return [_payload(k="o", r=row, st="abandoned", m=None, p=None) for (row,) in rows]
+
+    async def _take(self, conn: _Conn, session_id: str) -> int:
+        params = {"me": self.instance, "node": self.node_id, "ttl": self.lease_ttl}
+        row = await _one(conn, self._sql.take_lease, {**params, "sid": session_id})
+        assert row is not None
+        await self._notify_in(conn, await self._abandon_dead(conn, session_id))
+        return int(row[0])
+
+    async def take(self, session_id: str) -> Owned | None:
+        """Take the session's lease if it is free or expired; None when a live owner has it."""
+
+        async def work(conn: _Conn) -> Owned | None:
+            locked = await _one(conn, self._sql.ensure_lease, (session_id,))
+            assert locked is not None
+            if not locked[2]:
+                return None
+            epoch = await self._take(conn, session_id)
+            backlog = await _one(conn, self._sql.backlog, (session_id,))
+            return Owned(epoch, bool(backlog and backlog[0]), locked[0] is not None)
+
+        return await self.store.run(work)
+
+    async def release(self, session_id: str, epoch: int) -> bool:
+        """Release the lease unless prompts are queued; True when the caller no longer holds
+        it (released now, or lost before), False when it must go on inserting."""
+
+        async def work(conn: _Conn) -> bool:
+            locked = await _one(conn, self._sql.lock_lease, (session_id,))
+            if locked is None or locked[0] != self.instance or locked[1] != epoch:
+                return True
+            backlog = await _one(conn, self._sql.backlog, (session_id,))
+            if backlog and backlog[0]:
+                return False
+            await _exec(conn, self._sql.free_lease, (session_id, self.instance, epoch))
+            return True
+
+        return await self.store.run(work)
+
+    async def renew(self, leases: dict[str, int]) -> set[str]:
+        """Extend the leases `{session: epoch}` held; return the sessions whose lease is lost."""
+        if not leases:
+            return set()
+        params = (self.lease_ttl, self.instance, list(leases))
+
+        async def work(conn: _Conn) -> list[tuple[Any, ...]]:
+            return await _all(conn, self._sql.renew, params)
+
+        kept = {
+            sid
+            for sid, epoch in await self.store.run(work, begin=False)
+            if leases.get(sid) == epoch
+        }
+        return set(leases) - kept
+
+    async def release_all(self) -> None:
+        """Expire every lease this instance still holds (a shutdown with work in progress):
+        another node may take them at once, and treats them as taken over (it looks for
+        turns that did not finish)."""
+        await self.store.run(
+            lambda conn: _exec(conn, self._sql.release_all, (self.instance,)), begin=False
+        )
+
+    async def lease_of(self, session_id: str) -> tuple[str | None, str | None, int, bool]:
+        """(owner instance, owner node, epoch, held by a live owner) of a session's lease."""
+        row = await self.store.run(
+            lambda conn: _one(conn, self._sql.lease_of, (session_id,)), begin=False
+        )
+        if row is None:
+            return None, None, 0, False
+        return row[0], row[1], int(row[2]), bool(row[3])
+
+    # -- the prompt queue ---------------------------------------------------------------
+
+    async def admit(
+        self,
+        session_id: str,
+        key: str | None,
+        digest: bytes,
+        content: bytes,
+        *,
+        epoch: int | None,
+    ) -> Admission:
+        """Decide, in one transaction under the session's lease row, what a new prompt does.
+
+        With `epoch` (the caller owns the lease and is busy): queue it, or wait on the queued
+        prompt with the same key. Without: wait on a queued prompt with the key; else take the
+        lease if it is free or expired (`Owned`); else queue it behind the owner's work and
+        wake the owner.
+
+        Raises:
+            FencingError: `epoch` was given and the caller no longer holds the lease.
+            StorageError: the database failed.
+        """
+        key_bytes = None if key is None else _key_bytes(key)
+
+        async def work(conn: _Conn) -> Admission:
+            locked = await _one(conn, self._sql.ensure_lease, (session_id,))
+            assert locked is not None
+            owner, current, free = locked
+            if epoch is not None and (owner != self.instance or current != epoch):
+                raise FencingError(session_id)
+            if key_bytes is not None:
+                found = await _one(conn, self._sql.find_queued, (session_id, key_bytes))
+                if found is not None:
+                    await _exec(conn, self._sql.attach, (found[0],))
+                    return Attached(int(found[0]), bytes(found[1]))
+            if epoch is None and free:
+                taken = await self._take(conn, session_id)
+                backlog = await _one(conn, self._sql.backlog, (session_id,))
+                return Owned(taken, bool(backlog and backlog[0]), owner is not None)
+            params = (session_id, key_bytes, digest, content, self.instance)
+            row = await _one(conn, self._sql.enqueue, params)
+            assert row is not None
+            if owner != self.instance:
+                await self._notify_in(conn, [_payload(k="w", s=session_id, o=owner)])
+            return Queued(int(row[0]), owner)
+
+        return await self.store.run(work)
+
+    async def next_prompt(self, session_id: str) -> QueuedPrompt | None:
+        """The session's oldest queued prompt (abandoning those whose origin is dead first)."""
+
+        params = {"sid": session_id, "ttl": self.lease_ttl}
+
+        async def work(conn: _Conn) -> tuple[Any, ...] | None:
+            return await _one(conn, self._sql.next_row, params)
+
+        async def abandon(conn: _Conn) -> None:
+            await self._notify_in(conn, await self._abandon_dead(conn, session_id))
+
+        while True:
+            row = await self.store.run(work, begin=False)
+            if row is None:
+                return None
+            row_id, key, digest, content, origin, alive = row
+            if alive:
+                text = None if key is None else bytes(key).decode("utf-8", "surrogatepass")
+                return QueuedPrompt(
+                    int(row_id), session_id, text, bytes(digest), bytes(content), origin
+                )
+            await self.store.run(abandon)  # its origin died: never answered, then look again
+
+    def flip(self, row: int, digest: bytes) -> Callable[[_Conn, InsertOutcome], Awaitable[None]]:
+        """The `then=` of the owner's insert of queued `row`: marks it inserted (or recorded)
+        and notifies its outcome, in the insert's transaction; `QueueRowGone` (rolling the
+        insert back) when it was withdrawn meanwhile."""
+
+        async def then(conn: _Conn, outcome: InsertOutcome) -> None:
+            state = "inserted" if outcome.inserted else "recorded"
+            same = outcome.prompt_digest in (None, digest)
+            payload = _payload(k="o", r=row, st=state, m=outcome.message_id, p=same)
+            params = (state, outcome.message_id, same, row, self.channel, payload)
+            if await _one(conn, self._sql.flip, params) is None:
+                raise QueueRowGone(f"queued prompt {row} was withdrawn before insertion")
+
+        return then
+
+    async def _finish_rows(
+        self, query: sql.Composed, params: tuple[Any, ...], state: str
+    ) -> list[int]:
+        async def work(conn: _Conn) -> list[int]:
+            rows = [int(r[0]) for r in await _all(conn, query, params)]
+            await self._notify_in(
+                conn, [_payload(k="o", r=r, st=state, m=None, p=None) for r in rows]
+            )
+            return rows
+
+        return await self.store.run(work)
+
+    async def mark_inserted(self, row: int, message_id: str) -> None:
+        """Mark a queued prompt inserted without a store write (a live-only message)."""
+
+        payload = _payload(k="o", r=row, st="inserted", m=message_id, p=True)
+        params = ("inserted", message_id, True, row, self.channel, payload)
+        await self.store.run(lambda conn: _one(conn, self._sql.flip, params), begin=False)
+
+    async def withdraw(self, row: int) -> bool:
+        """Withdraw a queued prompt; False when it is no longer queued (inserted: R27)."""
+        return bool(await self._finish_rows(self._sql.withdraw, (row,), "withdrawn"))
+
+    async def fail(self, row: int) -> bool:
+        """Give up a queued prompt the owner could not store (its waiters get -32603)."""
+        return bool(await self._finish_rows(self._sql.fail, (row,), "failed"))
+
+    async def cancel_session(self, session_id: str) -> list[int]:
+        """Withdraw every queued prompt of the session and tell its owner to cancel its turn."""
+
+        async def work(conn: _Conn) -> list[int]:
+            rows = [int(r[0]) for r in await _all(conn, self._sql.withdraw_session, (session_id,))]
+            payloads = [_payload(k="o", r=r, st="withdrawn", m=None, p=None) for r in rows]
+            payloads.append(_payload(k="c", s=session_id, n=self.instance))
+            await self._notify_in(conn, payloads)
+            return rows
+
+        return await self.store.run(work)
+
+    async def detach(self, row: int) -> None:
+        """One node fewer waits on `row`; the last one leaving drops it (never inserted)."""
+
+        async def work(conn: _Conn) -> None:
+            found = await _one(conn, self._sql.detach, (row,))
+            if found is not None and found[0] == "dropped":
+                await self._notify_in(conn, [_payload(k="o", r=row, st="dropped", m=None, p=None)])
+
+        await self.store.run(work)
+
+    async def outcomes(self, rows: Sequence[int]) -> list[RowOutcome]:
+        """The current state of queued prompts (the poll behind the notifications)."""
+        found = await self.store.run(
+            lambda conn: _all(conn, self._sql.outcomes, (list(rows),)), begin=False
+        )
+        return [RowOutcome(int(r), st, mid, same, bool(free)) for r, st, mid, same, free in found]
+
+    # -- notifications ------------------------------------------------------------------
+
+    async def publish(self, items: Sequence[tuple[str, dict[str, Any]]]) -> None:
+        """Notify session updates `(session, update)`, in order, in one transaction."""
+
+        small = [_payload(k="u", s=sid, n=self.instance, u=update) for sid, update in items]
+        if all(len(p.encode()) <= NOTIFY_LIMIT for p in small):  # one statement, autocommit
+            await self.store.run(lambda conn: self._notify_in(conn, small), begin=False)
+            return
+
+        async def work(conn: _Conn) -> None:
+            payloads: list[str] = []
+            for session_id, update in items:
+                payload = _payload(k="u", s=session_id, n=self.instance, u=update)
+                if len(payload.encode()) > NOTIFY_LIMIT:
+                    row = await _one(
+                        conn, self._sql.insert_event, (session_id, orjson.dumps(update))
+                    )
+                    assert row is not None
+                    payload = _payload(k="u", s=session_id, n=self.instance, e=int(row[0]))
+                payloads.append(payload)
+            await self._notify_in(conn, payloads)
+
+        await self.store.run(work)
+
+    async def read_event(self, event: int) -> dict[str, Any] | None:
+        """The update of a large event, or None if it was cleaned up already."""
+        row = await self.store.run(
+            lambda conn: _one(conn, self._sql.read_event, (event,)), begin=False
+        )
+        if row is None:
+            return None
+        value: dict[str, Any] = orjson.loads(bytes(row[0]))
+        return value
+
+    @contextlib.asynccontextmanager
+    async def listen(self, conninfo: str) -> AsyncIterator[Callable[[float], AsyncIterator[str]]]:
+        """A dedicated connection LISTENing on the channel; yields `notifies(timeout)`, an
+        iterator of the payloads that arrive within `timeout` seconds.
+
+        Raises:
+            StorageError: the connection could not be made or failed.
+        """
+        conn = await _connect(conninfo, self.store.where, 30.0)
+        try:
+            try:
+                await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
+            except psycopg.Error as exc:
+                error = _storage_error(exc, self.store.where)
+                raise error from None
+
+            async def notifies(timeout: float) -> AsyncIterator[str]:
+                try:
+                    async for note in conn.notifies(timeout=timeout):
+                        yield note.payload
+                except psycopg.Error as exc:
+                    error = _storage_error(exc, self.store.where)
+                    raise error from None
+
+            yield notifies
+        finally:
+            with anyio.CancelScope(shield=True):
+                await conn.close()
+
+    # -- operations ---------------------------------------------------------------------
+
+    async def status(self) -> list[dict[str, Any]]:
+        """Per node instance: alive, sessions owned (live leases), prompts held (queued from
+        it), and the figures it reported in its last heartbeat."""
+        rows = await self.store.run(
+            lambda conn: _all(conn, self._sql.status, {"ttl": self.lease_ttl}), begin=False
+        )
+        return [
+            {
+                "node": node,
+                "instance": instance,
+                "started_at": started.isoformat(),
+                "seen_at": seen.isoformat(),
+                "alive": bool(alive),
+                "sessions_owned": int(owned),
+                "prompts_queued": int(queued),
+                **(stats if isinstance(stats, dict) else {}),
+            }
+            for node, instance, started, seen, alive, stats, owned, queued in rows
+        ]
+
+
+def fence(cluster: PgCluster, epoch: int) -> Fence:
+    """The fencing token of `cluster`'s instance at `epoch`."""
+    return Fence(cluster.instance, epoch)

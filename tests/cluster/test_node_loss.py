@@ -1,0 +1,76 @@
+"""A node that goes away never leaves prompts waiting forever."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+import pytest
+
+from acp_once.agent.runtime import _unfinished_turns
+from acp_once.client.connection import ClientSideConnection
+from acp_once.testing import connected
+from tests.cluster.harness import initialize, new_session, node, prompt, resume, until
+
+pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
+
+TIMEOUT = 30
+
+
+async def test_prompts_queued_by_a_node_that_stopped_are_abandoned_and_a_retry_inserts_once(
+    postgres_dsn: str, schema: str, tmp_path: Path
+) -> None:
+    fx = tmp_path / "fx"
+    with anyio.fail_after(TIMEOUT):
+        async with node(postgres_dsn, schema, "a", fx) as a, connected(a.agent) as conn_a:
+            await initialize(conn_a)
+            sid = await new_session(conn_a)
+            await prompt(conn_a, sid, "[work:1.5] busy", "k1")
+            async with node(postgres_dsn, schema, "b", fx) as b, connected(b.agent) as conn_b:
+                await initialize(conn_b)
+                await resume(conn_b, sid)
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(prompt, conn_b, sid, "queued on b", "k2")
+                    await until(lambda: bool(b.coordinator._waiting))
+                    tg.cancel_scope.cancel()  # B goes away with its prompt still queued
+            # B is gone: A's worker abandons B's prompt instead of inserting it
+            await until(lambda: not a.agent._sessions[sid].worker)
+            assert await a.store.count_user_messages(sid, idempotency_key="k2") == 0
+            # the client's retry, here on A, inserts it once
+            mid = await prompt(conn_a, sid, "queued on b", "k2")
+            found = await a.store.find_key(sid, "k2")
+            assert found is not None and found.message_id == mid
+            assert await a.store.count_user_messages(sid) == 2
+
+
+async def test_a_waiting_node_takes_the_session_over_when_its_owner_goes(
+    postgres_dsn: str, schema: str, tmp_path: Path
+) -> None:
+    fx = tmp_path / "fx"
+    with anyio.fail_after(TIMEOUT):
+        async with node(postgres_dsn, schema, "b", fx) as b, connected(b.agent) as conn_b:
+            await initialize(conn_b)
+            answers: list[str] = []
+
+            async def queued(conn: ClientSideConnection, sid: str) -> None:
+                answers.append(await prompt(conn, sid, "after the owner", "k2"))
+
+            async with anyio.create_task_group() as tg:
+                async with node(postgres_dsn, schema, "a", fx) as a, connected(a.agent) as conn_a:
+                    await initialize(conn_a)
+                    sid = await new_session(conn_a)
+                    await resume(conn_b, sid)
+                    long_turn = await prompt(conn_a, sid, "[work:30] a long turn", "k1")
+                    tg.start_soon(queued, conn_b, sid)
+                    await until(lambda: bool(b.coordinator._waiting))
+                # A stopped mid-turn: B, waiting on its queued prompt, takes the session over
+                await until(lambda: bool(answers))
+            # A stopped with its lease expired, not freed: B took it over as from a dead
+            # owner and closed the turn A left unfinished (reported interrupted)
+            assert b.coordinator.counters["leases_taken_over"] == 1
+            tail = await b.store.read_timeline_tail(sid, limit=50)
+            unfinished = [turn.message_id for turn in _unfinished_turns(sid, tail)]
+            assert long_turn not in unfinished
+            found = await b.store.find_key(sid, "k2")
+            assert found is not None and answers == [found.message_id]
+            assert await b.store.count_user_messages(sid) == 2
