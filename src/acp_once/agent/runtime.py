@@ -54,9 +54,17 @@ from acp_once.protocol.errors import (
 from acp_once.protocol.initialization import PROTOCOL_VERSION, negotiate_version
 from acp_once.rpc.connection import unwrap_single_exception
 from acp_once.rpc.errors import ConnectionClosed
-from acp_once.storage.base import InvalidCursor, SessionRecord, SessionStore
+from acp_once.rpc.tasks import TaskPool
+from acp_once.storage.base import (
+    FencingError,
+    InvalidCursor,
+    SessionMissing,
+    SessionRecord,
+    SessionStore,
+)
 
 if TYPE_CHECKING:
+    from acp_once.agent.cluster import Coordinator, PostgresCoordinator
     from acp_once.rpc.connection import RequestContext
 
 __all__ = [
@@ -177,6 +185,10 @@ class SessionAgent(Agent):
             to run again from the start (e.g. idempotent tools keyed by message id). Only the
             last 500 timeline entries are searched.
         name, version: what `initialize` reports.
+        coordinator: how sessions are shared with other nodes (`acp_once.agent.cluster`):
+            None or a `LocalCoordinator` keeps them in this process; a `PostgresCoordinator`
+            shares them with every node on the same PostgreSQL store (leases, queued prompts,
+            updates). Subclasses that do not forward it may call `use_coordinator`.
     """
 
     cooperative_cancel = frozenset({"session/prompt"})
@@ -195,6 +207,7 @@ class SessionAgent(Agent):
         resume_interrupted: bool = False,
         name: str = "acp-once-agent",
         version: str = "0.1.0",
+        coordinator: Coordinator | None = None,
     ) -> None:
         self.store = store
         self.policy = policy
@@ -203,12 +216,52 @@ class SessionAgent(Agent):
         self.info = {"name": name, "version": version}
         self._sessions: dict[str, _Session] = {}
         self._tg: TaskGroup | None = None
+        self._cluster: PostgresCoordinator | None = None
+        if coordinator is not None:
+            self.use_coordinator(coordinator)
+
+    def use_coordinator(self, coordinator: Coordinator) -> None:
+        """Share sessions through `coordinator` (before entering the agent); see `__init__`."""
+        if self._tg is not None:
+            raise RuntimeError("use_coordinator must be called before the agent is entered")
+        if coordinator.clustered:
+            from acp_once.agent.cluster import PostgresCoordinator
+
+            if not isinstance(coordinator, PostgresCoordinator):
+                raise TypeError("a clustered coordinator must be a PostgresCoordinator")
+            self._cluster = coordinator
+            self.store = coordinator.wrap_store(self.store)
+
+    async def ops_status(self) -> dict[str, Any]:
+        """What `/ops/status` shows: per node, sessions owned, prompts held, dedup hits."""
+        if self._cluster is not None:
+            return await self._cluster.status()
+        working = [x for x in self._sessions.values() if x.worker]
+        return {
+            "node": self.info["name"],
+            "nodes": [
+                {
+                    "node": "local",
+                    "alive": True,
+                    "sessions_owned": len(working),
+                    "prompts_held": sum(len(x.held) for x in self._sessions.values()),
+                    "dedup_hits": None,  # counted in clustered mode only (hot path)
+                }
+            ],
+        }
 
     # -- lifecycle -------------------------------------------------------------------------
 
     async def __aenter__(self) -> Self:
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
+        if self._cluster is not None:
+            try:
+                await self._cluster.start(self, self._tg)
+            except BaseException as exc:
+                self._tg.cancel_scope.cancel()
+                await self._tg.__aexit__(type(exc), exc, exc.__traceback__)
+                raise
         return self
 
     async def __aexit__(
@@ -219,8 +272,12 @@ class SessionAgent(Agent):
     ) -> bool | None:
         assert self._tg is not None
         self._tg.cancel_scope.cancel()
-        with unwrap_single_exception():
-            return await self._tg.__aexit__(exc_type, exc, tb)
+        try:
+            with unwrap_single_exception():
+                return await self._tg.__aexit__(exc_type, exc, tb)
+        finally:
+            if self._cluster is not None:  # after the turns closed their markers
+                await self._cluster.stop()
 
     # -- what subclasses provide -----------------------------------------------------------
 
@@ -384,6 +441,8 @@ class SessionAgent(Agent):
             for pending in list(session.held):
                 pending.waiters = [w for w in pending.waiters if w[0] != connection.id]
                 if not pending.waiters:
+                    if self._cluster is not None and self._cluster.detach(session, pending):
+                        continue  # queued in the cluster: other nodes may still wait on it
                     self._withdraw(session, pending)
             if not session.conns:
                 self._forget_live_keys(session)
@@ -430,7 +489,9 @@ class SessionAgent(Agent):
                 pending.waiters.append((conn_id, ctx.request))
                 if key is not None:
                     session.pending_by_key[key] = pending
-                if self._would_hold(session):
+                if self._cluster is not None:
+                    await self._cluster.admit(self, session, pending)
+                elif self._would_hold(session):
                     session.held.append(pending)
                 else:
                     await self._insert(session, pending)
@@ -439,8 +500,10 @@ class SessionAgent(Agent):
             request.on_cancel(lambda: self._on_cancel_request(session, pending))
         # No timeout here: a held prompt may wait as long as the turn before it runs. The wait
         # ends with insertion, a withdrawal ($/cancel_request, session/cancel, session/close),
-        # or the end of the connection, which cancels this handler.
-        await pending.done.wait()
+        # or the end of the connection, which cancels this handler. Inserted at once (the
+        # common case): answer now, without a trip through the event loop.
+        if pending.state != "done":
+            await pending.done.wait()
         if pending.error is not None:
             raise pending.error
         assert pending.message_id is not None
@@ -474,6 +537,8 @@ class SessionAgent(Agent):
     ) -> None:
         if pending.state != "held":
             return
+        if self._cluster is not None and self._cluster.withdraw(session, pending, error):
+            return  # queued in the cluster: withdrawn there, answered with its outcome
         with contextlib.suppress(ValueError):
             session.held.remove(pending)
 
@@ -506,8 +571,11 @@ class SessionAgent(Agent):
                 )
                 inserted = outcome.inserted
                 message_id = outcome.message_id
-        except Exception:
-            logger.exception("session %s: storing a user message failed", session.id)
+        except Exception as exc:
+            if isinstance(exc, FencingError):  # a cluster race (lease moved, row withdrawn)
+                logger.debug("session %s: insert refused (%s)", session.id, exc)
+            else:
+                logger.exception("session %s: storing a user message failed", session.id)
             if pending.key is not None and session.pending_by_key.get(pending.key) is pending:
                 del session.pending_by_key[pending.key]
             pending.finish(error=InternalError("The message could not be stored"))
@@ -543,7 +611,8 @@ class SessionAgent(Agent):
         session.running = True
         session.stopped = anyio.Event()
         assert self._tg is not None, "use SessionAgent as an async context manager"
-        self._tg.start_soon(self._worker, session, name=f"turns-{session.id}")
+        # a parked task of the group runs it when one waits: cheaper than a new task per turn
+        TaskPool.of(self._tg).start_soon(self._worker, session)
 
     async def _worker(self, session: _Session) -> None:
         context = TurnContext(self, session)
@@ -551,6 +620,10 @@ class SessionAgent(Agent):
             while True:
                 if not session.turns:
                     async with session.lock:
+                        if self._cluster is not None:
+                            if await self._cluster.insert_next(self, session):
+                                continue
+                            break
                         if session.held:
                             await self._insert(session, session.held.popleft())
                             continue
@@ -597,12 +670,23 @@ class SessionAgent(Agent):
         return idle
 
     async def _mark_turn(self, session: _Session, state: str, message_id: str) -> None:
-        await self.store.append_update(
-            session.id,
-            orjson.dumps({"sessionUpdate": _TURN_MARKER, "state": state, "messageId": message_id}),
-        )
+        try:
+            await self.store.append_update(
+                session.id,
+                orjson.dumps(
+                    {"sessionUpdate": _TURN_MARKER, "state": state, "messageId": message_id}
+                ),
+            )
+        except (FencingError, SessionMissing):  # taken over by another node, or deleted
+            logger.warning(
+                "session %s: turn of %s not marked (lease lost or session deleted)",
+                session.id,
+                message_id,
+            )
 
     async def _cancel_work(self, session: _Session) -> None:
+        if self._cluster is not None:
+            await self._cluster.cancel_session(self, session)
         # prompts received before the cancel and not inserted: -32800 (R28)
         for pending in list(session.held):
             self._withdraw(session, pending)
@@ -646,6 +730,16 @@ class SessionAgent(Agent):
             return loaded
         session = self._sessions[session_id] = _Session(record)
         unfinished = _unfinished_turns(session_id, tail)
+        if unfinished and self._cluster is not None:
+            # another node may be running them right now: recover only under the lease
+            if not await self._cluster.claim(self, session_id):
+                unfinished = []
+            elif not self.resume_interrupted:
+                session.interrupted = True
+                for turn in unfinished:
+                    await self._mark_turn(session, "idle", turn.message_id)
+                unfinished = []
+                await self._cluster.settle(self, session)
         if unfinished:
             # This process never ran these turns: an earlier one died first.
             if self.resume_interrupted:
@@ -662,7 +756,9 @@ class SessionAgent(Agent):
             session.live_keys.clear()  # R36: live-only keys last while the session is active
 
     def _state(self, session: _Session) -> dict[str, Any]:
-        if session.running:
+        if session.running or (
+            self._cluster is not None and self._cluster.running_elsewhere(session.id)
+        ):
             return {"sessionUpdate": "state_update", "state": "running"}
         if session.interrupted:
             return {
@@ -674,6 +770,8 @@ class SessionAgent(Agent):
         return {"sessionUpdate": "state_update", "state": "idle"}
 
     async def _broadcast(self, session: _Session, update: dict[str, Any]) -> None:
+        if self._cluster is not None:
+            self._cluster.publish(session.id, update)
         for conn in list(session.conns.values()):
             try:
                 await conn.client.session_update({"sessionId": session.id, "update": update})

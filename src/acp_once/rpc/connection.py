@@ -1,13 +1,19 @@
 """A method-agnostic JSON-RPC 2.0 engine over a `FrameStream`, on anyio.
 
 One `Connection` per transport connection. It correlates outbound requests with their answers,
-runs each inbound request in its own task and cancel scope, implements `$/cancel_request` in
+runs each inbound request in a task of its own (tasks are reused: a few finished ones wait for
+the next request, as starting a task costs more than a whole small request) and its own cancel
+scope, implements `$/cancel_request` in
 both directions (exactly one answer per request; unknown ids ignored), and holds the single
 boundary where exceptions become error responses:
 
 - `AcpError` -> its own code, message and data;
 - pydantic `ValidationError` -> -32602 naming the fields, never the library's text or input;
 - anything else -> -32603 "Internal error", with the traceback logged.
+
+Outbound frames are queued and written together, one system call for all the frames that the
+woken tasks produce within two turns of the event loop (see `Connection._send`); a frame is
+never torn, and every write that must wait for the peer is bounded by `send_timeout`.
 
 Methods are strings and params are dicts here: typed faces live in `acp_once.agent` and
 `acp_once.client`. The connection's tasks live in a task group that `async with` opens and
@@ -16,6 +22,7 @@ closes in the same task.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import logging
@@ -42,7 +49,8 @@ from acp_once.protocol.framing import OversizedFrame, sniff_request_id
 from acp_once.protocol.initialization import CANCEL_REQUEST
 from acp_once.protocol.jsonrpc import RequestId
 from acp_once.rpc.errors import ConnectionClosed, FrameTooLarge, RequestTimeout
-from acp_once.rpc.streams import FrameStream
+from acp_once.rpc.streams import FrameStream, NowaitFrameStream
+from acp_once.rpc.tasks import TaskPool
 
 __all__ = [
     "Connection",
@@ -57,6 +65,7 @@ __all__ = [
 logger = logging.getLogger("acp_once.rpc")
 
 _SHUTDOWN_WRITE_TIMEOUT = 2.0
+_OUTBOX_LIMIT = 64 * 1024
 
 
 @contextlib.contextmanager
@@ -221,6 +230,11 @@ class Connection:
         self._cooperative = cooperative_cancel
         self._arrivals = 0
         self._stream = stream
+        self._nowait = stream if isinstance(stream, NowaitFrameStream) else None
+        self._outbox: list[bytes] = []  # frames queued in this event loop turn (see _send)
+        self._outbox_size = 0
+        self._rest: memoryview | None = None  # a half-written chunk: it goes before anything
+        self._call_soon: Callable[..., object] | None = None
         self._on_request = on_request
         self._on_notification = on_notification
         self._gate = gate
@@ -231,6 +245,7 @@ class Connection:
         self._ids = itertools.count(0)
         self._pending: dict[RequestId, PendingCall] = {}
         self._inflight: dict[RequestId, RequestContext] = {}
+        self._servers: TaskPool | None = None
         self._tg: TaskGroup | None = None
         self._closed = anyio.Event()
         self._close_reason: BaseException | None = None
@@ -240,6 +255,10 @@ class Connection:
     async def __aenter__(self) -> Self:
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
+        self._servers = TaskPool(self._tg, name=f"{self._name}-request")
+        if self._nowait is not None:
+            with contextlib.suppress(RuntimeError):  # not on asyncio: no outbox
+                self._call_soon = asyncio.get_running_loop().call_soon
         self._tg.start_soon(self._read_loop, name=f"{self._name}-reader")
         return self
 
@@ -257,6 +276,12 @@ class Connection:
                 return await self._tg.__aexit__(exc_type, exc, tb)
         finally:
             with anyio.CancelScope(shield=True), anyio.move_on_after(_SHUTDOWN_WRITE_TIMEOUT):
+                if self._outbox or self._rest is not None:  # what was sent before the close
+                    with contextlib.suppress(
+                        anyio.BrokenResourceError, anyio.ClosedResourceError, OSError
+                    ):
+                        async with self._send_lock:
+                            await self._drain_locked()
                 await self._stream.aclose()
 
     @property
@@ -293,11 +318,17 @@ class Connection:
     # -- outbound --------------------------------------------------------------------------
 
     async def _send(self, frame: bytes) -> None:
-        """Write one whole frame.
+        """Write one whole frame, in order with every other frame of this connection.
 
-        The write is shielded: a frame cancelled half-way would leave a torn line that corrupts
-        the stream for everything after it. It is bounded instead: a peer that reads nothing
-        for `send_timeout` seconds is treated as gone, and the connection is closed.
+        With a transport that can write without waiting (`NowaitFrameStream`) on asyncio, the
+        frame joins the outbox, which is written with one system call at the end of the next
+        turn of the event loop (see `_flush_outbox`; at most `_OUTBOX_LIMIT` bytes wait, a
+        bigger frame is written at once with those before it). A write that has to wait for the
+        peer is shielded: a frame cancelled half-way would leave a torn line that corrupts the
+        stream for everything after it. It is bounded instead: a peer that reads nothing for
+        `send_timeout` seconds is treated as gone, and the connection is closed. A frame is
+        "sent" once it is queued: like bytes in a pipe's buffer, it is lost if the peer dies
+        before reading it.
 
         Raises:
             ConnectionClosed: the connection is closed, or broke (or stalled) while sending.
@@ -305,16 +336,91 @@ class Connection:
         if self._closed.is_set():
             raise ConnectionClosed("Connection is closed")
         try:
+            written = False
+            if self._nowait is not None and self._rest is None and not self._send_lock.locked():
+                # Nobody is writing and nothing is half-written, so no await is needed: queue
+                # the frame, or write the outbox and the frame now.
+                if self._call_soon is not None and self._outbox_size + len(frame) <= _OUTBOX_LIMIT:
+                    self._outbox.append(frame)
+                    self._outbox_size += len(frame)
+                    if len(self._outbox) == 1:
+                        self._call_soon(self._flush_outbox)
+                    return
+                self._rest = self._write_outbox(frame)
+                if self._rest is None:
+                    return
+                written = True  # partly: the rest waits for room under the lock, below
             async with self._send_lock:
                 with anyio.CancelScope(
                     shield=True, deadline=anyio.current_time() + self._send_timeout
                 ) as scope:
-                    await self._stream.send(frame)
+                    await self._drain_locked()
+                    if not written:
+                        await self._stream.send(frame)
                 if scope.cancelled_caught:
                     raise anyio.BrokenResourceError("the peer stopped reading")
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
             self._shutdown(ConnectionClosed("Connection lost while sending"))
             raise ConnectionClosed("Connection lost while sending") from exc
+
+    def _write_outbox(self, frame: bytes | None) -> memoryview | None:
+        """Write the outbox (and `frame`) without waiting; return the unwritten rest, if any."""
+        assert self._nowait is not None
+        frames = self._outbox
+        if frame is not None:
+            frames.append(frame)
+        data = frames[0] if len(frames) == 1 else b"\n".join(frames)
+        self._outbox = []
+        self._outbox_size = 0
+        return self._nowait.send_nowait(data)
+
+    async def _drain_locked(self) -> None:
+        """Under the send lock: finish a half-written chunk, then write the outbox."""
+        while self._rest is not None or self._outbox:
+            if self._rest is not None:
+                assert self._nowait is not None
+                await self._nowait.send_rest(self._rest)
+                self._rest = None
+            if self._outbox:
+                self._rest = self._write_outbox(None)
+
+    def _flush_outbox(self, last: bool = False) -> None:
+        """End of an event loop turn: write what was queued during it.
+
+        The first call only runs again at the end of the next turn: the tasks that the
+        queueing task woke (a prompt's answer starts its turn) add their frames to the same
+        write, one system call and one wake-up of the peer instead of two.
+        """
+        if not last:
+            assert self._call_soon is not None
+            self._call_soon(self._flush_outbox, True)
+            return
+        if not self._outbox or self._rest is not None or self._send_lock.locked():
+            return  # a writer holds the lock and writes the outbox before its own frame
+        try:
+            self._rest = self._write_outbox(None)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+            self._shutdown(ConnectionClosed("Connection lost while sending"))
+            return
+        if self._rest is not None:
+            # the peer's buffer is full: finish in a task, which may wait (bounded)
+            try:
+                assert self._tg is not None
+                self._tg.start_soon(self._finish_rest, name=f"{self._name}-writer")
+            except RuntimeError:  # the task group has ended: nobody is left to finish it
+                self._shutdown(ConnectionClosed("Connection closed while sending"))
+
+    async def _finish_rest(self) -> None:
+        try:
+            async with self._send_lock:
+                with anyio.CancelScope(
+                    shield=True, deadline=anyio.current_time() + self._send_timeout
+                ) as scope:
+                    await self._drain_locked()
+                if scope.cancelled_caught:
+                    raise anyio.BrokenResourceError("the peer stopped reading")
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+            self._shutdown(ConnectionClosed("Connection lost while sending"))
 
     async def start_request(self, method: str, params: Any = None) -> PendingCall:
         """Send a request and return its `PendingCall` without waiting for the answer.
@@ -467,8 +573,8 @@ class Connection:
         )
         self._inflight[msg.id] = ctx
         await self._slots.acquire()
-        assert self._tg is not None
-        self._tg.start_soon(self._serve, msg, ctx, name=f"{self._name}-{msg.method}")
+        assert self._servers is not None
+        self._servers.start_soon(self._serve, msg, ctx)
 
     async def _serve(self, msg: jsonrpc.Request, ctx: RequestContext) -> None:
         frame: bytes | None = None

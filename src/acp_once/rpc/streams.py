@@ -16,7 +16,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from acp_once.protocol.framing import FrameEvent
 
-__all__ = ["FrameStream", "MemoryFrameStream", "memory_pair"]
+__all__ = ["FrameStream", "MemoryFrameStream", "NowaitFrameStream", "memory_pair"]
 
 
 @runtime_checkable
@@ -32,6 +32,24 @@ class FrameStream(Protocol):
 
     async def aclose(self) -> None:
         """Close the stream; idempotent."""
+        ...
+
+
+@runtime_checkable
+class NowaitFrameStream(FrameStream, Protocol):
+    """A `FrameStream` that can also write without waiting (the engine's fast path).
+
+    `send_nowait(frame)` writes as much of the frame as the peer takes at once, with no await,
+    and returns None when all of it went, or else the unwritten rest. The rest must then be
+    passed to `send_rest` before any other frame is sent, or the stream is torn.
+    """
+
+    def send_nowait(self, frame: bytes) -> memoryview | None:
+        """Write what fits now; the unwritten rest, or None. Raises like `send`."""
+        ...
+
+    async def send_rest(self, rest: memoryview) -> None:
+        """Finish a frame that `send_nowait` could not write whole. Raises like `send`."""
         ...
 
 

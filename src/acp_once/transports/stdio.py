@@ -5,8 +5,10 @@
 - `spawn(command)`: the client side, starting the agent as a subprocess. Leaving the block shuts
   it down cleanly: close its stdin, wait, then terminate, then kill, each step time-boxed.
 
-Both give a `FrameStream` (see `acp_once.rpc.streams`). Frames above `max_frame` bytes are
-reported as `OversizedFrame`, never held in memory, and the stream lives on.
+Both give a `FrameStream` (see `acp_once.rpc.streams`) on pipes of their own, written with
+non-blocking writes, so the engine can write a frame the peer has room for without waiting
+(`send_nowait`, its fast path). Frames above `max_frame` bytes are reported as `OversizedFrame`,
+never held in memory, and the stream lives on.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ import collections
 import contextlib
 import os
 import stat
-import subprocess
 import sys
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -68,6 +69,30 @@ class ByteStreamFrames:
 
     async def send(self, frame: bytes) -> None:
         await self._tx.send(frame + b"\n")
+
+    def send_nowait(self, frame: bytes) -> memoryview | None:
+        """Write `frame` and its newline as far as the peer takes them now, without waiting.
+
+        Returns None when all of it was written, else the unwritten rest (possibly all of it),
+        which must go through `send_rest` before any other frame.
+
+        Raises:
+            anyio.BrokenResourceError: the peer is gone.
+            anyio.ClosedResourceError: the stream was closed.
+        """
+        data = frame + b"\n"
+        tx = self._tx
+        written = tx.send_nowait(data) if isinstance(tx, FdSendStream) else 0
+        if written == len(data):
+            return None
+        return memoryview(data)[written:]
+
+    async def send_rest(self, rest: memoryview) -> None:
+        """Write the rest of a frame that `send_nowait` began, waiting for room as `send` does."""
+        if isinstance(self._tx, FdSendStream):
+            await self._tx.send(rest)
+        else:
+            await self._tx.send(bytes(rest))
 
     async def aclose(self) -> None:
         with contextlib.suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
@@ -124,7 +149,28 @@ class FdSendStream(ByteSendStream):
             os.set_blocking(fd, False)
         self._closed = False
 
-    async def send(self, item: bytes) -> None:
+    def send_nowait(self, item: bytes) -> int:
+        """Write what the descriptor takes at once, without waiting; return how many bytes.
+
+        0 when it is full, and always 0 for a descriptor that cannot be polled (its writes go
+        through a thread in `send`).
+
+        Raises:
+            anyio.BrokenResourceError: the reader is gone.
+            anyio.ClosedResourceError: the stream was closed.
+        """
+        if self._closed:
+            raise anyio.ClosedResourceError
+        if not self._poll:
+            return 0
+        try:
+            return os.write(self._fd, item)
+        except BlockingIOError:
+            return 0
+        except (BrokenPipeError, ConnectionResetError) as exc:
+            raise anyio.BrokenResourceError from exc
+
+    async def send(self, item: bytes | memoryview) -> None:
         view = memoryview(item)
         while view:
             if self._closed:
@@ -194,27 +240,48 @@ async def spawn(
     Raises:
         OSError: the command could not be started.
     """
-    process = await anyio.open_process(
-        list(command),
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=stderr,
-        env=dict(env) if env is not None else None,
-        cwd=cwd,
-    )
-    assert process.stdin is not None and process.stdout is not None
-    frames = ByteStreamFrames(process.stdout, process.stdin, max_frame=max_frame)
+    # Our own pipes rather than the event loop's pipe transports: the frame stream then
+    # writes with plain non-blocking writes, so the engine can write a frame without waiting
+    # (see `NowaitFrameStream`). os.pipe() descriptors are not inherited by the child.
+    to_child, ours_w = os.pipe()
+    ours_r, from_child = os.pipe()
+    try:
+        process = await anyio.open_process(
+            list(command),
+            stdin=to_child,
+            stdout=from_child,
+            stderr=stderr,
+            env=dict(env) if env is not None else None,
+            cwd=cwd,
+        )
+    except BaseException:
+        for fd in (ours_w, ours_r):
+            os.close(fd)
+        raise
+    finally:
+        os.close(to_child)
+        os.close(from_child)
+    tx = FdSendStream(ours_w)
+    frames = ByteStreamFrames(FdReceiveStream(ours_r), tx, max_frame=max_frame)
     try:
         yield AgentProcess(frames, process)
     finally:
         with anyio.CancelScope(shield=True):
-            await _shutdown(process, shutdown_timeout)
+            await _shutdown(process, tx, ours_w, ours_r, shutdown_timeout)
 
 
-async def _shutdown(process: Process, timeout: float) -> None:
-    if process.stdin is not None:
-        with contextlib.suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
-            await process.stdin.aclose()
+async def _shutdown(
+    process: Process, tx: FdSendStream, write_fd: int, read_fd: int, timeout: float
+) -> None:
+    await tx.aclose()
+    os.close(write_fd)  # the agent's stdin ends: its cue to finish
+    try:
+        await _stop(process, timeout)
+    finally:
+        os.close(read_fd)
+
+
+async def _stop(process: Process, timeout: float) -> None:
     for step in ("wait", "terminate", "kill"):
         if step == "terminate":
             with contextlib.suppress(ProcessLookupError):
@@ -226,6 +293,3 @@ async def _shutdown(process: Process, timeout: float) -> None:
             await process.wait()
         if process.returncode is not None:
             break
-    if process.stdout is not None:
-        with contextlib.suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
-            await process.stdout.aclose()
