@@ -221,7 +221,7 @@ def serve(
     PostgreSQL store several nodes may serve the same sessions (--node-id, --lease-ttl);
     GET /ops/status shows them.
     """
-    from acp_once.cli.serve import InsecureListen, check_listen, serve_reference
+    from acp_once.cli.serve import InsecureListen, check_listen, listen, serve_reference
 
     if policy not in ("hold", "steer"):
         raise typer.BadParameter("policy must be hold or steer")
@@ -253,6 +253,14 @@ def serve(
     logging.basicConfig(
         level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
+    if sock is None:
+        try:
+            sock = listen(host, port)
+        except OSError as exc:
+            logging.getLogger("acp_once.server").error(
+                "cannot listen on %s:%d: %s", host, port, exc.strerror or exc
+            )
+            raise typer.Exit(1) from None
     anyio.run(
         lambda: serve_reference(
             host=host,

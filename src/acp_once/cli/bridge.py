@@ -6,53 +6,20 @@ The same endpoint as `acp-once serve` (`/acp`, `/healthz`, bearer token, limits)
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import signal
 import socket
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 
 import anyio
 import uvicorn
 
 from acp_once.bridge import Bridge, BridgeError
-from acp_once.cli.serve import check_listen, uvicorn_config
+from acp_once.cli.serve import check_listen, listen, serve_until_stopped, uvicorn_config
 from acp_once.server import create_app
 
 __all__ = ["listen", "run_bridge", "serve_bridge"]
 
 logger = logging.getLogger("acp_once.bridge")
-
-
-class _Server(uvicorn.Server):
-    """uvicorn without its own signal handling: it re-raises SIGTERM once it has stopped,
-    which would end the process before the bridge stops its agent."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-
-def listen(host: str, port: int) -> socket.socket:
-    """A socket listening on `host`:`port` (`port` 0: a free one), ready for uvicorn.
-
-    Raises:
-        OSError: the address cannot be bound (in use, not local, ...).
-    """
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    # proto IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets that say TCP, and the
-    # accepted ones inherit it. With Nagle on, an answer written just after an update waits
-    # for the client's delayed ACK: 40 ms per prompt.
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host.strip("[]"), port))
-        sock.listen(128)
-    except OSError:
-        sock.close()
-        raise
-    sock.setblocking(False)
-    return sock
 
 
 async def serve_bridge(
@@ -85,29 +52,9 @@ async def serve_bridge(
             handler=running.serve,
         )
         config = uvicorn_config(app, host=host, port=port, max_message_bytes=max_message_bytes)
-        server = _Server(config)
-        if on_server is not None:
-            on_server(server)
-        shown = f"[{host}]" if ":" in host else host
-        logger.warning(
-            "ACP over WebSocket at ws://%s:%d/acp (%s)",
-            shown,
-            port,
-            "bearer token required" if token is not None else "no token: loopback only",
+        await serve_until_stopped(
+            config, sock, token=token, on_server=on_server, handle_signals=handle_signals
         )
-        async with anyio.create_task_group() as tg:
-            if handle_signals:
-                tg.start_soon(_stop_on_signals, server)
-            await server.serve(sockets=[sock])
-            tg.cancel_scope.cancel()
-
-
-async def _stop_on_signals(server: uvicorn.Server) -> None:
-    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async for _ in signals:
-            if server.should_exit:
-                server.force_exit = True  # a second signal: stop waiting for connections
-            server.should_exit = True
 
 
 def run_bridge(
