@@ -13,12 +13,19 @@ ones none. Every figure is the median of R rounds; keyed and unkeyed rounds alte
 client runs in this process, on the same 2 cores as the nodes and PostgreSQL, so the figures
 say what one machine does, not how a real cluster scales. Nothing is asserted.
 
+`--in-process`: instead, one `ReferenceAgent` in this process on PostgreSQL, without and with a
+`PostgresCoordinator` (one node), S sessions over in-memory connections, keyed prompts back to
+back, rounds alternating between the two; it also counts the statements (COMMIT included) the
+node sends per prompt, each one a round trip to PostgreSQL. That isolates what coordination
+costs a node from the transports and processes.
+
 DSN: `--dsn`, else `ACP_ONCE_TEST_POSTGRES_DSN`, else postgresql://postgres@127.0.0.1:5432/postgres.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import socket
 import statistics
@@ -37,11 +44,16 @@ import anyio.abc
 import httpx
 import psycopg
 from psycopg import sql
+from psycopg.pq import TransactionStatus
 from rich.console import Console
 from rich.table import Table
 
+from acp_once.agent.cluster import PostgresCoordinator
+from acp_once.agent.reference import ReferenceAgent
 from acp_once.client import Client, ClientSideConnection
 from acp_once.protocol import schema as s
+from acp_once.storage.postgres import PostgresStore
+from acp_once.testing import connected
 from acp_once.transports.websocket import connect_websocket
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -163,6 +175,100 @@ async def run_round(conns: list[tuple[Any, str]], total: int, keyed: bool) -> fl
     return per * len(conns) / (time.perf_counter() - start)
 
 
+class StatementCounter:
+    """Counts the statements and COMMITs psycopg sends (each one a round trip; a COMMIT on an
+    autocommit connection with no transaction open sends nothing and is not counted)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._execute = psycopg.AsyncCursor.execute
+        self._commit = psycopg.AsyncConnection.commit
+
+    def __enter__(self) -> StatementCounter:
+        counter = self
+        execute, commit = self._execute, self._commit
+
+        async def counted_execute(cur: Any, *args: Any, **kwargs: Any) -> Any:
+            counter.count += 1
+            return await execute(cur, *args, **kwargs)
+
+        async def counted_commit(conn: Any) -> None:
+            if conn.info.transaction_status != TransactionStatus.IDLE:  # else sends nothing
+                counter.count += 1
+            await commit(conn)
+
+        psycopg.AsyncCursor.execute = counted_execute  # type: ignore[method-assign,assignment]
+        psycopg.AsyncConnection.commit = counted_commit  # type: ignore[method-assign,assignment]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        psycopg.AsyncCursor.execute = self._execute  # type: ignore[method-assign]
+        psycopg.AsyncConnection.commit = self._commit  # type: ignore[method-assign]
+
+
+@asynccontextmanager
+async def one_node(dsn: str, clustered: bool, tmp: Path) -> AsyncIterator[ReferenceAgent]:
+    """The reference agent in this process on a fresh schema, with or without coordination."""
+    schema = f"acp_once_bench_{uuid.uuid4().hex[:12]}"
+    try:
+        async with PostgresStore.open(dsn, schema=schema) as store:
+            agent = ReferenceAgent(store, side_effects=tmp / "effects")
+            if clustered:
+                agent.use_coordinator(PostgresCoordinator(store, node_id="bench"))
+            async with agent:
+                yield agent
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+
+
+@asynccontextmanager
+async def in_memory_clients(
+    agent: ReferenceAgent, sessions: int
+) -> AsyncIterator[list[tuple[Any, str]]]:
+    async with contextlib.AsyncExitStack() as stack:
+        ready: list[tuple[Any, str]] = []
+        for _ in range(sessions):
+            conn = await stack.enter_async_context(connected(agent))
+            await conn.agent.initialize(
+                s.InitializeRequest.model_validate(
+                    {"protocolVersion": 2, "info": {"name": "bench", "version": "1"}}
+                )
+            )
+            sid = (await conn.agent.new_session(s.NewSessionRequest(cwd="/b"))).session_id
+            ready.append((conn, sid))
+        yield ready
+
+
+async def in_process(args: argparse.Namespace, console: Console) -> None:
+    """One node in this process, without and with coordination (see the module docstring)."""
+    rates: dict[bool, list[float]] = {False: [], True: []}
+    trips: dict[bool, list[float]] = {False: [], True: []}
+    with tempfile.TemporaryDirectory(prefix="acp-once-bench-") as tmp:
+        async with (
+            one_node(args.dsn, False, Path(tmp)) as local,
+            one_node(args.dsn, True, Path(tmp)) as clustered,
+            in_memory_clients(local, args.sessions) as local_conns,
+            in_memory_clients(clustered, args.sessions) as cluster_conns,
+        ):
+            for conns in (local_conns, cluster_conns):  # warm up
+                await run_round(conns, max(args.sessions, args.n // 5), keyed=True)
+            for _ in range(args.rounds):
+                for mode, conns in ((False, local_conns), (True, cluster_conns)):
+                    with StatementCounter() as counter:
+                        rates[mode].append(await run_round(conns, args.n, keyed=True))
+                    trips[mode].append(counter.count / args.n)
+    table = Table(title="one node in-process, keyed prompts back to back")
+    for column in ("coordination", "prompts/s", "round trips/prompt"):
+        table.add_column(column, justify="right")
+    for mode, label in ((False, "none"), (True, "PostgresCoordinator")):
+        table.add_row(
+            label, f"{statistics.median(rates[mode]):.0f}", f"{statistics.median(trips[mode]):.1f}"
+        )
+        console.print(f"{label}: {[round(r) for r in rates[mode]]} prompts/s")
+    console.print(table)
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("n", nargs="?", type=int, default=600, help="prompts per round")
@@ -170,8 +276,14 @@ async def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--nodes", default="1,2,3")
     parser.add_argument("--dsn", default=os.environ.get("ACP_ONCE_TEST_POSTGRES_DSN", DEFAULT_DSN))
+    parser.add_argument("--in-process", action="store_true", help="one node, in this process")
     args = parser.parse_args()
     console = Console()
+    if args.in_process:
+        console.print(f"load average at start: {os.getloadavg()[0]:.2f}")
+        await in_process(args, console)
+        console.print(f"load average at end: {os.getloadavg()[0]:.2f}")
+        return
     console.print(
         f"{args.n} prompts per round over {args.sessions} sessions, median of {args.rounds}"
         f" rounds; load average at start: {os.getloadavg()[0]:.2f}"

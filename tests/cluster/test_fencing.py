@@ -11,9 +11,9 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from acp_once.storage.base import FencingError, SessionRecord
-from acp_once.storage.pg_cluster import Owned, PgCluster
-from acp_once.storage.postgres import Fence, PostgresStore
+from acp_once.storage.base import FencingError, InsertOutcome, SessionRecord
+from acp_once.storage.pg_cluster import Owned, PgCluster, Queued
+from acp_once.storage.postgres import Fence, PostgresStore, QueueRowGone
 from acp_once.testing import connected
 from tests.cluster.harness import (
     initialize,
@@ -90,6 +90,8 @@ async def test_a_taken_over_lease_fences_the_old_owner(postgres_dsn: str, schema
                 )
             with pytest.raises(FencingError):
                 await store_a.append_update("s1", b'{"x": 1}', fence=fence_a)
+            with pytest.raises(FencingError):
+                await store_a.append_updates("s1", [(b'{"x": 2}', None)], fence=fence_a)
             # the refused writes left nothing behind, the key stays unused
             assert await store_a.count_user_messages("s1") == 1
             assert await store_a.count_user_messages("s1", idempotency_key="k2") == 0
@@ -105,6 +107,10 @@ async def test_a_taken_over_lease_fences_the_old_owner(postgres_dsn: str, schema
                 fence=Fence("b-1", taken.epoch),
             )
             assert second.inserted
+            seqs = await store_b.append_updates(
+                "s1", [(b'{"y": 1}', "a1"), (b'{"y": 2}', None)], fence=Fence("b-1", taken.epoch)
+            )
+            assert [e.seq for e in (await store_b.read_timeline("s1"))[-2:]] == seqs
             # a released lease fences its last owner too
             assert await b.release("s1", taken.epoch)
             with pytest.raises(FencingError):
@@ -143,3 +149,115 @@ async def test_a_node_that_lost_its_lease_mid_turn_writes_nothing(
                 await until(lambda: bool(a.coordinator._waiting))
                 assert await store_b.count_user_messages(sid) == 1
                 tg.cancel_scope.cancel()
+
+
+async def test_taking_a_lease_abandons_the_prompts_of_dead_nodes_only(
+    postgres_dsn: str, schema: str
+) -> None:
+    with anyio.fail_after(TIMEOUT):
+        async with PostgresStore.open(postgres_dsn, schema=schema) as store:
+            a = PgCluster(store, node_id="a", instance="a-1", lease_ttl=60)
+            b = PgCluster(store, node_id="b", instance="b-1", lease_ttl=60)
+            await a.heartbeat({})
+            await b.heartbeat({})
+            await store.create_session(record("s1"))
+            await store.create_session(record("s2"))
+            for sid in ("s1", "s2"):
+                assert isinstance(await a.take(sid), Owned)
+            # s1: one prompt queued by B (alive) and one by a node that never beat (dead)
+            queued = await b.admit("s1", "k1", b"d", b"[]", epoch=None)
+            assert isinstance(queued, Queued)
+            async with await psycopg.AsyncConnection.connect(postgres_dsn, autocommit=True) as c:
+                await c.execute(
+                    sql.SQL(
+                        "INSERT INTO {}.prompt_queue (session_id, prompt_digest, content, origin)"
+                        " VALUES ('s1', 'd', '[]', 'dead-1'), ('s2', 'd', '[]', 'dead-1')"
+                    ).format(sql.Identifier(schema))
+                )
+            for sid in ("s1", "s2"):
+                await expire(postgres_dsn, schema, sid)
+            s1 = await b.take("s1")
+            s2 = await b.take("s2")
+            assert isinstance(s1, Owned) and s1.backlog and s1.took_over
+            assert isinstance(s2, Owned) and not s2.backlog and s2.took_over
+            async with await psycopg.AsyncConnection.connect(postgres_dsn, autocommit=True) as c:
+                cur = await c.execute(
+                    sql.SQL(
+                        "SELECT session_id, origin, state FROM {}.prompt_queue ORDER BY id"
+                    ).format(sql.Identifier(schema))
+                )
+                rows = await cur.fetchall()
+            assert rows == [
+                ("s1", "b-1", "queued"),
+                ("s1", "dead-1", "abandoned"),
+                ("s2", "dead-1", "abandoned"),
+            ]
+
+
+async def test_a_fenced_insert_settles_its_queued_prompt_in_the_same_statement(
+    postgres_dsn: str, schema: str
+) -> None:
+    with anyio.fail_after(TIMEOUT):
+        async with (
+            PostgresStore.open(postgres_dsn, schema=schema) as store,
+            PostgresStore.open(postgres_dsn, schema=schema) as other,
+        ):
+            a = PgCluster(store, node_id="a", instance="a-1", lease_ttl=60)
+            b = PgCluster(other, node_id="b", instance="b-1", lease_ttl=60)
+            await a.heartbeat({})
+            await b.heartbeat({})
+            await store.create_session(record("s1"))
+            owned = await a.take("s1")
+            assert isinstance(owned, Owned)
+            rows = []
+            for key in ("k1", "k2", "k3"):
+                queued = await b.admit("s1", key, b"d-" + key.encode(), b"[]", epoch=None)
+                assert isinstance(queued, Queued)
+                rows.append(queued.row)
+
+            def fence(row: int) -> Fence:
+                return Fence("a-1", owned.epoch, row=row, channel=a.channel)
+
+            notes: list[dict[str, object]] = []
+            async with a.listen(postgres_dsn) as notifies:
+                first = await store.insert_user_message(
+                    "s1",
+                    message_id="m1",
+                    update=b"{}",
+                    idempotency_key="k1",
+                    prompt_digest=b"d-k1",
+                    fence=fence(rows[0]),
+                )
+                assert first == InsertOutcome("m1", True, b"d-k1")
+                # k2's row is a retry of k1 with another prompt: recorded, not the same
+                again = await store.insert_user_message(
+                    "s1",
+                    message_id="m2",
+                    update=b"{}",
+                    idempotency_key="k1",
+                    prompt_digest=b"d-k2",
+                    fence=fence(rows[1]),
+                )
+                assert again == InsertOutcome("m1", False, b"d-k1")
+                # k3's row was withdrawn: the insert writes nothing
+                assert await b.withdraw(rows[2])
+                with pytest.raises(QueueRowGone):
+                    await store.insert_user_message(
+                        "s1",
+                        message_id="m3",
+                        update=b"{}",
+                        idempotency_key="k3",
+                        prompt_digest=b"d-k3",
+                        fence=fence(rows[2]),
+                    )
+                while len(notes) < 3:
+                    async for payload in notifies(1.0):
+                        notes.append(orjson.loads(payload))  # noqa: PERF401
+            outcomes = [(n["r"], n["st"], n["m"], n["p"]) for n in notes if n["k"] == "o"]
+            assert outcomes == [
+                (rows[0], "inserted", "m1", True),
+                (rows[1], "recorded", "m1", False),
+                (rows[2], "withdrawn", None, None),
+            ]
+            assert await store.count_user_messages("s1") == 1
+            assert await store.count_user_messages("s1", idempotency_key="k3") == 0

@@ -35,6 +35,12 @@ the same sessions behind any load balancer:
 With the steer policy, a prompt another node queued is inserted as soon as the owner is
 woken (NOTIFY), during its turn; the owner's own prompts are inserted at once as on one node.
 
+Cost: each step of the lease owner is one statement (queueing a prompt behind its turn; the
+insert, which checks the fence, locks and settles the queued row and notifies its outcome
+together; a turn's last update with its closing marker), so a keyed prompt that the owner
+holds and inserts costs about as many round trips to PostgreSQL as on one node without
+coordination (`benchmarks/bench_cluster.py --in-process` counts them).
+
 Interrupted work: a node that takes over a lease that expired (a dead owner, or one that
 stopped with work in progress) looks for the session's turns that did not finish and runs them
 again (`resume_interrupted`) or reports them interrupted, as one node does after a restart.
@@ -51,6 +57,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import contextvars
+import dataclasses
 import logging
 import math
 import socket
@@ -80,10 +87,10 @@ from acp_once.storage.pg_cluster import (
     QueuedPrompt,
     RowOutcome,
 )
-from acp_once.storage.postgres import Fence, PostgresStore
+from acp_once.storage.postgres import Fence, PostgresStore, QueueRowGone
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
+    from collections.abc import Awaitable, Callable, Sequence
 
     from anyio.abc import TaskGroup, TaskStatus
 
@@ -94,7 +101,7 @@ __all__ = ["Coordinator", "LocalCoordinator", "PostgresCoordinator", "default_no
 logger = logging.getLogger("acp_once.cluster")
 
 _REUSED_KEY = "idempotencyKey was already used with a different prompt"
-_QUEUE_ROW: contextvars.ContextVar[tuple[int, bytes] | None] = contextvars.ContextVar(
+_QUEUE_ROW: contextvars.ContextVar[int | None] = contextvars.ContextVar(
     "acp_once_queue_row", default=None
 )
 _STOP_TIMEOUT = 5.0
@@ -164,6 +171,8 @@ class PostgresCoordinator:
         """The sessions whose lease this node holds, with its epoch (the fencing token)."""
         self._waiting: dict[int, tuple[_Session, _Pending]] = {}
         self._rows: dict[_Pending, int] = {}
+        self.gone: set[int] = set()
+        """Queued rows found withdrawn by this node's insert (`QueueRowGone`), until seen."""
         self._remote_state: dict[str, str] = {}
         self._publish: collections.deque[tuple[str, dict[str, Any]]] = collections.deque()
         self._publish_ready = anyio.Event()
@@ -464,11 +473,17 @@ class PostgresCoordinator:
         ).prompt
         # a stand-in without waiters: the requests (on any node) learn the outcome from the row
         stand_in = _Pending(session.id, list(prompt), queued.key, queued.digest, wire)
-        token = _QUEUE_ROW.set((queued.row, queued.digest))
+        token = _QUEUE_ROW.set(queued.row)
         try:
             await agent._insert(session, stand_in)
         finally:
             _QUEUE_ROW.reset(token)
+        if queued.row in self.gone:
+            # withdrawn (or dropped) before we locked it: nothing was written, and whoever
+            # withdrew it answered its waiters; a race, not a failure
+            self.gone.discard(queued.row)
+            logger.debug("prompt.gone session=%s row=%d", session.id, queued.row)
+            return
         if stand_in.message_id is not None:
             if agent._is_live_only(stand_in.prompt):  # not stored: no transaction marked it
                 await self.pg.mark_inserted(queued.row, stand_in.message_id)
@@ -477,8 +492,8 @@ class PostgresCoordinator:
         if isinstance(stand_in.error, InvalidParams):  # recorded with a different prompt
             self._outcome(RowOutcome(queued.row, "recorded", None, False))
             return
-        # Not stored: our lease is gone (the next owner inserts it), the row was withdrawn
-        # meanwhile, or the database failed (its waiters get -32603, as on one node).
+        # Not stored: our lease is gone (the next owner inserts it) or the database failed
+        # (its waiters get -32603, as on one node).
         epoch = self.leases.get(session.id)
         owner, _, current, _ = await self.pg.lease_of(session.id)
         if epoch is None or owner != self.instance or current != epoch:
@@ -791,20 +806,24 @@ class FencedStore:
         idempotency_key: str | None,
         prompt_digest: bytes | None,
     ) -> InsertOutcome:
-        """Insert under the session's lease (fenced); marks the queued row being inserted."""
+        """Insert under the session's lease (fenced); settles the queued row being inserted."""
         fence = self._c.fence(session_id)
         row = _QUEUE_ROW.get()
         _QUEUE_ROW.set(None)  # one insert per queued row, never inherited by another write
-        then = None if row is None else self._c.pg.flip(row[0], row[1])
-        outcome = await self._store.insert_user_message(
-            session_id,
-            message_id=message_id,
-            update=update,
-            idempotency_key=idempotency_key,
-            prompt_digest=prompt_digest,
-            fence=fence,
-            then=then,
-        )
+        if row is not None:  # it must still be queued; the insert settles it (one statement)
+            fence = dataclasses.replace(fence, row=row, channel=self._c.pg.channel)
+        try:
+            outcome = await self._store.insert_user_message(
+                session_id,
+                message_id=message_id,
+                update=update,
+                idempotency_key=idempotency_key,
+                prompt_digest=prompt_digest,
+                fence=fence,
+            )
+        except QueueRowGone as exc:
+            self._c.gone.add(exc.row)  # withdrawn meanwhile: its waiters have their answer
+            raise
         if outcome.inserted:
             self._c.counters["inserted"] += 1
             logger.info("message.inserted session=%s message=%s", session_id, message_id)
@@ -824,6 +843,14 @@ class FencedStore:
     ) -> int:
         return await self._store.append_update(
             session_id, update, message_id=message_id, fence=self._c.fence(session_id)
+        )
+
+    async def append_updates(
+        self, session_id: str, updates: Sequence[tuple[bytes, str | None]]
+    ) -> list[int]:
+        """`AppendsUpdates.append_updates` under the session's lease (fenced), one trip."""
+        return await self._store.append_updates(
+            session_id, updates, fence=self._c.fence(session_id)
         )
 
     async def read_timeline(

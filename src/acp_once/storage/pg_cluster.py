@@ -14,8 +14,11 @@ Storage-level only (records and SQL; the agent-side coordinator is
 * `prompt_queue`: the prompts of a session that are accepted and not inserted yet (held), in
   arrival order (`id`), whichever node received them. The lease owner inserts them one by one:
   the insert, the flip of the row to `inserted` (or `recorded`: the key was inserted already)
-  and the NOTIFY of the outcome are one transaction, and a withdrawal is an UPDATE of the same
-  row guarded by `state = 'queued'`, so exactly one of "inserted" and "withdrawn" wins. A
+  and the NOTIFY of the outcome are one statement (`PostgresStore.insert_user_message` with
+  `Fence(row=...)`), which locks the row first, and a withdrawal is an UPDATE of the same row
+  guarded by `state = 'queued'`, so exactly one of "inserted" and "withdrawn" wins: a
+  withdrawal during the insert waits and finds it inserted (R27), and an insert after a
+  withdrawal writes nothing (`QueueRowGone`, a normal outcome). A
   unique index makes (session, key) queued at most once: a second request with the key on any
   node waits on that row (`waiters` counts the nodes waiting). Rows whose origin node is dead
   (no heartbeat within the lease TTL) are `abandoned` by the next owner: never answered, so the
@@ -45,10 +48,11 @@ import orjson
 import psycopg
 from psycopg import sql
 
-from acp_once.storage.base import FencingError, InsertOutcome, StorageError
+from acp_once.storage.base import FencingError
 from acp_once.storage.postgres import (
     Fence,
     PostgresStore,
+    QueueRowGone,
     _all,
     _Conn,
     _connect,
@@ -60,7 +64,7 @@ from acp_once.storage.postgres import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
+    from collections.abc import Callable
 
 __all__ = [
     "NOTIFY_LIMIT",
@@ -87,10 +91,6 @@ _FINISHED_RETENTION: Final = 600.0
 def channel_for(schema: str) -> str:
     """The NOTIFY channel of the nodes sharing `schema` (an identifier under 63 bytes)."""
     return "acp_once_" + hashlib.sha256(schema.encode()).hexdigest()[:20]
-
-
-class QueueRowGone(StorageError):
-    """The queued prompt was withdrawn (or dropped) before the owner could insert it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,13 +151,13 @@ class _Sql:
     ensure_lease: sql.Composed
     lock_lease: sql.Composed
     take_lease: sql.Composed
-    free_lease: sql.Composed
     renew: sql.Composed
     release_all: sql.Composed
     find_queued: sql.Composed
     attach: sql.Composed
     enqueue: sql.Composed
-    backlog: sql.Composed
+    enqueue_owned: sql.Composed
+    free_if_idle: sql.Composed
     abandon_dead: sql.Composed
     next_row: sql.Composed
     flip: sql.Composed
@@ -197,14 +197,19 @@ def _statements(schema: str) -> _Sql:
             "SELECT owner, epoch, owner IS NULL OR expires_at < now() FROM {s}.session_leases"
             " WHERE session_id = %s FOR UPDATE"
         ),
+        # Takes the (locked) lease, abandons the queued prompts of dead nodes and says
+        # whether others wait, in one statement: the last SELECT runs on the statement's
+        # snapshot, where the rows just abandoned are still queued, so it leaves them out.
         take_lease=q(
-            "UPDATE {s}.session_leases SET owner = %(me)s, node_id = %(node)s,"
-            " epoch = epoch + 1, expires_at = now() + make_interval(secs => %(ttl)s)"
-            " WHERE session_id = %(sid)s RETURNING epoch"
-        ),
-        free_lease=q(
-            "UPDATE {s}.session_leases SET owner = NULL, expires_at = '-infinity'"
-            " WHERE session_id = %s AND owner = %s AND epoch = %s"
+            "WITH tk AS (UPDATE {s}.session_leases SET owner = %(me)s, node_id = %(node)s,"
+            "  epoch = epoch + 1, expires_at = now() + make_interval(secs => %(ttl)s)"
+            "  WHERE session_id = %(sid)s RETURNING epoch),"
+            " ab AS (UPDATE {s}.prompt_queue SET state = 'abandoned'"
+            "  WHERE session_id = %(sid)s AND state = 'queued'"
+            f"  AND origin NOT IN ({alive}) RETURNING id)"
+            " SELECT (SELECT epoch FROM tk), ARRAY(SELECT id FROM ab),"
+            "  EXISTS (SELECT 1 FROM {s}.prompt_queue WHERE session_id = %(sid)s"
+            "  AND state = 'queued' AND id NOT IN (SELECT id FROM ab))"
         ),
         renew=q(
             "UPDATE {s}.session_leases SET expires_at = now() + make_interval(secs => %s)"
@@ -222,9 +227,28 @@ def _statements(schema: str) -> _Sql:
             " (session_id, idempotency_key, prompt_digest, content, origin)"
             " VALUES (%s, %s, %s, %s, %s) RETURNING id"
         ),
-        backlog=q(
-            "SELECT EXISTS (SELECT 1 FROM {s}.prompt_queue"
-            " WHERE session_id = %s AND state = 'queued')"
+        # The lease owner queues a prompt behind its own work, in one statement (autocommit):
+        # the fence (FOR SHARE, so it waits for another node's `admit`, which locks the lease
+        # row, and queues after it), then the row, or one more waiter on the queued prompt
+        # with the key (ON CONFLICT on `prompt_queue_keys`, which sees every committed row).
+        # No row back: the fence failed. `xmax <> 0`: an existing row was updated.
+        enqueue_owned=q(
+            "WITH f AS (SELECT 1 FROM {s}.session_leases WHERE session_id = %(sid)s"
+            "  AND owner = %(me)s AND epoch = %(epoch)s FOR SHARE)"
+            " INSERT INTO {s}.prompt_queue AS q"
+            " (session_id, idempotency_key, prompt_digest, content, origin)"
+            " SELECT %(sid)s, %(key)s, %(digest)s, %(content)s, %(me)s FROM f"
+            " ON CONFLICT (session_id, idempotency_key)"
+            "  WHERE state = 'queued' AND idempotency_key IS NOT NULL"
+            " DO UPDATE SET waiters = q.waiters + 1"
+            " RETURNING q.id, q.prompt_digest, q.xmax <> 0"
+        ),
+        # after `lock_lease`, a new statement: it sees every prompt queued before the lock
+        free_if_idle=q(
+            "UPDATE {s}.session_leases SET owner = NULL, expires_at = '-infinity'"
+            " WHERE session_id = %(sid)s AND owner = %(me)s AND epoch = %(epoch)s"
+            " AND NOT EXISTS (SELECT 1 FROM {s}.prompt_queue"
+            "  WHERE session_id = %(sid)s AND state = 'queued') RETURNING 1"
         ),
         abandon_dead=q(
             "UPDATE {s}.prompt_queue SET state = 'abandoned'"
@@ -359,12 +383,16 @@ class PgCluster:
         rows = await _all(conn, self._sql.abandon_dead, {"sid": session_id, "ttl": self.lease_ttl})
         return [_payload(k="o", r=row, st="abandoned", m=None, p=None) for (row,) in rows]
 
-    async def _take(self, conn: _Conn, session_id: str) -> int:
+    async def _take(self, conn: _Conn, session_id: str, took_over: bool) -> Owned:
+        """Take the lease locked by the caller's transaction: (epoch, prompts queued)."""
         params = {"me": self.instance, "node": self.node_id, "ttl": self.lease_ttl}
         row = await _one(conn, self._sql.take_lease, {**params, "sid": session_id})
         assert row is not None
-        await self._notify_in(conn, await self._abandon_dead(conn, session_id))
-        return int(row[0])
+        epoch, abandoned, backlog = row
+        await self._notify_in(
+            conn, [_payload(k="o", r=r, st="abandoned", m=None, p=None) for r in abandoned]
+        )
+        return Owned(int(epoch), bool(backlog), took_over)
 
     async def take(self, session_id: str) -> Owned | None:
         """Take the session's lease if it is free or expired; None when a live owner has it."""
@@ -374,9 +402,7 @@ class PgCluster:
             assert locked is not None
             if not locked[2]:
                 return None
-            epoch = await self._take(conn, session_id)
-            backlog = await _one(conn, self._sql.backlog, (session_id,))
-            return Owned(epoch, bool(backlog and backlog[0]), locked[0] is not None)
+            return await self._take(conn, session_id, locked[0] is not None)
 
         return await self.store.run(work)
 
@@ -384,15 +410,13 @@ class PgCluster:
         """Release the lease unless prompts are queued; True when the caller no longer holds
         it (released now, or lost before), False when it must go on inserting."""
 
+        params = {"sid": session_id, "me": self.instance, "epoch": epoch}
+
         async def work(conn: _Conn) -> bool:
             locked = await _one(conn, self._sql.lock_lease, (session_id,))
             if locked is None or locked[0] != self.instance or locked[1] != epoch:
                 return True
-            backlog = await _one(conn, self._sql.backlog, (session_id,))
-            if backlog and backlog[0]:
-                return False
-            await _exec(conn, self._sql.free_lease, (session_id, self.instance, epoch))
-            return True
+            return await _one(conn, self._sql.free_if_idle, params) is not None
 
         return await self.store.run(work)
 
@@ -443,31 +467,29 @@ class PgCluster:
         """Decide, in one transaction under the session's lease row, what a new prompt does.
 
         With `epoch` (the caller owns the lease and is busy): queue it, or wait on the queued
-        prompt with the same key. Without: wait on a queued prompt with the key; else take the
-        lease if it is free or expired (`Owned`); else queue it behind the owner's work and
-        wake the owner.
+        prompt with the same key, in one statement. Without: wait on a queued prompt with the
+        key; else take the lease if it is free or expired (`Owned`); else queue it behind the
+        owner's work and wake the owner.
 
         Raises:
             FencingError: `epoch` was given and the caller no longer holds the lease.
             StorageError: the database failed.
         """
         key_bytes = None if key is None else _key_bytes(key)
+        if epoch is not None:
+            return await self._enqueue_owned(session_id, key_bytes, digest, content, epoch)
 
         async def work(conn: _Conn) -> Admission:
             locked = await _one(conn, self._sql.ensure_lease, (session_id,))
             assert locked is not None
-            owner, current, free = locked
-            if epoch is not None and (owner != self.instance or current != epoch):
-                raise FencingError(session_id)
+            owner, _, free = locked
             if key_bytes is not None:
                 found = await _one(conn, self._sql.find_queued, (session_id, key_bytes))
                 if found is not None:
                     await _exec(conn, self._sql.attach, (found[0],))
                     return Attached(int(found[0]), bytes(found[1]))
-            if epoch is None and free:
-                taken = await self._take(conn, session_id)
-                backlog = await _one(conn, self._sql.backlog, (session_id,))
-                return Owned(taken, bool(backlog and backlog[0]), owner is not None)
+            if free:
+                return await self._take(conn, session_id, owner is not None)
             params = (session_id, key_bytes, digest, content, self.instance)
             row = await _one(conn, self._sql.enqueue, params)
             assert row is not None
@@ -476,6 +498,26 @@ class PgCluster:
             return Queued(int(row[0]), owner)
 
         return await self.store.run(work)
+
+    async def _enqueue_owned(
+        self, session_id: str, key: bytes | None, digest: bytes, content: bytes, epoch: int
+    ) -> Attached | Queued:
+        params = {
+            "sid": session_id,
+            "me": self.instance,
+            "epoch": epoch,
+            "key": key,
+            "digest": digest,
+            "content": content,
+        }
+        row = await self.store.run(
+            lambda conn: _one(conn, self._sql.enqueue_owned, params), begin=False
+        )
+        if row is None:
+            raise FencingError(session_id)
+        if row[2]:
+            return Attached(int(row[0]), bytes(row[1]))
+        return Queued(int(row[0]), self.instance)
 
     async def next_prompt(self, session_id: str) -> QueuedPrompt | None:
         """The session's oldest queued prompt (abandoning those whose origin is dead first)."""
@@ -499,21 +541,6 @@ class PgCluster:
                     int(row_id), session_id, text, bytes(digest), bytes(content), origin
                 )
             await self.store.run(abandon)  # its origin died: never answered, then look again
-
-    def flip(self, row: int, digest: bytes) -> Callable[[_Conn, InsertOutcome], Awaitable[None]]:
-        """The `then=` of the owner's insert of queued `row`: marks it inserted (or recorded)
-        and notifies its outcome, in the insert's transaction; `QueueRowGone` (rolling the
-        insert back) when it was withdrawn meanwhile."""
-
-        async def then(conn: _Conn, outcome: InsertOutcome) -> None:
-            state = "inserted" if outcome.inserted else "recorded"
-            same = outcome.prompt_digest in (None, digest)
-            payload = _payload(k="o", r=row, st=state, m=outcome.message_id, p=same)
-            params = (state, outcome.message_id, same, row, self.channel, payload)
-            if await _one(conn, self._sql.flip, params) is None:
-                raise QueueRowGone(f"queued prompt {row} was withdrawn before insertion")
-
-        return then
 
     async def _finish_rows(
         self, query: sql.Composed, params: tuple[Any, ...], state: str

@@ -21,6 +21,9 @@ Concurrency (READ COMMITTED, which every write transaction asks for explicitly):
   `seq` is strictly increasing and two inserts of one new key insert once. The INSERT also says
   `ON CONFLICT (session_id, idempotency_key) ... DO NOTHING`: a writer that bypasses the lock
   still cannot record a key twice, and we then answer the recorded message.
+* A fenced insert (several nodes, `fence=`) is one statement instead: under the session's
+  lease only its owner inserts, one at a time, so the statement's snapshot already holds every
+  key recorded before it (see `insert_fenced`); the unique index still refuses a duplicate.
 * `append_update` is one statement (`UPDATE sessions ... RETURNING` feeding the INSERT), atomic
   on its own and serialised by the same row lock.
 
@@ -93,6 +96,7 @@ __all__ = [
     "MIGRATIONS",
     "Migration",
     "PostgresStore",
+    "QueueRowGone",
     "apply_migrations",
     "current_version",
     "describe_postgres",
@@ -121,6 +125,24 @@ class Fence:
 
     owner: str
     epoch: int
+    row: int | None = None
+    """A queued prompt (`prompt_queue.id`) the write inserts: it must still be queued, and it
+    stays locked until the write commits, so a withdrawal that comes meanwhile waits and then
+    finds it inserted (insertion wins, R27)."""
+    channel: str | None = None
+    """With `row`: the insert also marks the row `inserted` (or `recorded`,
+    when the key was) with the message id, and announces that on this NOTIFY channel as
+    `{"k": "o", "r": row, "st": state, "m": message_id, "p": same_prompt}`."""
+
+
+class QueueRowGone(FencingError):
+    """The queued prompt of a fenced insert (`Fence.row`) was withdrawn (or dropped) before
+    the owner could insert it: a normal outcome of a race, nothing was written."""
+
+    def __init__(self, session_id: str, row: int) -> None:
+        StorageError.__init__(self, f"queued prompt {row} was withdrawn before insertion")
+        self.session_id = session_id
+        self.row = row
 
 
 # -- migrations ---------------------------------------------------------------------------------
@@ -340,6 +362,7 @@ class _Statements:
     lock_session: sql.Composed
     find_key: sql.Composed
     insert_entry: sql.Composed
+    insert_fenced: sql.Composed
     append_entry: sql.Composed
     read_timeline: sql.Composed
     read_tail: sql.Composed
@@ -347,8 +370,8 @@ class _Statements:
     count_key: sql.Composed
     fork_session: sql.Composed
     copy_timeline: sql.Composed
-    check_fence: sql.Composed
     append_fenced: sql.Composed
+    append_many: sql.Composed
     schema: str
 
 
@@ -390,6 +413,50 @@ def _statements(schema: str) -> _Statements:
             "  updated_at = GREATEST(updated_at, %(now)s) FROM ins"
             " WHERE session_id = %(sid)s RETURNING ins.seq"
         ),
+        # A whole fenced insert in one statement (autocommit, one trip), in lock order: the
+        # fence (FOR SHARE: a takeover, an UPDATE of the lease row, waits until this write
+        # commits, and a write after it sees the new epoch and is refused), the queued prompt
+        # if any (FOR UPDATE: a withdrawal waits, then finds it inserted), the session row,
+        # then the INSERT, `next_seq`, and the queued row's outcome with its NOTIFY. The key
+        # is looked up in the statement's snapshot, which is enough under the fence: the
+        # session's earlier inserts were the lease owner's, committed before this statement
+        # (this node's, one at a time, or an earlier owner's, before its lease was taken), and
+        # ON CONFLICT still refuses a duplicate.
+        insert_fenced=q(
+            "WITH f AS (SELECT 1 FROM {s}.session_leases WHERE session_id = %(sid)s"
+            "  AND owner = %(owner)s AND epoch = %(epoch)s FOR SHARE),"
+            " r AS (SELECT 1 FROM {s}.prompt_queue WHERE id = %(row)s::bigint"
+            "  AND state = 'queued' FOR UPDATE),"
+            " ok AS (SELECT EXISTS (SELECT 1 FROM f) AS fenced,"
+            "  %(row)s::bigint IS NULL OR EXISTS (SELECT 1 FROM r) AS queued),"
+            " l AS (SELECT next_seq FROM {s}.sessions WHERE session_id = %(sid)s"
+            "  AND (SELECT fenced AND queued FROM ok) FOR NO KEY UPDATE),"
+            " rec AS (SELECT message_id, prompt_digest FROM {s}.timeline"
+            "  WHERE session_id = %(sid)s AND idempotency_key = %(key)s::bytea),"
+            " ins AS (INSERT INTO {s}.timeline (session_id, seq, message_id, payload,"
+            "  is_user_message, idempotency_key, prompt_digest)"
+            "  SELECT %(sid)s, l.next_seq, %(mid)s, %(payload)s::bytea, true, %(key)s::bytea,"
+            "  %(digest)s::bytea FROM l WHERE NOT EXISTS (SELECT 1 FROM rec)"
+            "  ON CONFLICT (session_id, idempotency_key) WHERE idempotency_key IS NOT NULL"
+            "  DO NOTHING RETURNING seq),"
+            " adv AS (UPDATE {s}.sessions SET next_seq = ins.seq + 1,"
+            "  updated_at = GREATEST(updated_at, %(now)s) FROM ins"
+            "  WHERE session_id = %(sid)s RETURNING ins.seq),"
+            " res AS (SELECT (SELECT seq FROM adv) AS seq, (SELECT message_id FROM rec) AS mid,"
+            "  (SELECT prompt_digest FROM rec) AS digest),"
+            " flip AS (UPDATE {s}.prompt_queue AS q SET"
+            "  state = CASE WHEN res.seq IS NULL THEN 'recorded' ELSE 'inserted' END,"
+            "  message_id = COALESCE(res.mid, %(mid)s),"
+            "  same_prompt = res.seq IS NOT NULL OR res.digest IS NULL"
+            "   OR res.digest = %(digest)s::bytea"
+            "  FROM res WHERE q.id = %(row)s::bigint AND EXISTS (SELECT 1 FROM l)"
+            "  AND (res.seq IS NOT NULL OR res.mid IS NOT NULL)"
+            "  RETURNING pg_notify(%(channel)s::text, json_build_object('k', 'o', 'r', q.id,"
+            "   'st', q.state, 'm', q.message_id, 'p', q.same_prompt)::text))"
+            " SELECT ok.fenced, ok.queued,"
+            "  EXISTS (SELECT 1 FROM {s}.sessions WHERE session_id = %(sid)s),"
+            "  res.seq, res.mid, res.digest, (SELECT count(*) FROM flip) FROM ok, res"
+        ),
         append_entry=q(
             "WITH s AS ("
             " UPDATE {s}.sessions SET next_seq = next_seq + 1,"
@@ -422,12 +489,6 @@ def _statements(schema: str) -> _Statements:
             " SELECT %s, seq, message_id, payload, is_user_message FROM {s}.timeline"
             " WHERE session_id = %s"
         ),
-        # FOR SHARE: a takeover (an UPDATE of the lease row) waits until this write commits,
-        # and a write that comes after it sees the new epoch and is refused.
-        check_fence=q(
-            "SELECT 1 FROM {s}.session_leases WHERE session_id = %s AND owner = %s AND epoch = %s"
-            " FOR SHARE"
-        ),
         # `append_entry` and the fence check in one statement: a turn's writes cost one trip.
         append_fenced=q(
             "WITH f AS (SELECT 1 FROM {s}.session_leases WHERE session_id = %(sid)s"
@@ -439,6 +500,23 @@ def _statements(schema: str) -> _Statements:
             " RETURNING next_seq - 1 AS seq)"
             " INSERT INTO {s}.timeline (session_id, seq, message_id, payload)"
             " SELECT %(sid)s, s.seq, %(mid)s, %(payload)s FROM s RETURNING seq"
+        ),
+        # `append_updates`: several entries at consecutive seqs in one statement, fenced when
+        # %(owner)s is not NULL (as `append_fenced`).
+        append_many=q(
+            "WITH f AS (SELECT 1 FROM {s}.session_leases WHERE session_id = %(sid)s"
+            "  AND owner = %(owner)s::text AND epoch = %(epoch)s::bigint FOR SHARE),"
+            " s AS ("
+            " UPDATE {s}.sessions SET next_seq = next_seq + %(n)s::bigint,"
+            "  updated_at = GREATEST(updated_at, %(now)s)"
+            " WHERE session_id = %(sid)s"
+            "  AND (%(owner)s::text IS NULL OR EXISTS (SELECT 1 FROM f))"
+            " RETURNING next_seq - %(n)s::bigint AS first)"
+            " INSERT INTO {s}.timeline (session_id, seq, message_id, payload)"
+            " SELECT %(sid)s, s.first + u.i - 1, u.mid, u.payload FROM s,"
+            "  unnest(%(mids)s::text[], %(payloads)s::bytea[])"
+            "  WITH ORDINALITY AS u(mid, payload, i)"
+            " RETURNING seq"
         ),
         schema=schema,
     )
@@ -844,14 +922,13 @@ class PostgresStore:
         idempotency_key: str | None,
         prompt_digest: bytes | None,
         fence: Fence | None = None,
-        then: Callable[[_Conn, InsertOutcome], Awaitable[None]] | None = None,
     ) -> InsertOutcome:
-        """`SessionStore.insert_user_message`, with two additions for several nodes.
+        """`SessionStore.insert_user_message`, fenced for several nodes with `fence`.
 
-        `fence`: the write happens only while the fence's owner holds the session's lease at
-        its epoch, checked in the same transaction (else `FencingError`, nothing written).
-        `then(conn, outcome)`: runs in the same transaction after the insert (or the lookup of
-        a recorded key); an exception from it rolls everything back and propagates.
+        With `fence`, one statement (one round trip) that writes only while the fence's owner
+        holds the session's lease at its epoch (else `FencingError`, nothing written); with
+        `fence.row`, only while that queued prompt is still queued (else `QueueRowGone`,
+        nothing written), and the same statement settles the row (see `Fence.channel`).
         """
         now = self._clock()
         key = None if idempotency_key is None else _key_bytes(idempotency_key)
@@ -861,13 +938,41 @@ class PostgresStore:
             row = await _one(conn, statements.find_key, (session_id, key))
             return None if row is None else InsertOutcome(row[0], False, row[1])
 
-        async def work(conn: _Conn) -> InsertOutcome:
-            if fence is not None:
-                await self._check_fence(conn, session_id, fence)
-            outcome = await insert(conn)
-            if then is not None:
-                await then(conn, outcome)
+        async def one_statement(conn: _Conn, fence: Fence) -> InsertOutcome:
+            params = {
+                "sid": session_id,
+                "owner": fence.owner,
+                "epoch": fence.epoch,
+                "row": fence.row,
+                "channel": fence.channel,
+                "mid": message_id,
+                "payload": update,
+                "key": key,
+                "digest": prompt_digest,
+                "now": now,
+            }
+            found = await _one(conn, statements.insert_fenced, params)
+            assert found is not None  # FROM ok, res: one row
+            fenced, queued, exists, seq, mid, digest, flipped = found
+            if not exists:
+                raise SessionMissing(session_id)
+            if not fenced:
+                raise FencingError(session_id)
+            if not queued:
+                assert fence.row is not None
+                raise QueueRowGone(session_id, fence.row)
+            if seq is not None:
+                outcome = InsertOutcome(message_id, True, prompt_digest)
+            elif mid is not None:
+                outcome = InsertOutcome(mid, False, digest)
+            else:  # pragma: no cover - a key recorded outside the fence, during the statement
+                raise StorageError(f"{self._where}: the key was recorded concurrently")
+            if fence.row is not None and not flipped:  # pragma: no cover - the row was locked
+                raise QueueRowGone(session_id, fence.row)
             return outcome
+
+        if fence is not None:
+            return await self._call(functools.partial(one_statement, fence=fence))
 
         async def insert(conn: _Conn) -> InsertOutcome:
             locked = await _one(conn, statements.lock_session, (session_id,))
@@ -893,7 +998,7 @@ class PostgresStore:
                 return found
             return InsertOutcome(message_id, True, prompt_digest)
 
-        return await self._call(work, begin=True)
+        return await self._call(insert, begin=True)
 
     async def find_key(self, session_id: str, key: str) -> KeyRecord | None:
         query = self._sql.find_key
@@ -935,10 +1040,41 @@ class PostgresStore:
 
         return await self._call(work)
 
-    async def _check_fence(self, conn: _Conn, session_id: str, fence: Fence) -> None:
-        params = (session_id, fence.owner, fence.epoch)
-        if await _one(conn, self._sql.check_fence, params) is None:
-            raise FencingError(session_id)
+    async def append_updates(
+        self,
+        session_id: str,
+        updates: Sequence[tuple[bytes, str | None]],
+        *,
+        fence: Fence | None = None,
+    ) -> list[int]:
+        """`AppendsUpdates.append_updates` in one statement; with `fence`, only while the
+        fence holds (else `FencingError` and nothing is written).
+
+        Raises:
+            SessionMissing: the session does not exist (nothing is written).
+            FencingError: `fence` was given and no longer holds.
+        """
+        if not updates:
+            return []
+        params: dict[str, object] = {
+            "sid": session_id,
+            "owner": None if fence is None else fence.owner,
+            "epoch": None if fence is None else fence.epoch,
+            "n": len(updates),
+            "now": self._clock(),
+            "mids": [mid for _, mid in updates],
+            "payloads": [update for update, _ in updates],
+        }
+
+        async def work(conn: _Conn) -> list[int]:
+            rows = await _all(conn, self._sql.append_many, params)
+            if not rows:
+                if fence is not None and await _one(conn, self._sql.get_session, (session_id,)):
+                    raise FencingError(session_id)
+                raise SessionMissing(session_id)
+            return sorted(int(row[0]) for row in rows)
+
+        return await self._call(work)
 
     @property
     def schema(self) -> str:

@@ -1,0 +1,183 @@
+"""The owner inserts a queued prompt while the same key is withdrawn and arrives again elsewhere.
+
+Both races are provoked deterministically: the owner's insert is held at a chosen point by an
+event (wrapping its `PgCluster` methods), the other node acts, then the insert goes on. Neither
+race is a failure: no ERROR record (nor traceback) is logged, and every request gets the answer
+a single node would give.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import anyio
+import psycopg
+import pytest
+from psycopg import sql
+
+from acp_once.client.connection import ClientSideConnection
+from acp_once.protocol.errors import AcpError
+from acp_once.storage.pg_cluster import QueuedPrompt
+from acp_once.testing import connected
+from tests.cluster.harness import (
+    initialize,
+    new_session,
+    node,
+    prompt,
+    prompt_params,
+    resume,
+    until,
+    until_async,
+)
+
+pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
+
+TIMEOUT = 30
+
+
+def errors_logged(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
+
+
+async def test_withdrawn_then_resent_while_the_owner_picks_it_up(
+    postgres_dsn: str, schema: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The owner has read the queued prompt and is about to insert it; meanwhile the request
+    is cancelled on its node (withdrawn: -32800) and the same key arrives again there. The
+    owner's insert finds the row withdrawn, writes nothing and logs no error; the new request
+    is inserted once."""
+    caplog.set_level(logging.DEBUG, logger="acp_once")
+    fx = tmp_path / "fx"
+    picked = anyio.Event()
+    go = anyio.Event()
+    with anyio.fail_after(TIMEOUT):
+        async with (
+            node(postgres_dsn, schema, "a", fx) as a,
+            node(postgres_dsn, schema, "b", fx) as b,
+            connected(a.agent) as conn_a,
+            connected(b.agent) as conn_b,
+        ):
+            original = a.coordinator.pg.next_prompt
+
+            async def next_prompt(session_id: str) -> QueuedPrompt | None:
+                found = await original(session_id)
+                if found is not None and not picked.is_set():
+                    picked.set()  # read, not inserted yet: hold the owner here
+                    await go.wait()
+                return found
+
+            a.coordinator.pg.next_prompt = next_prompt  # type: ignore[method-assign]
+            await initialize(conn_a)
+            await initialize(conn_b)
+            sid = await new_session(conn_a)
+            await resume(conn_b, sid)
+            await prompt(conn_a, sid, "[work:0.2] busy", "k1")  # A owns the session now
+            first = await conn_b.rpc.start_request(
+                "session/prompt", prompt_params(sid, "second", "k2")
+            )
+            await picked.wait()  # A's turn ended and it read B's queued prompt
+            await first.cancel()
+            with pytest.raises(AcpError) as caught:
+                await first.result()
+            assert caught.value.code == -32800
+            results: list[str] = []
+            async with anyio.create_task_group() as tg:
+
+                async def again() -> None:
+                    results.append(await prompt(conn_b, sid, "second", "k2"))
+
+                tg.start_soon(again)
+                await until(lambda: len(b.coordinator._waiting) == 1)  # queued anew
+                go.set()
+            found = await a.store.find_key(sid, "k2")
+            assert found is not None and results == [found.message_id]
+            assert await a.store.count_user_messages(sid, idempotency_key="k2") == 1
+            assert await a.store.count_user_messages(sid) == 2
+            assert not a.coordinator.gone
+    assert not errors_logged(caplog)
+    assert any("prompt.gone" in r.getMessage() for r in caplog.records)  # the race happened
+
+
+async def waiting_on_locks(dsn: str, *patterns: str) -> bool:
+    """Every statement whose text matches a LIKE pattern waits on a lock (pg_stat_activity)."""
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        for pattern in patterns:
+            cur = await conn.execute(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE wait_event_type = 'Lock' AND query LIKE %s",
+                (pattern,),
+            )
+            row = await cur.fetchone()
+            if row is None or row[0] == 0:
+                return False
+    return True
+
+
+async def test_a_withdrawal_during_the_owners_insert_waits_and_insertion_wins(
+    postgres_dsn: str, schema: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The owner's insert statement holds the queued row (it waits on the session row, which
+    the test holds locked); a cancel on the node that queued it waits for the insert and finds
+    it inserted (R27), and a retry with the key that arrives meanwhile joins the same prompt:
+    both requests get the one message id."""
+    caplog.set_level(logging.DEBUG, logger="acp_once")
+    fx = tmp_path / "fx"
+    picked = anyio.Event()
+    with anyio.fail_after(TIMEOUT):
+        async with (
+            node(postgres_dsn, schema, "a", fx) as a,
+            node(postgres_dsn, schema, "b", fx) as b,
+            connected(a.agent) as conn_a,
+            connected(b.agent) as conn_b,
+            await psycopg.AsyncConnection.connect(postgres_dsn) as blocker,
+        ):
+            original = a.coordinator.pg.next_prompt
+            go = anyio.Event()
+
+            async def next_prompt(session_id: str) -> QueuedPrompt | None:
+                found = await original(session_id)
+                if found is not None and not picked.is_set():
+                    picked.set()
+                    await go.wait()  # until the test holds the session row
+                return found
+
+            a.coordinator.pg.next_prompt = next_prompt  # type: ignore[method-assign]
+            await initialize(conn_a)
+            await initialize(conn_b)
+            sid = await new_session(conn_a)
+            await resume(conn_b, sid)
+            await prompt(conn_a, sid, "[work:0.2] busy", "k1")
+            first = await conn_b.rpc.start_request(
+                "session/prompt", prompt_params(sid, "second", "k2")
+            )
+            await picked.wait()
+            await blocker.execute(
+                sql.SQL("SELECT 1 FROM {}.sessions WHERE session_id = %s FOR UPDATE").format(
+                    sql.Identifier(schema)
+                ),
+                (sid,),
+            )
+            go.set()
+            # A's insert locked the queued row and waits on the session row
+            await until_async(lambda: waiting_on_locks(postgres_dsn, f"%{schema}%timeline%"))
+            await first.cancel()
+            # B's withdrawal waits on the queued row A holds
+            await until_async(
+                lambda: waiting_on_locks(postgres_dsn, f"%{schema}%prompt_queue%withdrawn%")
+            )
+            results: list[str] = []
+            async with anyio.create_task_group() as tg:
+
+                async def retry(conn: ClientSideConnection) -> None:
+                    results.append(await prompt(conn, sid, "second", "k2"))
+
+                tg.start_soon(retry, conn_b)
+                pending = b.agent._sessions[sid].pending_by_key["k2"]
+                await until(lambda: len(pending.waiters) == 2)  # joined the held prompt
+                await blocker.rollback()  # A's insert goes on
+            assert (await first.result())["messageId"] == results[0]
+            found = await a.store.find_key(sid, "k2")
+            assert found is not None and found.message_id == results[0]
+            assert await a.store.count_user_messages(sid, idempotency_key="k2") == 1
+    assert not errors_logged(caplog)
