@@ -129,6 +129,11 @@ class AgentSideConnection:
             m.TERMINAL_CANCEL: agent.cancel_terminal,
         }
         self._notification_routes: dict[str, _Route] = {m.SESSION_CANCEL: agent.cancel}
+        # the params validator of each routed method, looked up once instead of per request
+        self._validators: dict[str, Callable[[Any], Any]] = {
+            method: m.AGENT_METHODS[method].params.validate_python
+            for method in (*self._routes, *self._notification_routes)
+        }
 
     @property
     def rpc(self) -> Connection:
@@ -171,7 +176,7 @@ class AgentSideConnection:
         route = self._routes.get(method)
         if route is None:
             return await self.agent.ext_method(method, params, ctx)
-        typed = m.AGENT_METHODS[method].params.validate_python(params or {})
+        typed = self._validators[method](params or {})
         return to_wire(await route(typed, ctx))
 
     async def _on_notification(self, method: str, params: dict[str, Any] | None) -> None:
@@ -181,5 +186,5 @@ class AgentSideConnection:
             if method != m.CANCEL_REQUEST:
                 await self.agent.ext_notification(method, params, ctx)
             return
-        typed = m.AGENT_METHODS[method].params.validate_python(params or {})
+        typed = self._validators[method](params or {})
         await route(typed, ctx)

@@ -10,7 +10,7 @@ The turn, for each inserted user message:
   in memory while the session is active.
 
 Fault injection for tests: with `ACP_ONCE_CRASH=after-insert` in the environment the process
-exits (status 9) right after committing a user message, before anyone is answered. With
+kills itself with SIGKILL right after committing a user message, before anyone is answered. With
 `ACP_ONCE_CRASH_MARKER=PATH` as well it does so once: only while PATH does not exist (it creates
 PATH first), so the restarted agent runs normally. `ACP_ONCE_CRASH_RATE=P` makes each insertion
 crash with probability P instead (seeded by `ACP_ONCE_CRASH_SEED`): the answer is "cut".
@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 import random
 import re
-import uuid
+import signal
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -85,7 +85,8 @@ class ReferenceAgent(SessionAgent):
         log = os.environ.get(CRASH_LOG_ENV)
         if log:
             _append_line(log, message_id)
-        os._exit(9)
+        os.kill(os.getpid(), signal.SIGKILL)  # no cleanup, no flush: as a real SIGKILL
+        os._exit(9)  # not reached
 
     async def run_turn(self, turn: Turn, emit: TurnContext) -> str:
         text = turn.text
@@ -93,13 +94,13 @@ class ReferenceAgent(SessionAgent):
             await emit.emit(
                 {
                     "sessionUpdate": "agent_message",
-                    "messageId": f"msg_agent_{uuid.uuid4().hex}",
+                    "messageId": _new_id("msg_agent"),
                     "content": [{"type": "text", "text": f"command {text.split()[0]} done"}],
                 }
             )
             return "end_turn"
         if "[tool]" in text:
-            tool_id = f"tool_{uuid.uuid4().hex}"
+            tool_id = _new_id("tool")
             await emit.emit(
                 {
                     "sessionUpdate": "tool_call_update",
@@ -119,10 +120,11 @@ class ReferenceAgent(SessionAgent):
         await emit.emit(
             {
                 "sessionUpdate": "agent_message",
-                "messageId": f"msg_agent_{uuid.uuid4().hex}",
+                "messageId": _new_id("msg_agent"),
                 "content": [{"type": "text", "text": text}],
             },
             retain=True,
+            final=True,  # stored with the turn's closing marker: one write, not two
         )
         return "end_turn"
 
@@ -137,6 +139,11 @@ class ReferenceAgent(SessionAgent):
             log.write(f"{message_id}\n")
             log.flush()
             os.fsync(log.fileno())
+
+
+def _new_id(prefix: str) -> str:
+    # 128 random bits in hex, like a uuid4's, without building a UUID object per update
+    return f"{prefix}_{os.urandom(16).hex()}"
 
 
 def _claim(path: str) -> bool:

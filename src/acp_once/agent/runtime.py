@@ -30,8 +30,8 @@ import collections
 import contextlib
 import hashlib
 import logging
+import os
 import time
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -103,7 +103,29 @@ def prompt_digest(prompt: Sequence[Any]) -> bytes:
 
 
 def _new_id(prefix: str) -> str:
-    return f"{prefix}_{uuid.uuid4().hex}"
+    # 128 random bits, like a uuid4's hex (without building a UUID object on the hot path)
+    return f"{prefix}_{os.urandom(16).hex()}"
+
+
+class _SessionLock:
+    """An anyio lock that is taken without a checkpoint when it is free (the common case)."""
+
+    __slots__ = ("_lock",)
+
+    def __init__(self) -> None:
+        self._lock = anyio.Lock(fast_acquire=True)
+
+    def locked(self) -> bool:
+        return self._lock.locked()
+
+    async def __aenter__(self) -> None:
+        try:
+            self._lock.acquire_nowait()
+        except anyio.WouldBlock:
+            await self._lock.acquire()
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self._lock.release()
 
 
 @dataclass(eq=False)
@@ -117,9 +139,19 @@ class _Pending:
     wire: list[dict[str, Any]]  # the content blocks as sent on the wire (dumped once)
     waiters: list[tuple[str, RequestContext | None]] = field(default_factory=list)
     state: Literal["held", "inserting", "done"] = "held"
-    done: anyio.Event = field(default_factory=anyio.Event)
     message_id: str | None = None
     error: AcpError | None = None
+    _done: anyio.Event | None = field(default=None, init=False, repr=False)
+
+    @property
+    def done(self) -> anyio.Event:
+        """Set once the outcome is known. Made on first use: a prompt inserted at once is
+        answered without ever waiting on it."""
+        if self._done is None:
+            self._done = anyio.Event()
+            if self.state == "done":
+                self._done.set()
+        return self._done
 
     def finish(self, *, message_id: str | None = None, error: AcpError | None = None) -> None:
         if self.state == "done":
@@ -127,7 +159,8 @@ class _Pending:
         self.state = "done"
         self.message_id = message_id
         self.error = error
-        self.done.set()
+        if self._done is not None:
+            self._done.set()
 
 
 @dataclass(eq=False)
@@ -149,7 +182,7 @@ class Turn:
 class _Session:
     record: SessionRecord
     conns: dict[str, AgentSideConnection] = field(default_factory=dict)
-    lock: anyio.Lock = field(default_factory=lambda: anyio.Lock(fast_acquire=True))
+    lock: _SessionLock = field(default_factory=_SessionLock)
     pending_by_key: dict[str, _Pending] = field(default_factory=dict)
     held: collections.deque[_Pending] = field(default_factory=collections.deque)
     turns: collections.deque[Turn] = field(default_factory=collections.deque)
@@ -160,7 +193,8 @@ class _Session:
     interrupted: bool = False
     cancel_marks: dict[str, int] = field(default_factory=dict)
     """Per connection: arrival seq of its latest session/cancel or session/close (D33)."""
-    stopped: anyio.Event = field(default_factory=anyio.Event)
+    stopped: anyio.Event | None = None
+    """Set when the running worker ends; made only when someone waits for that."""
 
     @property
     def id(self) -> str:
@@ -609,7 +643,6 @@ class SessionAgent(Agent):
             return
         session.worker = True
         session.running = True
-        session.stopped = anyio.Event()
         assert self._tg is not None, "use SessionAgent as an async context manager"
         # a parked task of the group runs it when one waits: cheaper than a new task per turn
         TaskPool.of(self._tg).start_soon(self._worker, session)
@@ -619,6 +652,8 @@ class SessionAgent(Agent):
         try:
             while True:
                 if not session.turns:
+                    if not session.held and not session.lock.locked() and self._cluster is None:
+                        break  # nothing to insert and nobody inserting: no lock needed
                     async with session.lock:
                         if self._cluster is not None:
                             if await self._cluster.insert_next(self, session):
@@ -641,7 +676,9 @@ class SessionAgent(Agent):
             session.worker = False
             session.running = False
             session.turn_scope = None
-            session.stopped.set()
+            if session.stopped is not None:
+                session.stopped.set()
+                session.stopped = None
 
     async def _run_one(
         self, session: _Session, turn: Turn, context: TurnContext, scope: anyio.CancelScope
@@ -653,6 +690,8 @@ class SessionAgent(Agent):
         the message's turn finished; a message without one was interrupted by a crash.
         """
         idle: dict[str, Any] = {"sessionUpdate": "state_update", "state": "idle"}
+        context._turn = turn
+        context._marked = False
         with scope:
             await context.emit({"sessionUpdate": "state_update", "state": "running"})
             try:
@@ -664,25 +703,34 @@ class SessionAgent(Agent):
         session.turn_scope = None
         if scope.cancelled_caught or scope.cancel_called:
             idle["stopReason"] = "cancelled"
-        if not turn.live_only:
+        if not turn.live_only and not context._marked:  # not written with a `final` emit
             with anyio.CancelScope(shield=True):
                 await self._mark_turn(session, "idle", turn.message_id)
         return idle
 
     async def _mark_turn(self, session: _Session, state: str, message_id: str) -> None:
         try:
-            await self.store.append_update(
-                session.id,
-                orjson.dumps(
-                    {"sessionUpdate": _TURN_MARKER, "state": state, "messageId": message_id}
-                ),
-            )
+            await self.store.append_update(session.id, _marker(state, message_id))
         except (FencingError, SessionMissing):  # taken over by another node, or deleted
             logger.warning(
                 "session %s: turn of %s not marked (lease lost or session deleted)",
                 session.id,
                 message_id,
             )
+
+    async def _append_final(
+        self, session: _Session, update: bytes, message_id: str | None, turn: Turn
+    ) -> None:
+        """Store a turn's last retained update and its closing marker in one write when the
+        store can (`AppendsUpdates`: one SQLite transaction instead of two); otherwise one
+        after the other, with the marker's failures handled as `_mark_turn` does."""
+        append_updates = getattr(self.store, "append_updates", None)
+        if append_updates is not None:
+            marker = _marker("idle", turn.message_id)
+            await append_updates(session.id, [(update, message_id), (marker, None)])
+        else:
+            await self.store.append_update(session.id, update, message_id=message_id)
+            await self._mark_turn(session, "idle", turn.message_id)
 
     async def _cancel_work(self, session: _Session) -> None:
         if self._cluster is not None:
@@ -703,8 +751,11 @@ class SessionAgent(Agent):
             await self._mark_turn(session, "idle", turn.message_id)
         if session.worker:
             # the final updates and the idle state_update go out before we answer (digest 6.4)
+            if session.stopped is None:
+                session.stopped = anyio.Event()
+            stopped = session.stopped
             with anyio.move_on_after(_STOP_TIMEOUT):
-                await session.stopped.wait()
+                await stopped.wait()
 
     # -- helpers -----------------------------------------------------------------------------
 
@@ -786,17 +837,34 @@ class TurnContext:
     def __init__(self, agent: SessionAgent, session: _Session) -> None:
         self._agent = agent
         self._session = session
+        self._turn: Turn | None = None  # the turn being run
+        self._marked = False  # its closing marker is stored (by a `final` emit)
 
     @property
     def session_id(self) -> str:
         return self._session.id
 
-    async def emit(self, update: dict[str, Any], *, retain: bool = False) -> None:
-        """Send one `session/update` `update` object; with `retain`, store it for replay first."""
+    async def emit(
+        self, update: dict[str, Any], *, retain: bool = False, final: bool = False
+    ) -> None:
+        """Send one `session/update` `update` object; with `retain`, store it for replay first.
+
+        `final` (with `retain`) says this is the turn's last update: it is stored together
+        with the marker that says the turn finished, in one write instead of two. A crash
+        after it counts as a finished turn (not reported as interrupted after a restart), so
+        use it only when nothing the user must know about follows.
+        """
         if retain:
-            await self._agent.store.append_update(
-                self._session.id, orjson.dumps(update), message_id=update.get("messageId")
-            )
+            turn = self._turn
+            encoded = orjson.dumps(update)
+            message_id = update.get("messageId")
+            if final and turn is not None and not turn.live_only and not self._marked:
+                await self._agent._append_final(self._session, encoded, message_id, turn)
+                self._marked = True  # after the write: a failed one leaves it to _run_one
+            else:
+                await self._agent.store.append_update(
+                    self._session.id, encoded, message_id=message_id
+                )
         await self._agent._broadcast(self._session, update)
 
     async def request_permission(
@@ -834,6 +902,10 @@ def _unfinished_turns(session_id: str, tail: Sequence[Any]) -> list[Turn]:
         prompt = s.PromptRequest.model_validate({"sessionId": session_id, "prompt": content}).prompt
         turns.append(Turn(session_id, message_id, list(prompt), live_only=False))
     return turns
+
+
+def _marker(state: str, message_id: str) -> bytes:
+    return orjson.dumps({"sessionUpdate": _TURN_MARKER, "state": state, "messageId": message_id})
 
 
 def _iso(ts: float) -> str:

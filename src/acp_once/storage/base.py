@@ -35,11 +35,12 @@ from typing import TYPE_CHECKING, Any, Final, Generic, Protocol, TypeVar, runtim
 import orjson
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Generator
+    from collections.abc import Awaitable, Callable, Generator, Sequence
     from types import TracebackType
 
 __all__ = [
     "UNCHANGED",
+    "AppendsUpdates",
     "FencingError",
     "InsertOutcome",
     "InvalidCursor",
@@ -305,6 +306,28 @@ class SessionStore(Protocol):
 
     async def aclose(self) -> None:
         """Release the store's resources. Idempotent; later calls raise StorageError."""
+        ...
+
+
+class AppendsUpdates(Protocol):
+    """An optional capability of a `SessionStore`: several retained updates in one write.
+
+    The runtime uses it, when the store has it, to write a turn's last retained update and
+    the turn's closing marker in one transaction instead of two (`MemoryStore`, `SqliteStore`);
+    with a store without it, it calls `append_update` once per update.
+    """
+
+    async def append_updates(
+        self, session_id: str, updates: Sequence[tuple[bytes, str | None]]
+    ) -> list[int]:
+        """Append `(update, message_id)` pairs in order, atomically; return their `seq`s.
+
+        All of them are written or none is; `updated_at` is bumped once. Like
+        `append_update`, these are never user messages.
+
+        Raises:
+            SessionMissing: the session does not exist (nothing is written).
+        """
         ...
 
 

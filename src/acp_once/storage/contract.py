@@ -542,6 +542,41 @@ async def check_append_returns_seq(factory: StoreFactory) -> None:
         _equal((last.seq, last.message_id), (seq, "a1"), "the appended entry")
 
 
+async def check_append_updates(factory: StoreFactory) -> None:
+    """The optional `append_updates` (`AppendsUpdates`) appends in order and returns the seqs
+    that `read_timeline` reports, bumps `updated_at`, and writes nothing on a missing session.
+    A store without the method passes: the runtime then calls `append_update` per update."""
+    async with factory() as store:
+        append_updates = getattr(store, "append_updates", None)
+        if append_updates is None:
+            return
+        await store.create_session(_session("s", updated_at=100.0))
+        await _insert(store, "s", "u1", "k")
+        entries = [
+            (_agent_update("a1", "answer"), "a1"),
+            (b'{"sessionUpdate":"marker"}', None),
+        ]
+        seqs = await append_updates("s", entries)
+        timeline = await store.read_timeline("s")
+        _equal(len(timeline), 3, "entries after a user message and two appended updates")
+        _equal(seqs, [e.seq for e in timeline[1:]], "the returned seqs")
+        _equal(
+            [(e.message_id, e.update) for e in timeline[1:]],
+            [(mid, update) for update, mid in entries],
+            "the appended entries, in order",
+        )
+        _expect(timeline[0].seq < seqs[0] < seqs[1], "seqs increase")
+        record = await store.get_session("s")
+        _expect(record is not None and record.updated_at > 100.0, "append_updates bumps it")
+        _equal(await store.count_user_messages("s"), 1, "appended updates are not user messages")
+        _equal(await append_updates("s", []), [], "nothing to append")
+        await _raises(SessionMissing, append_updates("nope", entries), "on a missing session")
+        _equal(await store.get_session("nope"), None, "no session appears")
+        _equal(await store.read_timeline("nope"), [], "nothing written")
+        more = await append_updates("s", [(b'{"n":1}', None)])
+        _equal(more, [seqs[1] + 1], "the next append follows")
+
+
 async def check_payload_fidelity(factory: StoreFactory) -> None:
     """Update bytes come back byte for byte (non-ASCII, large, unusual but valid JSON)."""
     async with factory() as store:
@@ -697,6 +732,7 @@ CHECKS: Final[tuple[Check, ...]] = (
     check_timeline_order_and_paging,
     check_timeline_tail,
     check_append_returns_seq,
+    check_append_updates,
     check_payload_fidelity,
     check_keys_stay_private,
     check_writes_to_missing_session,

@@ -72,7 +72,7 @@ from acp_once.storage.base import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
     from types import TracebackType
 
 __all__ = ["LATEST_VERSION", "SqliteStore", "Synchronous", "database_status", "migrate_database"]
@@ -239,6 +239,7 @@ class SqliteStore:
         self._conn: sqlite3.Connection | None = conn
         self._fast = fast
         self._fast_calls = 0
+        self._thread_calls = 0  # calls running in, or waiting for, the worker thread
         self._limiter = limiter
         self._path = path
         self._clock = clock
@@ -332,7 +333,10 @@ class SqliteStore:
         second connection whose busy timeout is 0. If another connection holds the write lock,
         it fails at once without having written anything (`BEGIN IMMEDIATE` is where it
         waits) and the call goes to the thread, which may wait for the lock. Auto-checkpoints
-        are off on that connection; the thread runs one every 250 inline calls.
+        are off on that connection; the thread runs one every 250 inline calls. A call runs
+        inline only when no call runs in or waits for the thread (a counter, cheaper than
+        taking the limiter): it does not await, so nothing starts in the middle of it, and it
+        never overtakes an earlier call.
 
         Cancellation: we keep `to_thread.run_sync`'s default `abandon_on_cancel=False`. A
         cancelled caller then waits until the thread has finished, so every transaction has
@@ -344,26 +348,24 @@ class SqliteStore:
         a keyed retry then finds), and cancellation waits for at most one busy timeout. An
         inline call cannot be cancelled half-way: it does not await.
         """
-        if inline and self._fast is not None:
-            try:
-                self._limiter.acquire_nowait()
-            except anyio.WouldBlock:
-                pass  # a thread call holds the connection: queue behind it
-            else:
-                try:
-                    done, result = self._inline(fn)
-                finally:
-                    self._limiter.release()
-                if done:
-                    self._fast_calls += 1
-                    if self._fast_calls % _CHECKPOINT_EVERY == 0:
-                        await anyio.to_thread.run_sync(
-                            functools.partial(self._in_thread, _checkpoint), limiter=self._limiter
-                        )
-                    return result  # type: ignore[return-value]
-        return await anyio.to_thread.run_sync(
-            functools.partial(self._in_thread, fn), limiter=self._limiter
-        )
+        if inline and self._fast is not None and not self._thread_calls:
+            done, result = self._inline(fn)
+            if done:
+                self._fast_calls += 1
+                if self._fast_calls % _CHECKPOINT_EVERY == 0:
+                    await self._threaded(_checkpoint)
+                return result  # type: ignore[return-value]
+        # a thread call runs or waits (queue behind it), or the database was busy
+        return await self._threaded(fn)
+
+    async def _threaded(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
+        self._thread_calls += 1
+        try:
+            return await anyio.to_thread.run_sync(
+                functools.partial(self._in_thread, fn), limiter=self._limiter
+            )
+        finally:
+            self._thread_calls -= 1
 
     def _inline(self, fn: Callable[[sqlite3.Connection], _T]) -> tuple[bool, _T | None]:
         fast = self._fast
@@ -532,6 +534,32 @@ class SqliteStore:
             seq = _touch(conn, session_id, now)
             conn.execute(_INSERT_ENTRY, (session_id, seq, message_id, update, 0, None, None))
             return seq
+
+        return await self._call(functools.partial(_write, work=work), inline=True)
+
+    async def append_updates(
+        self, session_id: str, updates: Sequence[tuple[bytes, str | None]]
+    ) -> list[int]:
+        """`AppendsUpdates.append_updates`: one transaction for all of them (the runtime
+        writes a turn's last retained update and its closing marker together: one commit,
+        one WAL append, instead of two)."""
+        now = self._clock()
+        entries = list(updates)
+
+        def work(conn: sqlite3.Connection) -> list[int]:
+            if not entries:
+                if conn.execute(_SESSION_EXISTS, (session_id,)).fetchone() is None:
+                    raise SessionMissing(session_id)
+                return []
+            first = _touch(conn, session_id, now)
+            conn.executemany(
+                _INSERT_ENTRY,
+                [
+                    (session_id, first + i, message_id, update, 0, None, None)
+                    for i, (update, message_id) in enumerate(entries)
+                ],
+            )
+            return list(range(first, first + len(entries)))
 
         return await self._call(functools.partial(_write, work=work), inline=True)
 
