@@ -13,6 +13,8 @@ side-by-side with an agent on the official TypeScript SDK (2.4.0, its v2 API).
      state_update running, agent_message, state_update idle) before sending the next.
    Reports the key's overhead (target < 5%) and SQLite/memory (target >= 0.8), plus the CPU
    time that the agent process and this client spend per turn (from /proc).
+   1b. The echo turns again, memory against SQLite, driven by the raw client (below), which
+   shows the stores' own cost instead of diluting it in the typed client's.
 2. Retry latency: a SQLite file holds a session of 10 user messages and one of SIZE (100,000)
    keyed user messages (written with raw INSERTs of the schema's own row shape). The agent is
    started on it, each session is resumed, one keyed prompt is sent, then M retries with the
@@ -21,7 +23,9 @@ side-by-side with an agent on the official TypeScript SDK (2.4.0, its v2 API).
    driven by the same Python client code, twice: with the typed `ClientSideConnection` (every
    update validated into pydantic models, ~400 us of client CPU per turn, which hides much of
    the agents' difference) and with a lean client (the bare JSON-RPC `Connection`, updates
-   read as dicts). The reference agent (memory store) should reach at least 1.2x its turns/s.
+   read as dicts), and a third time with a raw client (blocking pipes and orjson, no event
+   loop: ~25 us of client CPU per turn, so the agents alone decide the rate). The reference
+   agent (memory store) should reach at least 1.2x its turns/s.
    `npm install` runs in benchmarks/ts_agent when node_modules is missing; without node or
    npm this part is skipped with a message.
 
@@ -48,8 +52,8 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -128,6 +132,15 @@ class Watcher(Client):
             await self._changed.wait()
 
 
+def process_cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time process `pid` has used so far, all threads (Linux /proc)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 @dataclass
 class Driven:
     """One agent process under test, with the client connection that drives it."""
@@ -138,12 +151,7 @@ class Driven:
     pid: int
 
     def cpu_seconds(self) -> float | None:
-        """User + system CPU time the agent process has used so far (Linux /proc)."""
-        try:
-            fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            return None
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return process_cpu_seconds(self.pid)
 
     async def new_session(self) -> str:
         result = await self.rpc.request("session/new", {"cwd": CWD})
@@ -193,6 +201,121 @@ async def driven(
             async with ClientSideConnection(watcher, proc.frames) as conn:
                 await conn.agent.initialize(s.InitializeRequest.model_validate(_INITIALIZE))
                 yield Driven(name, conn.rpc, watcher, proc.pid)
+
+
+class RawDriven:
+    """The cheapest client we could write, for measuring agents rather than clients: blocking
+    pipes, one `os.read` per wake-up, `orjson`, no event loop, no models. Its own CPU is
+    ~15-25 us per echo turn (the typed client's is ~400 us), so the agent decides the rate.
+    Same methods and figures as `Driven`, synchronous."""
+
+    def __init__(self, name: str, command: Sequence[str], *, cwd: Path | None = None) -> None:
+        self.name = name
+        self.proc = subprocess.Popen(
+            list(command),
+            cwd=cwd,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            bufsize=0,
+        )
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self._in = self.proc.stdin
+        self._out = self.proc.stdout.fileno()
+        self._buffer = b""
+        self._next_id = 0
+        self.request("initialize", _INITIALIZE)
+
+    def close(self) -> None:
+        self._in.close()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def _read(self) -> dict[str, Any]:
+        while True:
+            end = self._buffer.find(b"\n")
+            if end >= 0:
+                line, self._buffer = self._buffer[:end], self._buffer[end + 1 :]
+                message: dict[str, Any] = orjson.loads(line)
+                return message
+            chunk = os.read(self._out, 1 << 16)
+            if not chunk:
+                raise RuntimeError(f"{self.name}: the agent closed its output")
+            self._buffer += chunk
+
+    def _send(self, method: str, params: dict[str, Any]) -> int:
+        self._next_id += 1
+        frame = {"jsonrpc": "2.0", "id": self._next_id, "method": method, "params": params}
+        self._in.write(orjson.dumps(frame) + b"\n")
+        return self._next_id
+
+    def request(self, method: str, params: dict[str, Any]) -> Any:
+        request_id = self._send(method, params)
+        while True:
+            message = self._read()
+            if message.get("id") == request_id and "method" not in message:
+                if "error" in message:
+                    raise RuntimeError(f"{self.name}: {method} failed: {message['error']}")
+                return message["result"]
+
+    def new_session(self) -> str:
+        session_id = self.request("session/new", {"cwd": CWD})["sessionId"]
+        assert isinstance(session_id, str)
+        return session_id
+
+    def turn(self, session_id: str, *, key: str | None) -> None:
+        params: dict[str, Any] = {
+            "sessionId": session_id,
+            "prompt": [{"type": "text", "text": TEXT}],
+        }
+        if key is not None:
+            params["idempotencyKey"] = key
+        request_id = self._send("session/prompt", params)
+        answered = idle = False
+        while not (answered and idle):
+            message = self._read()
+            if message.get("id") == request_id and "method" not in message:
+                if "result" not in message:
+                    raise RuntimeError(f"{self.name}: session/prompt failed: {message}")
+                answered = True
+            elif message.get("method") == "session/update":
+                update = message["params"]["update"]
+                idle = update.get("sessionUpdate") == "state_update" and update.get("state") == (
+                    "idle"
+                )
+
+    def cpu_seconds(self) -> float | None:
+        return process_cpu_seconds(self.proc.pid)
+
+    def measure(self, session_id: str, n: int, *, keyed: bool) -> Rate:
+        """n full echo turns, one at a time."""
+        keys = [_key(keyed) for _ in range(n)]
+        agent_cpu0, client_cpu0 = self.cpu_seconds(), time.process_time()
+        start = time.perf_counter()
+        for key in keys:
+            self.turn(session_id, key=key)
+        elapsed = time.perf_counter() - start
+        agent_cpu1, client_cpu1 = self.cpu_seconds(), time.process_time()
+        agent_us = (
+            None
+            if agent_cpu0 is None or agent_cpu1 is None
+            else (agent_cpu1 - agent_cpu0) / n * 1e6
+        )
+        return Rate(n / elapsed, agent_us, (client_cpu1 - client_cpu0) / n * 1e6)
+
+
+@contextmanager
+def raw_driven(
+    name: str, command: Sequence[str], *, cwd: Path | None = None
+) -> Iterator[RawDriven]:
+    agent = RawDriven(name, command, cwd=cwd)
+    try:
+        yield agent
+    finally:
+        agent.close()
 
 
 def reference_command(store: str, effects: Path, *, profile: Path | None = None) -> list[str]:
@@ -301,6 +424,58 @@ async def bench_throughput(n: int, rounds: int, tmp: Path) -> Throughput:
             for store, keyed in sessions:
                 rates[(store, keyed, turns)] = found[f"{store}/{keyed}"]
     return Throughput(rates)
+
+
+async def bench_stores_raw(n: int, rounds: int, tmp: Path) -> dict[str, Rate]:
+    """Echo turns, memory against SQLite, keyed and unkeyed, driven by the raw client (so the
+    store's cost is not hidden behind the typed client's ~400 us per turn)."""
+    urls = {"memory": "memory:", "sqlite": f"sqlite:{tmp / 'raw.sqlite3'}"}
+    with (
+        raw_driven("reference/memory", reference_command(urls["memory"], tmp / "fr1")) as memory,
+        raw_driven("reference/sqlite", reference_command(urls["sqlite"], tmp / "fr2")) as sqlite,
+    ):
+        cases: dict[str, Callable[[], Awaitable[Rate]]] = {}
+        for store, agent in (("memory", memory), ("sqlite", sqlite)):
+            for keyed in (False, True):
+                sid = agent.new_session()
+                agent.measure(sid, min(n, 300), keyed=keyed)  # warm up
+
+                async def case(agent: RawDriven = agent, sid: str = sid, k: bool = keyed) -> Rate:
+                    return agent.measure(sid, n, keyed=k)
+
+                cases[f"{store}/{'keyed' if keyed else 'unkeyed'}"] = case
+        return await alternate(rounds, cases)
+
+
+def print_stores_raw(found: dict[str, Rate], n: int, rounds: int) -> float:
+    table = Table(
+        title=f"1b. Echo turns, raw client (median of {rounds} rounds of {n}): the stores' cost"
+    )
+    for col in ("store / key", "turns/s", "us each", "agent CPU us", "client CPU us"):
+        table.add_column(col, justify="left" if col == "store / key" else "right")
+    for name, rate in found.items():
+        table.add_row(
+            name,
+            f"{rate.per_second:,.0f}",
+            f"{1e6 / rate.per_second:,.0f}",
+            _cpu(rate.agent_cpu_us),
+            _cpu(rate.client_cpu_us),
+        )
+    console.print(table)
+    ratios = {
+        keyed: found[f"sqlite/{keyed}"].per_second / found[f"memory/{keyed}"].per_second
+        for keyed in ("unkeyed", "keyed")
+    }
+    overheads = {
+        store: (found[f"{store}/unkeyed"].per_second / found[f"{store}/keyed"].per_second - 1) * 100
+        for store in ("memory", "sqlite")
+    }
+    console.print(
+        f"raw client: SQLite / memory {ratios['unkeyed']:.2f} unkeyed, {ratios['keyed']:.2f}"
+        f" keyed; key overhead {overheads['memory']:+.1f}% memory, {overheads['sqlite']:+.1f}%"
+        " SQLite"
+    )
+    return min(ratios.values())
 
 
 def _cpu(value: float | None) -> str:
@@ -562,6 +737,35 @@ REF_KEYED = "reference, memory store, fresh key"
 TS_PLAIN = "TypeScript SDK 2.4.0 v2 agent, no key"
 
 
+async def bench_ts_raw(n: int, rounds: int, tmp: Path) -> dict[str, Rate]:
+    node = shutil.which("node")
+    assert node is not None
+    with (
+        raw_driven("reference/memory", reference_command("memory:", tmp / "fx4")) as ref,
+        raw_driven("typescript", [node, str(TS_AGENT)], cwd=TS_DIR) as ts,
+    ):
+        ref_plain, ref_keyed, ts_sid = ref.new_session(), ref.new_session(), ts.new_session()
+        for agent, sid, keyed in (
+            (ref, ref_plain, False),
+            (ref, ref_keyed, True),
+            (ts, ts_sid, False),
+        ):
+            agent.measure(sid, min(n, 300), keyed=keyed)  # warm up (the JIT, imports)
+
+        async def ref_unkeyed() -> Rate:
+            return ref.measure(ref_plain, n, keyed=False)
+
+        async def ref_with_key() -> Rate:
+            return ref.measure(ref_keyed, n, keyed=True)
+
+        async def ts_unkeyed() -> Rate:
+            return ts.measure(ts_sid, n, keyed=False)
+
+        return await alternate(
+            rounds, {REF_PLAIN: ref_unkeyed, REF_KEYED: ref_with_key, TS_PLAIN: ts_unkeyed}
+        )
+
+
 async def bench_ts(n: int, rounds: int, tmp: Path, *, lean: bool) -> dict[str, Rate]:
     node = shutil.which("node")
     assert node is not None
@@ -683,7 +887,16 @@ async def main(args: argparse.Namespace) -> None:
                 "key overhead < 5% (worst case)", f"{overhead:+.1f}%", _verdict(overhead < 5)
             )
             summary.add_row(
-                "SQLite / memory >= 0.8 (worst case)", f"{ratio:.2f}", _verdict(ratio >= 0.8)
+                "SQLite / memory >= 0.8 (worst case), typed client",
+                f"{ratio:.2f}",
+                _verdict(ratio >= 0.8),
+            )
+            raw = await bench_stores_raw(args.n, args.rounds, tmp)
+            raw_ratio = print_stores_raw(raw, args.n, args.rounds)
+            summary.add_row(
+                "SQLite / memory >= 0.8 (worst case), raw client",
+                f"{raw_ratio:.2f}",
+                _verdict(raw_ratio >= 0.8),
             )
         if "retry" in args.only:
             retry = await bench_retry(args.retries, args.big, tmp)
@@ -694,8 +907,13 @@ async def main(args: argparse.Namespace) -> None:
         if "ts" in args.only:
             why = "skipped (--no-ts)" if args.no_ts else prepare_ts_agent()
             if why is None:
-                for lean, client in ((False, "typed client"), (True, "lean client")):
-                    found = await bench_ts(args.n, args.rounds, tmp, lean=lean)
+                for client in ("typed client", "lean client", "raw client"):
+                    if client == "raw client":
+                        found = await bench_ts_raw(args.n, args.rounds, tmp)
+                    else:
+                        found = await bench_ts(
+                            args.n, args.rounds, tmp, lean=client == "lean client"
+                        )
                     ts_ratio = print_ts(found, args.n, args.rounds, client)
                     summary.add_row(
                         f"reference (memory) / TS SDK >= 1.2x, {client} (worst of keyed, unkeyed)",

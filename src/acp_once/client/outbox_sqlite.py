@@ -48,6 +48,7 @@ from acp_once.client.outbox import (
     new_submission_id,
     validate_add,
 )
+from acp_once.storage.wal import enable_wal
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Generator
@@ -176,7 +177,7 @@ def _connect(path: str, synchronous: Synchronous, busy_timeout_ms: int) -> sqlit
     )
     try:
         conn.execute(f"PRAGMA busy_timeout = {busy_timeout_ms:d}")
-        conn.execute("PRAGMA journal_mode = WAL")  # answers 'memory' for ':memory:'; fine
+        enable_wal(conn, busy_timeout_ms)
         conn.execute(f"PRAGMA synchronous = {synchronous}")
         if current_version(conn) < LATEST_VERSION:
             _write(conn, _migrate)

@@ -26,6 +26,8 @@ Concurrency and durability:
   stores on one file). `busy_timeout` (5000 ms by default) makes the second writer wait
   instead of failing with "database is locked" (the LangGraph #8136 lesson).
 * WAL journal mode, so readers never block the writer and vice versa.
+* Checkpoints (copying the WAL back into the database file, with an fsync) run in a thread
+  of their own (`_Checkpointer`), never on a caller's path.
 * `synchronous=NORMAL` (default): in WAL mode a committed transaction survives a crash of
   the process, SIGKILL included, because the WAL is in the OS page cache; a power loss or
   OS crash may lose the last few commits (never corrupting the file). `synchronous="FULL"`
@@ -44,8 +46,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import os
 import sqlite3
+import threading
 import time
 from typing import TYPE_CHECKING, Final, Literal, Self, TypeVar, get_args
 
@@ -70,6 +74,7 @@ from acp_once.storage.base import (
     decode_cursor,
     encode_cursor,
 )
+from acp_once.storage.wal import enable_wal
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -81,6 +86,7 @@ Synchronous = Literal["NORMAL", "FULL", "EXTRA"]
 """Accepted values of SQLite's `synchronous` pragma (`OFF` is refused: it can corrupt)."""
 
 _T = TypeVar("_T")
+_log = logging.getLogger(__name__)
 
 # -- SQL ----------------------------------------------------------------------------------------
 # Module constants so that the tests can run `EXPLAIN QUERY PLAN` on the exact statements.
@@ -158,7 +164,7 @@ def _connect(path: str, synchronous: Synchronous, busy_timeout_ms: int) -> sqlit
     )
     try:
         conn.execute(f"PRAGMA busy_timeout = {busy_timeout_ms:d}")
-        conn.execute("PRAGMA journal_mode = WAL")  # answers 'memory' for ':memory:'; fine
+        enable_wal(conn, busy_timeout_ms)
         conn.execute(f"PRAGMA synchronous = {synchronous}")
         conn.execute("PRAGMA foreign_keys = ON")
     except BaseException:
@@ -182,10 +188,88 @@ def _prepare_schema(conn: sqlite3.Connection, *, migrate: bool, where: str) -> N
 
 
 _CHECKPOINT_EVERY = 250  # inline calls; ~ SQLite's default of a checkpoint per 1000 WAL pages
+_WAL_RESTART_PAGES = 1000  # frames in the log after a passive checkpoint that force a restart
+_CHECKPOINT_LAG_LIMIT = 2 * _CHECKPOINT_EVERY  # inline calls not yet checkpointed: then wait
+_CHECKPOINT_BUSY_MS = 1000  # how long a restarting checkpoint waits for writers and readers
 
 
-def _checkpoint(conn: sqlite3.Connection) -> None:
-    conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+def _truncate_checkpoint(conn: sqlite3.Connection, *, lock: threading.Lock) -> None:
+    # the lock: a checkpoint that finds another one running fails at once (SQLITE_BUSY,
+    # no busy handler), so this one waits for the checkpoint thread's to finish instead
+    with lock:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+
+class _Checkpointer:
+    """Checkpoints the write-ahead log in a thread and on a connection of its own.
+
+    Why not on the callers' path: with `synchronous=NORMAL` a checkpoint fsyncs the database
+    file, which costs milliseconds on a disk; run every 250th inline call, it put ~30 us per
+    turn (amortised) on the prompt path. Here `poke()` only sets an event. Should the thread
+    fall behind by more than `_CHECKPOINT_LAG_LIMIT` calls (a burst of writes with no pause),
+    the calling store checkpoints on its own path once, so the log stays bounded anyway.
+
+    Why a restart now and then: a passive checkpoint never blocks a writer, but under a steady
+    write load it never finds the log fully copied either, and SQLite only rewinds the log
+    when it is. When the log holds more than `_WAL_RESTART_PAGES` frames after a passive
+    checkpoint, a RESTART checkpoint (which briefly holds writers off: an inline write that
+    finds the database busy goes to the worker thread and waits there) copies the rest, so
+    the next writer starts the log from its beginning (RESTART, not TRUNCATE: appending to
+    an emptied file allocates blocks again, measurably slower than overwriting them).
+
+    The thread is the store's: started by `open`, stopped and joined by `aclose`. A daemon
+    thread, so a process that exits without closing the store is not held up by it.
+    """
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+        self._wake = threading.Event()
+        self.lock = threading.Lock()  # held while a checkpoint runs, by this thread or a caller
+        self._stopping = False
+        self.checkpoints = 0  # completed, for the tests
+        self._asked = 0
+        self.done_for = 0  # the inline calls whose writes the last checkpoint covered
+        self.checkpointed = threading.Event()  # set after each completed checkpoint
+        self._thread = threading.Thread(
+            target=self._run, name="acp-once-sqlite-checkpoint", daemon=True
+        )
+        self._thread.start()
+
+    def poke(self, calls: int) -> None:
+        """Ask for a checkpoint of what the first `calls` inline calls wrote; never blocks."""
+        self._asked = calls
+        self._wake.set()
+
+    def close(self) -> None:
+        """Stop the thread after the checkpoint in progress (if any); blocking, idempotent."""
+        self._stopping = True
+        self._wake.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join()
+
+    def _run(self) -> None:
+        try:
+            while True:
+                self._wake.wait()
+                self._wake.clear()
+                if self._stopping:
+                    return
+                asked = self._asked
+                try:
+                    with self.lock:
+                        row: tuple[int, int, int] = self._conn.execute(
+                            "PRAGMA wal_checkpoint(PASSIVE)"
+                        ).fetchone()
+                        if row[1] > _WAL_RESTART_PAGES:  # the log did not rewind meanwhile
+                            self._conn.execute("PRAGMA wal_checkpoint(RESTART)")
+                    self.checkpoints += 1
+                    self.done_for = max(self.done_for, asked)
+                    self.checkpointed.set()
+                except sqlite3.Error as exc:
+                    # not fatal: the log only grows until the next checkpoint succeeds
+                    _log.debug("sqlite checkpoint failed: %s", exc)
+        finally:
+            self._conn.close()
 
 
 def _write(conn: sqlite3.Connection, work: Callable[[sqlite3.Connection], _T]) -> _T:
@@ -234,11 +318,13 @@ class SqliteStore:
         path: str,
         clock: Callable[[], float],
         fast: sqlite3.Connection | None = None,
+        checkpointer: _Checkpointer | None = None,
     ) -> None:
         """Wrap an open, migrated connection; use `SqliteStore.open` instead."""
         self._conn: sqlite3.Connection | None = conn
         self._fast = fast
         self._fast_calls = 0
+        self._checkpointer = checkpointer
         self._thread_calls = 0  # calls running in, or waiting for, the worker thread
         self._limiter = limiter
         self._path = path
@@ -305,7 +391,14 @@ class SqliteStore:
             limiter = anyio.CapacityLimiter(1)
             conn = await anyio.to_thread.run_sync(connect_and_prepare, limiter=limiter)
             fast = await anyio.to_thread.run_sync(connect_fast, limiter=limiter)
-            return cls(conn, limiter, path=where, clock=clock, fast=fast)
+            checkpointer = None
+            if fast is not None:
+                ck = await anyio.to_thread.run_sync(
+                    _connect, where, synchronous, _CHECKPOINT_BUSY_MS, limiter=limiter
+                )
+                ck.execute("PRAGMA wal_autocheckpoint = 0")
+                checkpointer = _Checkpointer(ck)
+            return cls(conn, limiter, path=where, clock=clock, fast=fast, checkpointer=checkpointer)
 
         return Opening(open_, SqliteStore.aclose)
 
@@ -333,7 +426,8 @@ class SqliteStore:
         second connection whose busy timeout is 0. If another connection holds the write lock,
         it fails at once without having written anything (`BEGIN IMMEDIATE` is where it
         waits) and the call goes to the thread, which may wait for the lock. Auto-checkpoints
-        are off on that connection; the thread runs one every 250 inline calls. A call runs
+        are off on that connection; every 250th inline call asks the store's checkpoint thread
+        for one (`_Checkpointer`), without waiting for it. A call runs
         inline only when no call runs in or waits for the thread (a counter, cheaper than
         taking the limiter): it does not await, so nothing starts in the middle of it, and it
         never overtakes an earlier call.
@@ -352,8 +446,16 @@ class SqliteStore:
             done, result = self._inline(fn)
             if done:
                 self._fast_calls += 1
-                if self._fast_calls % _CHECKPOINT_EVERY == 0:
-                    await self._threaded(_checkpoint)
+                checkpointer = self._checkpointer
+                if checkpointer is not None and self._fast_calls % _CHECKPOINT_EVERY == 0:
+                    if self._fast_calls - checkpointer.done_for > _CHECKPOINT_LAG_LIMIT:
+                        # back-pressure: the thread is not keeping up (a write burst with no
+                        # pause), so this caller checkpoints and waits, as SQLite would
+                        await self._threaded(
+                            functools.partial(_truncate_checkpoint, lock=checkpointer.lock)
+                        )
+                        checkpointer.done_for = self._fast_calls
+                    checkpointer.poke(self._fast_calls)
                 return result  # type: ignore[return-value]
         # a thread call runs or waits (queue behind it), or the database was busy
         return await self._threaded(fn)
@@ -610,6 +712,9 @@ class SqliteStore:
             if self._fast is not None:
                 self._fast.close()
                 self._fast = None
+            if self._checkpointer is not None:
+                self._checkpointer.close()
+                self._checkpointer = None
 
         if self._conn is None:
             return
