@@ -447,12 +447,11 @@ async def bench_stores_raw(n: int, rounds: int, tmp: Path) -> dict[str, Rate]:
         return await alternate(rounds, cases)
 
 
-def print_stores_raw(found: dict[str, Rate], n: int, rounds: int) -> float:
-    table = Table(
-        title=f"1b. Echo turns, raw client (median of {rounds} rounds of {n}): the stores' cost"
-    )
-    for col in ("store / key", "turns/s", "us each", "agent CPU us", "client CPU us"):
-        table.add_column(col, justify="left" if col == "store / key" else "right")
+def rate_table(title: str, first: str, found: dict[str, Rate]) -> Table:
+    """One row per named `Rate`: turns/s, us each, agent and client CPU us per turn."""
+    table = Table(title=title)
+    for col in (first, "turns/s", "us each", "agent CPU us", "client CPU us"):
+        table.add_column(col, justify="left" if col == first else "right")
     for name, rate in found.items():
         table.add_row(
             name,
@@ -461,7 +460,12 @@ def print_stores_raw(found: dict[str, Rate], n: int, rounds: int) -> float:
             _cpu(rate.agent_cpu_us),
             _cpu(rate.client_cpu_us),
         )
-    console.print(table)
+    return table
+
+
+def print_stores_raw(found: dict[str, Rate], n: int, rounds: int) -> float:
+    title = f"1b. Echo turns, raw client (median of {rounds} rounds of {n}): the stores' cost"
+    console.print(rate_table(title, "store / key", found))
     ratios = {
         keyed: found[f"sqlite/{keyed}"].per_second / found[f"memory/{keyed}"].per_second
         for keyed in ("unkeyed", "keyed")
@@ -800,18 +804,8 @@ async def bench_ts(n: int, rounds: int, tmp: Path, *, lean: bool) -> dict[str, R
 
 
 def print_ts(found: dict[str, Rate], n: int, rounds: int, client: str) -> float:
-    table = Table(title=f"3. Echo turns over stdio, {client} (median of {rounds} rounds of {n})")
-    for col in ("agent", "turns/s", "us each", "agent CPU us", "client CPU us"):
-        table.add_column(col, justify="left" if col == "agent" else "right")
-    for name, rate in found.items():
-        table.add_row(
-            name,
-            f"{rate.per_second:,.0f}",
-            f"{1e6 / rate.per_second:,.0f}",
-            _cpu(rate.agent_cpu_us),
-            _cpu(rate.client_cpu_us),
-        )
-    console.print(table)
+    title = f"3. Echo turns over stdio, {client} (median of {rounds} rounds of {n})"
+    console.print(rate_table(title, "agent", found))
     ts = found[TS_PLAIN].per_second
     plain = found[REF_PLAIN].per_second / ts
     keyed = found[REF_KEYED].per_second / ts
