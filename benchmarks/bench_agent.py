@@ -60,6 +60,7 @@ from typing import Any
 
 import anyio
 import orjson
+from _proc import process_cpu_seconds
 from rich.console import Console
 from rich.table import Table
 
@@ -130,15 +131,6 @@ class Watcher(Client):
         view = self.view(session_id)
         while view.agent_messages < agent_messages or view.state != "idle":
             await self._changed.wait()
-
-
-def process_cpu_seconds(pid: int) -> float | None:
-    """User + system CPU time process `pid` has used so far, all threads (Linux /proc)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 @dataclass

@@ -34,6 +34,7 @@ from typing import Literal
 
 import anyio
 import anyio.abc
+from _proc import process_cpu_seconds
 
 from acp_once.client.recovery import Backoff
 from acp_once.client.remote import HttpAgent, WebSocketAgent
@@ -87,8 +88,9 @@ class Server:
 
     def cpu_seconds(self) -> float:
         assert self.process is not None
-        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        seconds = process_cpu_seconds(self.process.pid)
+        assert seconds is not None, "the CPU figures need Linux /proc"
+        return seconds
 
     def rss_mib(self) -> float:
         assert self.process is not None

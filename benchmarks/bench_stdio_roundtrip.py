@@ -10,27 +10,18 @@ they move far less than the rates do.
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from pathlib import Path
 
 import anyio
+from _proc import process_cpu_seconds
 
 from acp_once.client import Client, ClientSideConnection
 from acp_once.protocol import schema as s
 from acp_once.transports.stdio import spawn
 
 AGENT = Path(__file__).resolve().parent.parent / "tests" / "agents" / "tiny_agent.py"
-
-
-def _agent_cpu(pid: int) -> float | None:
-    """User + system CPU seconds of process `pid` so far (None off Linux)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _cpu_us(before: tuple[float | None, float], after: tuple[float | None, float], n: int) -> str:
@@ -54,12 +45,12 @@ async def main(n: int) -> None:
         for _ in range(200):  # warm up
             await conn.agent.ext_request("_echo", params)
 
-        cpu0 = (_agent_cpu(proc.pid), time.process_time())
+        cpu0 = (process_cpu_seconds(proc.pid), time.process_time())
         start = time.perf_counter()
         for _ in range(n):
             await conn.agent.ext_request("_echo", params)
         sequential = n / (time.perf_counter() - start)
-        sequential_cpu = _cpu_us(cpu0, (_agent_cpu(proc.pid), time.process_time()), n)
+        sequential_cpu = _cpu_us(cpu0, (process_cpu_seconds(proc.pid), time.process_time()), n)
 
         in_flight = 32
         per_task = n // in_flight
@@ -68,14 +59,14 @@ async def main(n: int) -> None:
             for _ in range(per_task):
                 await conn.agent.ext_request("_echo", params)
 
-        cpu0 = (_agent_cpu(proc.pid), time.process_time())
+        cpu0 = (process_cpu_seconds(proc.pid), time.process_time())
         start = time.perf_counter()
         async with anyio.create_task_group() as tg:
             for _ in range(in_flight):
                 tg.start_soon(worker)
         concurrent = per_task * in_flight / (time.perf_counter() - start)
         concurrent_cpu = _cpu_us(
-            cpu0, (_agent_cpu(proc.pid), time.process_time()), per_task * in_flight
+            cpu0, (process_cpu_seconds(proc.pid), time.process_time()), per_task * in_flight
         )
 
     print(
