@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from acp_once.agent.runtime import HeldPolicy, SessionAgent, Turn
+from acp_once.agent.runtime import HeldPolicy, SessionAgent, Turn, new_id
 
 if TYPE_CHECKING:
     from acp_once.agent.runtime import TurnContext
@@ -94,13 +94,13 @@ class ReferenceAgent(SessionAgent):
             await emit.emit(
                 {
                     "sessionUpdate": "agent_message",
-                    "messageId": _new_id("msg_agent"),
+                    "messageId": new_id("msg_agent"),
                     "content": [{"type": "text", "text": f"command {text.split()[0]} done"}],
                 }
             )
             return "end_turn"
         if "[tool]" in text:
-            tool_id = _new_id("tool")
+            tool_id = new_id("tool")
             await emit.emit(
                 {
                     "sessionUpdate": "tool_call_update",
@@ -120,7 +120,7 @@ class ReferenceAgent(SessionAgent):
         await emit.emit(
             {
                 "sessionUpdate": "agent_message",
-                "messageId": _new_id("msg_agent"),
+                "messageId": new_id("msg_agent"),
                 "content": [{"type": "text", "text": text}],
             },
             retain=True,
@@ -139,11 +139,6 @@ class ReferenceAgent(SessionAgent):
             log.write(f"{message_id}\n")
             log.flush()
             os.fsync(log.fileno())
-
-
-def _new_id(prefix: str) -> str:
-    # 128 random bits in hex, like a uuid4's, without building a UUID object per update
-    return f"{prefix}_{os.urandom(16).hex()}"
 
 
 def _claim(path: str) -> bool:

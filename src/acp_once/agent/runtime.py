@@ -73,6 +73,7 @@ __all__ = [
     "SessionAgent",
     "Turn",
     "TurnContext",
+    "new_id",
     "prompt_digest",
 ]
 
@@ -102,8 +103,11 @@ def prompt_digest(prompt: Sequence[Any]) -> bytes:
     return hashlib.sha256(orjson.dumps(blocks, option=orjson.OPT_SORT_KEYS)).digest()
 
 
-def _new_id(prefix: str) -> str:
-    # 128 random bits, like a uuid4's hex (without building a UUID object on the hot path)
+def new_id(prefix: str) -> str:
+    """A fresh id for a session, message or tool call: `prefix`, "_", 32 hex digits.
+
+    128 random bits, like a uuid4's hex, without building a `UUID` object on the hot path.
+    """
     return f"{prefix}_{os.urandom(16).hex()}"
 
 
@@ -355,7 +359,7 @@ class SessionAgent(Agent):
     ) -> s.NewSessionResponse:
         now = time.time()
         record = SessionRecord(
-            session_id=_new_id("sess"),
+            session_id=new_id("sess"),
             cwd=params.cwd,
             additional_directories=tuple(params.additional_directories or ()),
             title=None,
@@ -444,7 +448,7 @@ class SessionAgent(Agent):
         source = self._active(params.session_id, ctx.connection)
         now = time.time()
         record = SessionRecord(
-            session_id=_new_id("sess"),
+            session_id=new_id("sess"),
             cwd=params.cwd,
             additional_directories=tuple(params.additional_directories or ()),
             title=source.record.title,
@@ -583,7 +587,7 @@ class SessionAgent(Agent):
     async def _insert(self, session: _Session, pending: _Pending) -> None:
         """Insert under the session lock: the store commit is the point of no return."""
         pending.state = "inserting"
-        message_id = _new_id("msg_user")
+        message_id = new_id("msg_user")
         live_only = self._is_live_only(pending.prompt)
         update = {
             "sessionUpdate": "user_message",
