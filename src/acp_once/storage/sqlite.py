@@ -427,10 +427,10 @@ class SqliteStore:
         it fails at once without having written anything (`BEGIN IMMEDIATE` is where it
         waits) and the call goes to the thread, which may wait for the lock. Auto-checkpoints
         are off on that connection; every 250th inline call asks the store's checkpoint thread
-        for one (`_Checkpointer`), without waiting for it. A call runs
-        inline only when no call runs in or waits for the thread (a counter, cheaper than
-        taking the limiter): it does not await, so nothing starts in the middle of it, and it
-        never overtakes an earlier call.
+        for one (`_Checkpointer`), without waiting for it. A call runs inline only when no
+        call runs in or waits for the thread (a counter, cheaper than taking the limiter): it
+        does not await, so nothing starts in the middle of it, and it never overtakes an
+        earlier call.
 
         Cancellation: we keep `to_thread.run_sync`'s default `abandon_on_cancel=False`. A
         cancelled caller then waits until the thread has finished, so every transaction has
