@@ -11,6 +11,8 @@ from typing import Annotated
 import anyio
 import typer
 
+from acp_once.cli import _eventloop
+
 app = typer.Typer(
     no_args_is_help=True, help="acp-once: ACP v2 where a prompt is inserted at most once."
 )
@@ -131,7 +133,7 @@ def agent(
             ):
                 await serve_stdio(adapter)
 
-        anyio.run(run_langgraph)
+        _eventloop.run(run_langgraph)
         return
 
     async def run() -> None:
@@ -147,7 +149,7 @@ def agent(
         ):
             await serve_stdio(reference)
 
-    anyio.run(run)
+    _eventloop.run(run)
 
 
 @app.command()
@@ -261,7 +263,7 @@ def serve(
                 "cannot listen on %s:%d: %s", host, port, exc.strerror or exc
             )
             raise typer.Exit(1) from None
-    anyio.run(
+    _eventloop.run(
         lambda: serve_reference(
             host=host,
             port=port,
@@ -362,7 +364,7 @@ def prompt(
     from acp_once.cli.prompt import run_prompt
 
     raise typer.Exit(
-        anyio.run(
+        _eventloop.run(
             lambda: run_prompt(
                 command=shlex.split(agent),
                 text=text,

@@ -10,10 +10,10 @@ import logging
 import socket
 from collections.abc import Callable, Sequence
 
-import anyio
 import uvicorn
 
 from acp_once.bridge import Bridge, BridgeError
+from acp_once.cli import _eventloop
 from acp_once.cli.serve import check_listen, listen, serve_until_stopped, uvicorn_config
 from acp_once.server import create_app
 
@@ -74,7 +74,7 @@ def run_bridge(
         logger.error("cannot listen on %s:%d: %s", host, port, exc.strerror or exc)
         return 1
     try:
-        anyio.run(
+        _eventloop.run(
             lambda: serve_bridge(
                 command,
                 sock=sock,
