@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib.util
 import os
 from collections.abc import Awaitable, Callable
-from typing import TypeVar, TypeVarTuple, Unpack
+from typing import TypeVar, TypeVarTuple
 
 import anyio
 
@@ -29,7 +29,7 @@ def loop_name() -> str:
     return "uvloop" if importlib.util.find_spec("uvloop") is not None else "asyncio"
 
 
-def run(fn: Callable[[Unpack[_Args]], Awaitable[_T]], *args: Unpack[_Args]) -> _T:
+def run(fn: Callable[[*_Args], Awaitable[_T]], *args: *_Args) -> _T:
     """`anyio.run(fn, *args)` on uvloop when `loop_name()` says so, else on asyncio.
 
     Raises whatever `fn` raises.

@@ -13,6 +13,7 @@ never held in memory, and the stream lives on.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import contextlib
 import os
@@ -36,6 +37,9 @@ __all__ = [
 ]
 
 _READ_SIZE = 256 * 1024
+_PAUSE_AT = 1024 * 1024
+"""Bytes read ahead of the receiver before `FdReceiveStream` stops reading the pipe."""
+_RESUME_AT = 256 * 1024
 
 
 class ByteStreamFrames:
@@ -107,8 +111,16 @@ def _pollable(fd: int) -> bool:
 
 
 class FdReceiveStream(ByteReceiveStream):
-    """Reads a file descriptor: non-blocking with readiness waits for pipes and sockets, a worker
-    thread for anything else (a regular file, a terminal)."""
+    """Reads a file descriptor: non-blocking for pipes and sockets, a worker thread for anything
+    else (a regular file, a terminal).
+
+    On asyncio (and uvloop) a pipe or socket is watched by one reader callback for the stream's
+    whole life, which reads each chunk as soon as it arrives and wakes the receiving task: one
+    read per arrival, no failed read and no epoll registration per call, as a readiness wait
+    per call would cost. At most `_PAUSE_AT` bytes wait unread in the stream; beyond that the
+    callback stops watching until the receiver catches up, so a fast writer is slowed by the
+    pipe, never buffered without bound. Elsewhere (trio) each call waits for readiness.
+    """
 
     def __init__(self, fd: int) -> None:
         self._fd = fd
@@ -116,27 +128,103 @@ class FdReceiveStream(ByteReceiveStream):
         if self._poll:
             os.set_blocking(fd, False)
         self._closed = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._chunks: collections.deque[bytes] = collections.deque()
+        self._buffered = 0
+        self._eof = False
+        self._error: OSError | None = None
+        self._watching = False
+        self._waiter: asyncio.Future[None] | None = None
 
     async def receive(self, max_bytes: int = 65536) -> bytes:
+        if self._closed:
+            raise anyio.ClosedResourceError
+        if not self._poll:
+            data = await anyio.to_thread.run_sync(
+                os.read, self._fd, max_bytes, abandon_on_cancel=True
+            )
+            if not data:
+                raise anyio.EndOfStream
+            return data
+        loop = self._loop
+        if loop is None:
+            try:
+                loop = self._loop = asyncio.get_running_loop()
+            except RuntimeError:  # not asyncio: wait for readiness at each call
+                return await self._receive_polling(max_bytes)
+        while not self._chunks:
+            if self._error is not None:
+                raise self._error
+            if self._eof:
+                raise anyio.EndOfStream
+            if not self._watching:
+                self._watch(loop)
+            waiter = self._waiter = loop.create_future()
+            try:
+                await waiter
+            finally:
+                self._waiter = None
+            if self._closed:
+                raise anyio.ClosedResourceError
+        chunk = self._chunks.popleft()
+        if len(chunk) > max_bytes:
+            self._chunks.appendleft(chunk[max_bytes:])
+            chunk = chunk[:max_bytes]
+        self._buffered -= len(chunk)
+        if not self._watching and not self._eof and self._buffered <= _RESUME_AT:
+            self._watch(loop)
+        return chunk
+
+    def _watch(self, loop: asyncio.AbstractEventLoop) -> None:
+        loop.add_reader(self._fd, self._readable)
+        self._watching = True
+
+    def _unwatch(self) -> None:
+        if self._watching:
+            self._watching = False
+            assert self._loop is not None
+            self._loop.remove_reader(self._fd)
+
+    def _readable(self) -> None:
+        # the loop's reader callback: take what arrived, wake the receiver
+        try:
+            data = os.read(self._fd, _READ_SIZE)
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            self._error = exc
+            data = b""
+        if data:
+            self._chunks.append(data)
+            self._buffered += len(data)
+            if self._buffered >= _PAUSE_AT:
+                self._unwatch()  # the pipe holds the rest until the receiver catches up
+        else:
+            self._eof = True
+            self._unwatch()
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def _receive_polling(self, max_bytes: int) -> bytes:
         while True:
             if self._closed:
                 raise anyio.ClosedResourceError
-            if not self._poll:
-                data = await anyio.to_thread.run_sync(
-                    os.read, self._fd, max_bytes, abandon_on_cancel=True
-                )
-            else:
-                try:
-                    data = os.read(self._fd, max_bytes)
-                except BlockingIOError:
-                    await anyio.wait_readable(self._fd)
-                    continue
+            try:
+                data = os.read(self._fd, max_bytes)
+            except BlockingIOError:
+                await anyio.wait_readable(self._fd)
+                continue
             if not data:
                 raise anyio.EndOfStream
             return data
 
     async def aclose(self) -> None:
         self._closed = True
+        self._unwatch()
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
 
 class FdSendStream(ByteSendStream):
