@@ -828,8 +828,11 @@ class SessionAgent(Agent):
         if self._cluster is not None:
             self._cluster.publish(session.id, update)
         for conn in list(session.conns.values()):
+            params = {"sessionId": session.id, "update": update}
             try:
-                await conn.client.session_update({"sessionId": session.id, "update": update})
+                # no coroutine when the frame can be queued at once (the common case)
+                if not conn.client.session_update_nowait(params):
+                    await conn.client.session_update(params)
             except ConnectionClosed:
                 session.conns.pop(conn.id, None)
 

@@ -340,11 +340,7 @@ class Connection:
             if self._nowait is not None and self._rest is None and not self._send_lock.locked():
                 # Nobody is writing and nothing is half-written, so no await is needed: queue
                 # the frame, or write the outbox and the frame now.
-                if self._call_soon is not None and self._outbox_size + len(frame) <= _OUTBOX_LIMIT:
-                    self._outbox.append(frame)
-                    self._outbox_size += len(frame)
-                    if len(self._outbox) == 1:
-                        self._call_soon(self._flush_outbox)
+                if self._queue(frame):
                     return
                 self._rest = self._write_outbox(frame)
                 if self._rest is None:
@@ -362,6 +358,36 @@ class Connection:
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
             self._shutdown(ConnectionClosed("Connection lost while sending"))
             raise ConnectionClosed("Connection lost while sending") from exc
+
+    def _queue(self, frame: bytes) -> bool:
+        """Add `frame` to the outbox if it has room and this transport has one; True if added.
+
+        Only when nobody holds the send lock and nothing is half-written (the caller checks).
+        """
+        if self._call_soon is None or self._outbox_size + len(frame) > _OUTBOX_LIMIT:
+            return False
+        self._outbox.append(frame)
+        self._outbox_size += len(frame)
+        if len(self._outbox) == 1:
+            self._call_soon(self._flush_outbox)
+        return True
+
+    def notify_nowait(self, method: str, params: Any = None) -> bool:
+        """Send a notification if that needs no waiting; True when it was sent.
+
+        It is queued in the outbox like any frame (same order, same write). False, with
+        nothing sent, when sending would have to wait (a write is in progress, the outbox is
+        full, or the transport has no outbox): then call `notify`. It spares a caller that
+        sends many small notifications (a turn's updates) the coroutine of each `notify`.
+
+        Raises:
+            ConnectionClosed: the connection is closed.
+        """
+        if self._closed.is_set():
+            raise ConnectionClosed("Connection is closed")
+        if self._call_soon is None or self._rest is not None or self._send_lock.locked():
+            return False
+        return self._queue(jsonrpc.encode_notification(method, params))
 
     def _write_outbox(self, frame: bytes | None) -> memoryview | None:
         """Write the outbox (and `frame`) without waiting; return the unwritten rest, if any."""
