@@ -153,6 +153,8 @@ def generate(name: str, module: str) -> None:
             check=True,
         )
         use_strict_key_type(out)
+        tagged_unions_left_to_right(out)
+        subprocess.run([sys.executable, "-m", "ruff", "format", "--quiet", str(out)], check=True)
 
 
 KEY_CLASS = re.compile(r"^class IdempotencyKey\(RootModel\[str\]\):\n(?:(?:    .*)?\n)+", re.M)
@@ -173,6 +175,51 @@ def use_strict_key_type(path: Path) -> None:
         "from acp_once.protocol.keys import IdempotencyKey\nfrom pydantic import ",
         1,
     )
+    path.write_text(text, encoding="utf-8")
+
+
+TAGGED_UNION = re.compile(
+    r"(?<![\w\[])(?P<first>(?P<base>[A-Z]\w*?)[A-Z]\w*)"
+    r"(?P<rest>(?:\s*\|\s*(?P=base)[A-Z]\w*)*\s*\|\s*(?P=base)Other)\b(?!\s*\|)"
+)
+
+
+def _class_body(text: str, name: str) -> str:
+    start = text.find(f"\nclass {name}(")
+    if start < 0:
+        return ""
+    end = text.find("\nclass ", start + 1)
+    return text[start : end if end > 0 else len(text)]
+
+
+def tagged_unions_left_to_right(path: Path) -> None:
+    """Validate each whole `<Union><Tag> | ... | <Union>Other` union left to right.
+
+    Every member but the last is tied to its tag by a `Literal` (`ContentBlockText` has
+    `type: Literal["text"]`; a union with a member that has none is left alone), and
+    `<Union>Other` takes any other tag. pydantic's default "smart" mode validates an input
+    against every member to pick the best: six models per content block. Left to right stops
+    at the first member that accepts it. The outcome is the same member (the tags exclude each
+    other and `Other` comes last), except that a tagged input valid only after lax coercion
+    now keeps its own class instead of becoming `Other`.
+    """
+    text = path.read_text(encoding="utf-8")
+    count = 0
+
+    def wrap(m: re.Match[str]) -> str:
+        nonlocal count
+        before = text[: m.start()].rstrip()
+        members = re.findall(r"\w+", m["first"] + m["rest"])
+        if before.endswith("|") or not all(
+            "Literal[" in _class_body(text, name) for name in members[:-1]
+        ):
+            return m[0]  # part of a wider union, or a member without a tag
+        count += 1
+        return f'Annotated[{m["first"]}{m["rest"]}, Field(union_mode="left_to_right")]'
+
+    text = TAGGED_UNION.sub(wrap, text)
+    if count == 0:
+        raise SystemExit(f"{path.name}: no tagged union found")
     path.write_text(text, encoding="utf-8")
 
 

@@ -3381,12 +3381,15 @@ class Diff(BaseModel):
         populate_by_name=True,
     )
     changes: list[
-        DiffChangeAdd
-        | DiffChangeDelete
-        | DiffChangeModify
-        | DiffChangeMove
-        | DiffChangeCopy
-        | DiffChangeOther
+        Annotated[
+            DiffChangeAdd
+            | DiffChangeDelete
+            | DiffChangeModify
+            | DiffChangeMove
+            | DiffChangeCopy
+            | DiffChangeOther,
+            Field(union_mode="left_to_right"),
+        ]
     ]
     """
     Structured file changes described by this diff.
@@ -4649,18 +4652,22 @@ class CreateElicitationResponseAccept(ElicitationAcceptAction):
 
 class CreateElicitationResponse(
     RootModel[
-        CreateElicitationResponseAccept
-        | CreateElicitationResponseDecline
-        | CreateElicitationResponseCancel
-        | CreateElicitationResponseOther
+        Annotated[
+            CreateElicitationResponseAccept
+            | CreateElicitationResponseDecline
+            | CreateElicitationResponseCancel
+            | CreateElicitationResponseOther,
+            Field(union_mode="left_to_right"),
+        ]
     ]
 ):
-    root: (
+    root: Annotated[
         CreateElicitationResponseAccept
         | CreateElicitationResponseDecline
         | CreateElicitationResponseCancel
-        | CreateElicitationResponseOther
-    )
+        | CreateElicitationResponseOther,
+        Field(union_mode="left_to_right"),
+    ]
     """
     Response from the client to an elicitation request.
     """
@@ -4795,14 +4802,15 @@ class Content(BaseModel):
         extra="allow",
         populate_by_name=True,
     )
-    content: (
+    content: Annotated[
         ContentBlockText
         | ContentBlockImage
         | ContentBlockAudio
         | ContentBlockResourceLink
         | ContentBlockResource
-        | ContentBlockOther
-    )
+        | ContentBlockOther,
+        Field(union_mode="left_to_right"),
+    ]
     """
     The actual content block.
     """
@@ -5029,14 +5037,15 @@ class ContentChunk(BaseModel):
     All chunks belonging to the same message share the same `messageId`.
     Chunks for different messages can interleave.
     """
-    content: (
+    content: Annotated[
         ContentBlockText
         | ContentBlockImage
         | ContentBlockAudio
         | ContentBlockResourceLink
         | ContentBlockResource
-        | ContentBlockOther
-    )
+        | ContentBlockOther,
+        Field(union_mode="left_to_right"),
+    ]
     """
     A single item of content
     """
@@ -5078,12 +5087,15 @@ class UserMessage(BaseModel):
     """
     content: (
         list[
-            ContentBlockText
-            | ContentBlockImage
-            | ContentBlockAudio
-            | ContentBlockResourceLink
-            | ContentBlockResource
-            | ContentBlockOther
+            Annotated[
+                ContentBlockText
+                | ContentBlockImage
+                | ContentBlockAudio
+                | ContentBlockResourceLink
+                | ContentBlockResource
+                | ContentBlockOther,
+                Field(union_mode="left_to_right"),
+            ]
         ]
         | None
     ) = None
@@ -5130,12 +5142,15 @@ class AgentMessage(BaseModel):
     """
     content: (
         list[
-            ContentBlockText
-            | ContentBlockImage
-            | ContentBlockAudio
-            | ContentBlockResourceLink
-            | ContentBlockResource
-            | ContentBlockOther
+            Annotated[
+                ContentBlockText
+                | ContentBlockImage
+                | ContentBlockAudio
+                | ContentBlockResourceLink
+                | ContentBlockResource
+                | ContentBlockOther,
+                Field(union_mode="left_to_right"),
+            ]
         ]
         | None
     ) = None
@@ -5182,12 +5197,15 @@ class AgentThought(BaseModel):
     """
     content: (
         list[
-            ContentBlockText
-            | ContentBlockImage
-            | ContentBlockAudio
-            | ContentBlockResourceLink
-            | ContentBlockResource
-            | ContentBlockOther
+            Annotated[
+                ContentBlockText
+                | ContentBlockImage
+                | ContentBlockAudio
+                | ContentBlockResourceLink
+                | ContentBlockResource
+                | ContentBlockOther,
+                Field(union_mode="left_to_right"),
+            ]
         ]
         | None
     ) = None
@@ -5294,7 +5312,10 @@ class StateUpdateIdle(IdleStateUpdate):
 class StateUpdate(
     RootModel[StateUpdateRunning | StateUpdateIdle | StateUpdateRequiresAction | StateUpdateOther]
 ):
-    root: StateUpdateRunning | StateUpdateIdle | StateUpdateRequiresAction | StateUpdateOther
+    root: Annotated[
+        StateUpdateRunning | StateUpdateIdle | StateUpdateRequiresAction | StateUpdateOther,
+        Field(union_mode="left_to_right"),
+    ]
     """
     A snapshot of the session's aggregate foreground activity.
 
@@ -5360,7 +5381,9 @@ class PlanUpdate(BaseModel):
         extra="allow",
         populate_by_name=True,
     )
-    plan: PlanUpdateContentItems | PlanUpdateContentOther
+    plan: Annotated[
+        PlanUpdateContentItems | PlanUpdateContentOther, Field(union_mode="left_to_right")
+    ]
     """
     The updated plan content.
     """
@@ -5430,12 +5453,15 @@ class CompactionUpdate(BaseModel):
     """
     summary: (
         list[
-            ContentBlockText
-            | ContentBlockImage
-            | ContentBlockAudio
-            | ContentBlockResourceLink
-            | ContentBlockResource
-            | ContentBlockOther
+            Annotated[
+                ContentBlockText
+                | ContentBlockImage
+                | ContentBlockAudio
+                | ContentBlockResourceLink
+                | ContentBlockResource
+                | ContentBlockOther,
+                Field(union_mode="left_to_right"),
+            ]
         ]
         | None
     ) = None
@@ -5473,14 +5499,15 @@ class CompactionSummaryChunk(BaseModel):
     """
     ID of the compaction whose summary receives this content.
     """
-    content: (
+    content: Annotated[
         ContentBlockText
         | ContentBlockImage
         | ContentBlockAudio
         | ContentBlockResourceLink
         | ContentBlockResource
-        | ContentBlockOther
-    )
+        | ContentBlockOther,
+        Field(union_mode="left_to_right"),
+    ]
     """
     One content block to append.
     """
@@ -5667,12 +5694,15 @@ class PromptRequest(BaseModel):
     """
     prompt: Annotated[
         list[
-            ContentBlockText
-            | ContentBlockImage
-            | ContentBlockAudio
-            | ContentBlockResourceLink
-            | ContentBlockResource
-            | ContentBlockOther
+            Annotated[
+                ContentBlockText
+                | ContentBlockImage
+                | ContentBlockAudio
+                | ContentBlockResourceLink
+                | ContentBlockResource
+                | ContentBlockOther,
+                Field(union_mode="left_to_right"),
+            ]
         ],
         Field(min_length=1),
     ]
@@ -5735,11 +5765,12 @@ class RequestPermissionResponse(BaseModel):
         extra="allow",
         populate_by_name=True,
     )
-    outcome: (
+    outcome: Annotated[
         RequestPermissionOutcomeCancelled
         | RequestPermissionOutcomeSelected
-        | RequestPermissionOutcomeOther
-    )
+        | RequestPermissionOutcomeOther,
+        Field(union_mode="left_to_right"),
+    ]
     """
     The user's decision on the permission request.
     """
@@ -5904,12 +5935,15 @@ class ElicitationSchema(BaseModel):
     """
     properties: dict[
         str,
-        ElicitationPropertySchemaString
-        | ElicitationPropertySchemaNumber
-        | ElicitationPropertySchemaInteger
-        | ElicitationPropertySchemaBoolean
-        | ElicitationPropertySchemaArray
-        | ElicitationPropertySchemaOther,
+        Annotated[
+            ElicitationPropertySchemaString
+            | ElicitationPropertySchemaNumber
+            | ElicitationPropertySchemaInteger
+            | ElicitationPropertySchemaBoolean
+            | ElicitationPropertySchemaArray
+            | ElicitationPropertySchemaOther,
+            Field(union_mode="left_to_right"),
+        ],
     ]
     """
     Property definitions (must be primitive types).
@@ -6323,12 +6357,13 @@ class ToolCallContentChunk(BaseModel):
     """
     The ID of the tool call this content belongs to.
     """
-    content: (
+    content: Annotated[
         ToolCallContentContent
         | ToolCallContentDiff
         | ToolCallContentTerminal
-        | ToolCallContentOther
-    )
+        | ToolCallContentOther,
+        Field(union_mode="left_to_right"),
+    ]
     """
     A single item of content produced by the tool call.
     """
@@ -6492,10 +6527,13 @@ class ToolCallUpdate(BaseModel):
     """
     content: (
         list[
-            ToolCallContentContent
-            | ToolCallContentDiff
-            | ToolCallContentTerminal
-            | ToolCallContentOther
+            Annotated[
+                ToolCallContentContent
+                | ToolCallContentDiff
+                | ToolCallContentTerminal
+                | ToolCallContentOther,
+                Field(union_mode="left_to_right"),
+            ]
         ]
         | None
     ) = None

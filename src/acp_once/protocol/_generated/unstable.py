@@ -4510,12 +4510,15 @@ class Diff(BaseModel):
         populate_by_name=True,
     )
     changes: list[
-        DiffChangeAdd
-        | DiffChangeDelete
-        | DiffChangeModify
-        | DiffChangeMove
-        | DiffChangeCopy
-        | DiffChangeOther
+        Annotated[
+            DiffChangeAdd
+            | DiffChangeDelete
+            | DiffChangeModify
+            | DiffChangeMove
+            | DiffChangeCopy
+            | DiffChangeOther,
+            Field(union_mode="left_to_right"),
+        ]
     ]
     """
     Structured file changes described by this diff.
@@ -5471,10 +5474,13 @@ class RunningStateUpdate(BaseModel):
     )
     background: (
         list[
-            BackgroundWorkTerminal
-            | BackgroundWorkToolCall
-            | BackgroundWorkSubagent
-            | BackgroundWorkOther
+            Annotated[
+                BackgroundWorkTerminal
+                | BackgroundWorkToolCall
+                | BackgroundWorkSubagent
+                | BackgroundWorkOther,
+                Field(union_mode="left_to_right"),
+            ]
         ]
         | None
     ) = None
@@ -5516,10 +5522,13 @@ class RequiresActionStateUpdate(BaseModel):
     )
     background: (
         list[
-            BackgroundWorkTerminal
-            | BackgroundWorkToolCall
-            | BackgroundWorkSubagent
-            | BackgroundWorkOther
+            Annotated[
+                BackgroundWorkTerminal
+                | BackgroundWorkToolCall
+                | BackgroundWorkSubagent
+                | BackgroundWorkOther,
+                Field(union_mode="left_to_right"),
+            ]
         ]
         | None
     ) = None
@@ -5566,10 +5575,13 @@ class UnknownStateUpdate(BaseModel):
     )
     background: (
         list[
-            BackgroundWorkTerminal
-            | BackgroundWorkToolCall
-            | BackgroundWorkSubagent
-            | BackgroundWorkOther
+            Annotated[
+                BackgroundWorkTerminal
+                | BackgroundWorkToolCall
+                | BackgroundWorkSubagent
+                | BackgroundWorkOther,
+                Field(union_mode="left_to_right"),
+            ]
         ]
         | None
     ) = None
@@ -6264,18 +6276,22 @@ class CreateElicitationResponseAccept(ElicitationAcceptAction):
 
 class CreateElicitationResponse(
     RootModel[
-        CreateElicitationResponseAccept
-        | CreateElicitationResponseDecline
-        | CreateElicitationResponseCancel
-        | CreateElicitationResponseOther
+        Annotated[
+            CreateElicitationResponseAccept
+            | CreateElicitationResponseDecline
+            | CreateElicitationResponseCancel
+            | CreateElicitationResponseOther,
+            Field(union_mode="left_to_right"),
+        ]
     ]
 ):
-    root: (
+    root: Annotated[
         CreateElicitationResponseAccept
         | CreateElicitationResponseDecline
         | CreateElicitationResponseCancel
-        | CreateElicitationResponseOther
-    )
+        | CreateElicitationResponseOther,
+        Field(union_mode="left_to_right"),
+    ]
     """
     Response from the client to an elicitation request.
     """
@@ -6484,14 +6500,15 @@ class Content(BaseModel):
         extra="allow",
         populate_by_name=True,
     )
-    content: (
+    content: Annotated[
         ContentBlockText
         | ContentBlockImage
         | ContentBlockAudio
         | ContentBlockResourceLink
         | ContentBlockResource
-        | ContentBlockOther
-    )
+        | ContentBlockOther,
+        Field(union_mode="left_to_right"),
+    ]
     """
     The actual content block.
     """
@@ -6708,10 +6725,13 @@ class IdleStateUpdate(BaseModel):
     """
     background: (
         list[
-            BackgroundWorkTerminal
-            | BackgroundWorkToolCall
-            | BackgroundWorkSubagent
-            | BackgroundWorkOther
+            Annotated[
+                BackgroundWorkTerminal
+                | BackgroundWorkToolCall
+                | BackgroundWorkSubagent
+                | BackgroundWorkOther,
+                Field(union_mode="left_to_right"),
+            ]
         ]
         | None
     ) = None
@@ -6802,14 +6822,15 @@ class ContentChunk(BaseModel):
     All chunks belonging to the same message share the same `messageId`.
     Chunks for different messages can interleave.
     """
-    content: (
+    content: Annotated[
         ContentBlockText
         | ContentBlockImage
         | ContentBlockAudio
         | ContentBlockResourceLink
         | ContentBlockResource
-        | ContentBlockOther
-    )
+        | ContentBlockOther,
+        Field(union_mode="left_to_right"),
+    ]
     """
     A single item of content
     """
@@ -6851,12 +6872,15 @@ class UserMessage(BaseModel):
     """
     content: (
         list[
-            ContentBlockText
-            | ContentBlockImage
-            | ContentBlockAudio
-            | ContentBlockResourceLink
-            | ContentBlockResource
-            | ContentBlockOther
+            Annotated[
+                ContentBlockText
+                | ContentBlockImage
+                | ContentBlockAudio
+                | ContentBlockResourceLink
+                | ContentBlockResource
+                | ContentBlockOther,
+                Field(union_mode="left_to_right"),
+            ]
         ]
         | None
     ) = None
@@ -6903,12 +6927,15 @@ class AgentMessage(BaseModel):
     """
     content: (
         list[
-            ContentBlockText
-            | ContentBlockImage
-            | ContentBlockAudio
-            | ContentBlockResourceLink
-            | ContentBlockResource
-            | ContentBlockOther
+            Annotated[
+                ContentBlockText
+                | ContentBlockImage
+                | ContentBlockAudio
+                | ContentBlockResourceLink
+                | ContentBlockResource
+                | ContentBlockOther,
+                Field(union_mode="left_to_right"),
+            ]
         ]
         | None
     ) = None
@@ -6955,12 +6982,15 @@ class AgentThought(BaseModel):
     """
     content: (
         list[
-            ContentBlockText
-            | ContentBlockImage
-            | ContentBlockAudio
-            | ContentBlockResourceLink
-            | ContentBlockResource
-            | ContentBlockOther
+            Annotated[
+                ContentBlockText
+                | ContentBlockImage
+                | ContentBlockAudio
+                | ContentBlockResourceLink
+                | ContentBlockResource
+                | ContentBlockOther,
+                Field(union_mode="left_to_right"),
+            ]
         ]
         | None
     ) = None
@@ -7001,12 +7031,13 @@ class PlanUpdate(BaseModel):
         extra="allow",
         populate_by_name=True,
     )
-    plan: (
+    plan: Annotated[
         PlanUpdateContentItems
         | PlanUpdateContentFile
         | PlanUpdateContentMarkdown
-        | PlanUpdateContentOther
-    )
+        | PlanUpdateContentOther,
+        Field(union_mode="left_to_right"),
+    ]
     """
     The updated plan content.
     """
@@ -7076,12 +7107,15 @@ class CompactionUpdate(BaseModel):
     """
     summary: (
         list[
-            ContentBlockText
-            | ContentBlockImage
-            | ContentBlockAudio
-            | ContentBlockResourceLink
-            | ContentBlockResource
-            | ContentBlockOther
+            Annotated[
+                ContentBlockText
+                | ContentBlockImage
+                | ContentBlockAudio
+                | ContentBlockResourceLink
+                | ContentBlockResource
+                | ContentBlockOther,
+                Field(union_mode="left_to_right"),
+            ]
         ]
         | None
     ) = None
@@ -7119,14 +7153,15 @@ class CompactionSummaryChunk(BaseModel):
     """
     ID of the compaction whose summary receives this content.
     """
-    content: (
+    content: Annotated[
         ContentBlockText
         | ContentBlockImage
         | ContentBlockAudio
         | ContentBlockResourceLink
         | ContentBlockResource
-        | ContentBlockOther
-    )
+        | ContentBlockOther,
+        Field(union_mode="left_to_right"),
+    ]
     """
     One content block to append.
     """
@@ -7188,12 +7223,15 @@ class SessionMessage(BaseModel):
     """
     content: (
         list[
-            ContentBlockText
-            | ContentBlockImage
-            | ContentBlockAudio
-            | ContentBlockResourceLink
-            | ContentBlockResource
-            | ContentBlockOther
+            Annotated[
+                ContentBlockText
+                | ContentBlockImage
+                | ContentBlockAudio
+                | ContentBlockResourceLink
+                | ContentBlockResource
+                | ContentBlockOther,
+                Field(union_mode="left_to_right"),
+            ]
         ]
         | None
     ) = None
@@ -7234,14 +7272,15 @@ class SessionMessageChunk(BaseModel):
     """
     Identifier of this message within the enclosing session's transcript.
     """
-    content: (
+    content: Annotated[
         ContentBlockText
         | ContentBlockImage
         | ContentBlockAudio
         | ContentBlockResourceLink
         | ContentBlockResource
-        | ContentBlockOther
-    )
+        | ContentBlockOther,
+        Field(union_mode="left_to_right"),
+    ]
     """
     A single content block appended to the message.
     """
@@ -7323,12 +7362,15 @@ class SystemPrompt(BaseModel):
     treating it as `append` or `override`.
     """
     content: list[
-        ContentBlockText
-        | ContentBlockImage
-        | ContentBlockAudio
-        | ContentBlockResourceLink
-        | ContentBlockResource
-        | ContentBlockOther
+        Annotated[
+            ContentBlockText
+            | ContentBlockImage
+            | ContentBlockAudio
+            | ContentBlockResourceLink
+            | ContentBlockResource
+            | ContentBlockOther,
+            Field(union_mode="left_to_right"),
+        ]
     ]
     """
     The system prompt content.
@@ -7521,12 +7563,15 @@ class PromptRequest(BaseModel):
     """
     prompt: Annotated[
         list[
-            ContentBlockText
-            | ContentBlockImage
-            | ContentBlockAudio
-            | ContentBlockResourceLink
-            | ContentBlockResource
-            | ContentBlockOther
+            Annotated[
+                ContentBlockText
+                | ContentBlockImage
+                | ContentBlockAudio
+                | ContentBlockResourceLink
+                | ContentBlockResource
+                | ContentBlockOther,
+                Field(union_mode="left_to_right"),
+            ]
         ],
         Field(min_length=1),
     ]
@@ -7589,11 +7634,12 @@ class RequestPermissionResponse(BaseModel):
         extra="allow",
         populate_by_name=True,
     )
-    outcome: (
+    outcome: Annotated[
         RequestPermissionOutcomeCancelled
         | RequestPermissionOutcomeSelected
-        | RequestPermissionOutcomeOther
-    )
+        | RequestPermissionOutcomeOther,
+        Field(union_mode="left_to_right"),
+    ]
     """
     The user's decision on the permission request.
     """
@@ -7819,12 +7865,15 @@ class ElicitationSchema(BaseModel):
     """
     properties: dict[
         str,
-        ElicitationPropertySchemaString
-        | ElicitationPropertySchemaNumber
-        | ElicitationPropertySchemaInteger
-        | ElicitationPropertySchemaBoolean
-        | ElicitationPropertySchemaArray
-        | ElicitationPropertySchemaOther,
+        Annotated[
+            ElicitationPropertySchemaString
+            | ElicitationPropertySchemaNumber
+            | ElicitationPropertySchemaInteger
+            | ElicitationPropertySchemaBoolean
+            | ElicitationPropertySchemaArray
+            | ElicitationPropertySchemaOther,
+            Field(union_mode="left_to_right"),
+        ],
     ]
     """
     Property definitions (must be primitive types).
@@ -8391,12 +8440,13 @@ class ToolCallContentChunk(BaseModel):
     """
     The ID of the tool call this content belongs to.
     """
-    content: (
+    content: Annotated[
         ToolCallContentContent
         | ToolCallContentDiff
         | ToolCallContentTerminal
-        | ToolCallContentOther
-    )
+        | ToolCallContentOther,
+        Field(union_mode="left_to_right"),
+    ]
     """
     A single item of content produced by the tool call.
     """
@@ -8751,10 +8801,13 @@ class ToolCallUpdate(BaseModel):
     """
     content: (
         list[
-            ToolCallContentContent
-            | ToolCallContentDiff
-            | ToolCallContentTerminal
-            | ToolCallContentOther
+            Annotated[
+                ToolCallContentContent
+                | ToolCallContentDiff
+                | ToolCallContentTerminal
+                | ToolCallContentOther,
+                Field(union_mode="left_to_right"),
+            ]
         ]
         | None
     ) = None
