@@ -282,6 +282,53 @@ class RawDriven:
     def cpu_seconds(self) -> float | None:
         return process_cpu_seconds(self.proc.pid)
 
+    def turns_at_once(self, session_ids: Sequence[str], *, keyed: bool) -> None:
+        """One echo turn in each session, all prompts sent in one write, then read until every
+        prompt is answered and every session is idle again."""
+        waiting: dict[int, str] = {}
+        frames: list[bytes] = []
+        for session_id in session_ids:
+            self._next_id += 1
+            params: dict[str, Any] = {
+                "sessionId": session_id,
+                "prompt": [{"type": "text", "text": TEXT}],
+            }
+            if keyed:
+                params["idempotencyKey"] = str(uuid.uuid4())
+            frame = {"jsonrpc": "2.0", "id": self._next_id, "method": "session/prompt"}
+            frames.append(orjson.dumps({**frame, "params": params}))
+            waiting[self._next_id] = session_id
+        self._in.write(b"\n".join(frames) + b"\n")
+        busy = set(session_ids)
+        while waiting or busy:
+            message = self._read()
+            if "method" not in message and message.get("id") in waiting:
+                if "result" not in message:
+                    raise RuntimeError(f"{self.name}: session/prompt failed: {message}")
+                del waiting[message["id"]]
+            elif message.get("method") == "session/update":
+                update = message["params"]["update"]
+                if update.get("sessionUpdate") == "state_update" and update.get("state") == "idle":
+                    busy.discard(message["params"]["sessionId"])
+
+    def measure_concurrent(self, session_ids: Sequence[str], n: int, *, keyed: bool) -> Rate:
+        """n echo turns spread over the sessions, one turn per session at a time (a client
+        with several sessions busy at once): figures per turn."""
+        rounds = max(1, n // len(session_ids))
+        agent_cpu0, client_cpu0 = self.cpu_seconds(), time.process_time()
+        start = time.perf_counter()
+        for _ in range(rounds):
+            self.turns_at_once(session_ids, keyed=keyed)
+        elapsed = time.perf_counter() - start
+        agent_cpu1, client_cpu1 = self.cpu_seconds(), time.process_time()
+        turns = rounds * len(session_ids)
+        agent_us = (
+            None
+            if agent_cpu0 is None or agent_cpu1 is None
+            else (agent_cpu1 - agent_cpu0) / turns * 1e6
+        )
+        return Rate(turns / elapsed, agent_us, (client_cpu1 - client_cpu0) / turns * 1e6)
+
     def measure(self, session_id: str, n: int, *, keyed: bool) -> Rate:
         """n full echo turns, one at a time."""
         keys = [_key(keyed) for _ in range(n)]
@@ -762,6 +809,38 @@ async def bench_ts_raw(n: int, rounds: int, tmp: Path) -> dict[str, Rate]:
         )
 
 
+async def bench_ts_concurrent(n: int, rounds: int, tmp: Path, sessions: int) -> dict[str, Rate]:
+    """The raw client with `sessions` sessions busy at once (one turn each at a time)."""
+    node = shutil.which("node")
+    assert node is not None
+    with (
+        raw_driven("reference/memory", reference_command("memory:", tmp / "fx5")) as ref,
+        raw_driven("typescript", [node, str(TS_AGENT)], cwd=TS_DIR) as ts,
+    ):
+        ref_plain = [ref.new_session() for _ in range(sessions)]
+        ref_keyed = [ref.new_session() for _ in range(sessions)]
+        ts_sids = [ts.new_session() for _ in range(sessions)]
+        for agent, sids, keyed in (
+            (ref, ref_plain, False),
+            (ref, ref_keyed, True),
+            (ts, ts_sids, False),
+        ):
+            agent.measure_concurrent(sids, min(n, 300), keyed=keyed)  # warm up
+
+        async def ref_unkeyed() -> Rate:
+            return ref.measure_concurrent(ref_plain, n, keyed=False)
+
+        async def ref_with_key() -> Rate:
+            return ref.measure_concurrent(ref_keyed, n, keyed=True)
+
+        async def ts_unkeyed() -> Rate:
+            return ts.measure_concurrent(ts_sids, n, keyed=False)
+
+        return await alternate(
+            rounds, {REF_PLAIN: ref_unkeyed, REF_KEYED: ref_with_key, TS_PLAIN: ts_unkeyed}
+        )
+
+
 async def bench_ts(n: int, rounds: int, tmp: Path, *, lean: bool) -> dict[str, Rate]:
     node = shutil.which("node")
     assert node is not None
@@ -906,6 +985,15 @@ async def main(args: argparse.Namespace) -> None:
                         f"{ts_ratio:.2f}x",
                         _verdict(ts_ratio >= 1.2),
                     )
+                k = args.sessions
+                found = await bench_ts_concurrent(args.n, args.rounds, tmp, k)
+                client = f"raw client, {k} sessions busy at once"
+                ts_ratio = print_ts(found, args.n, args.rounds, client)
+                summary.add_row(
+                    f"(not the target's setting) reference / TS SDK, {client}",
+                    f"{ts_ratio:.2f}x",
+                    "[dim]figure[/dim]",
+                )
             else:
                 console.print(f"[yellow]3. TypeScript SDK comparison skipped: {why}[/yellow]")
         console.print(summary)
@@ -922,6 +1010,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--retries", type=int, default=2_000, help="timed retries per session")
     parser.add_argument("--big", type=int, default=100_000, help="messages in the big session")
     parser.add_argument("--no-ts", action="store_true", help="skip the TypeScript comparison")
+    parser.add_argument(
+        "--sessions", type=int, default=8, help="sessions busy at once in part 3's last figure"
+    )
     parser.add_argument(
         "--only",
         type=lambda text: set(text.split(",")),
