@@ -495,7 +495,8 @@ class SessionAgent(Agent):
         session = self._active(params.session_id, ctx.connection)
         key = params.idempotency_key
         wire = [b.model_dump(by_alias=True, exclude_unset=True) for b in params.prompt]
-        digest = prompt_digest(wire)
+        # only keyed prompts use their digest (and the cluster, which queues it with the row)
+        digest = prompt_digest(wire) if key is not None or self._cluster is not None else b""
         conn_id = ctx.connection.id
         pending: _Pending | None = None
         async with session.lock:
