@@ -31,7 +31,7 @@ def check_key(value: str) -> str:
     """
     if not 1 <= len(value) <= MAX_KEY_LENGTH:
         raise ValueError(f"idempotencyKey must be 1 to {MAX_KEY_LENGTH} characters")
-    if _LONE_SURROGATE.search(value):
+    if not value.isascii() and _LONE_SURROGATE.search(value):  # ASCII has no surrogates
         raise ValueError("idempotencyKey must not contain lone surrogates")
     return value
 
