@@ -198,3 +198,26 @@ async def test_a_task_pool_runs_calls_and_lets_failures_reach_the_task_group() -
                 await anyio.sleep_forever()
         assert [str(e) for e in failed.value.exceptions] == ["boom"]
         assert ran[-1] == 99
+
+
+async def test_a_call_for_a_task_cancelled_while_parked_goes_elsewhere() -> None:
+    # A parked task waits on a bare future: cancelling its group cancels that future at once,
+    # while the task itself resumes (and leaves the pool) only later. A call handed over in
+    # between must not fail the caller; it is started in a task of its own instead.
+    ran: list[int] = []
+
+    async def work(i: int) -> None:
+        ran.append(i)
+
+    with anyio.fail_after(TIMEOUT):
+        async with anyio.create_task_group() as tg:
+            pool = TaskPool.of(tg)
+            pool.start_soon(work, 1)
+            while not ran:
+                await anyio.lowlevel.checkpoint()
+            await anyio.lowlevel.checkpoint()  # the task that ran work(1) is parked now
+            assert len(pool._idle) == 1
+            tg.cancel_scope.cancel()
+            pool.start_soon(work, 2)  # raised InvalidStateError when handed to the parked task
+            assert pool._idle == []
+        assert ran[0] == 1

@@ -13,6 +13,7 @@ context (a value one call sets is seen by the next call that task runs).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import weakref
 from collections.abc import Awaitable, Callable
@@ -27,11 +28,44 @@ _Call = tuple[Callable[..., Awaitable[Any]], tuple[Any, ...]]
 
 
 class _Parked:
-    __slots__ = ("call", "ready")
+    """A finished task waiting for its next call.
+
+    On asyncio it waits on a bare future of the loop: handing it a call then costs one
+    `set_result`, where an `anyio.Event` would first look up the backend and build an
+    `asyncio.Event` around its own future, twice per prompt turn. Elsewhere (trio) it waits on
+    an `anyio.Event`.
+    """
+
+    __slots__ = ("call", "future", "ready")
 
     def __init__(self) -> None:
-        self.ready = anyio.Event()
         self.call: _Call | None = None
+        self.future: asyncio.Future[None] | None = None
+        self.ready: anyio.Event | None = None
+        try:
+            self.future = asyncio.get_running_loop().create_future()
+        except RuntimeError:  # not asyncio
+            self.ready = anyio.Event()
+
+    def hand(self, call: _Call) -> bool:
+        """Give the task its next call; False if it was cancelled meanwhile (it takes none)."""
+        if self.future is not None:
+            if self.future.done():  # cancelled, not resumed yet: it will leave on its own
+                return False
+            self.call = call
+            self.future.set_result(None)
+        else:
+            assert self.ready is not None
+            self.call = call
+            self.ready.set()
+        return True
+
+    async def wait(self) -> None:
+        if self.future is not None:
+            await self.future
+        else:
+            assert self.ready is not None
+            await self.ready.wait()
 
 
 class TaskPool:
@@ -65,11 +99,9 @@ class TaskPool:
         Raises:
             RuntimeError: the task group is no longer active (as `TaskGroup.start_soon`).
         """
-        if self._idle:
-            parked = self._idle.pop()
-            parked.call = (fn, args)
-            parked.ready.set()
-            return
+        while self._idle:
+            if self._idle.pop().hand((fn, args)):
+                return
         tg = self._tg()
         if tg is None:
             raise RuntimeError("This task group is gone; no new tasks can be started.")
@@ -83,7 +115,7 @@ class TaskPool:
             parked = _Parked()
             self._idle.append(parked)
             try:
-                await parked.ready.wait()
+                await parked.wait()
             except BaseException:
                 # cancelled while parked (the task group is closing); a call handed over in
                 # the same instant is dropped with the rest of the group's work
