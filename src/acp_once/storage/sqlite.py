@@ -229,7 +229,8 @@ def _prepare_schema(conn: _Connection, *, migrate: bool, where: str) -> None:
 
 
 _CHECKPOINT_EVERY = 250  # inline calls; ~ SQLite's default of a checkpoint per 1000 WAL pages
-_WAL_RESTART_PAGES = 1000  # frames in the log after a passive checkpoint that force a restart
+_WAL_RESTART_PAGES = 3000  # frames in the log after a passive checkpoint that force a restart
+_IDLE_CHECKPOINT_S = 0.2  # a passive checkpoint this long after the last poke, if no new one
 _CHECKPOINT_LAG_LIMIT = 2 * _CHECKPOINT_EVERY  # inline calls not yet checkpointed: then wait
 _CHECKPOINT_BUSY_MS = 1000  # how long a restarting checkpoint waits for writers and readers
 
@@ -258,6 +259,13 @@ class _Checkpointer:
     the next writer starts the log from its beginning (RESTART, not TRUNCATE: appending to
     an emptied file allocates blocks again, measurably slower than overwriting them).
 
+    Why also one when the writes pause: a passive checkpoint that runs while nobody writes
+    copies the whole log, and the next writer then rewinds it without any restart. So the
+    thread runs one `_IDLE_CHECKPOINT_S` after the last poke when no other poke came (then
+    waits for the next poke): a restart, which holds writers off for its fsync, is only
+    needed in a burst of more than `_WAL_RESTART_PAGES` frames without such a pause. While it
+    runs, the store sends calls to its worker thread, which waits on `restarting`.
+
     The thread is the store's: started by `open`, stopped and joined by `aclose`. A daemon
     thread, so a process that exits without closing the store is not held up by it.
     """
@@ -266,6 +274,9 @@ class _Checkpointer:
         self._conn = conn
         self._wake = threading.Event()
         self.lock = threading.Lock()  # held while a checkpoint runs, by this thread or a caller
+        # held only while a RESTART checkpoint runs (it holds writers off): callers wait on it
+        # instead of polling SQLite's write lock, whose busy handler sleeps 1, 2, 5, 10, ... ms
+        self.restarting = threading.Lock()
         self._stopping = False
         self.checkpoints = 0  # completed, for the tests
         self._asked = 0
@@ -289,22 +300,27 @@ class _Checkpointer:
             self._thread.join()
 
     def _run(self) -> None:
+        idle_timeout: float | None = None
         try:
             while True:
-                self._wake.wait()
+                poked = self._wake.wait(idle_timeout)
                 self._wake.clear()
                 if self._stopping:
                     return
+                # after a poke, one more (passive) checkpoint when the writes pause
+                idle_timeout = _IDLE_CHECKPOINT_S if poked else None
                 asked = self._asked
                 try:
                     with self.lock:
                         row: tuple[int, int, int] = self._conn.execute(
                             "PRAGMA wal_checkpoint(PASSIVE)"
                         ).fetchone()
-                        if row[1] > _WAL_RESTART_PAGES:  # the log did not rewind meanwhile
-                            self._conn.execute("PRAGMA wal_checkpoint(RESTART)")
+                        if poked and row[1] > _WAL_RESTART_PAGES:  # no rewind for a while
+                            with self.restarting:
+                                self._conn.execute("PRAGMA wal_checkpoint(RESTART)")
                     self.checkpoints += 1
-                    self.done_for = max(self.done_for, asked)
+                    if poked:
+                        self.done_for = max(self.done_for, asked)
                     self.checkpointed.set()
                 except sqlite3.Error as exc:
                     # not fatal: the log only grows until the next checkpoint succeeds
@@ -543,10 +559,12 @@ class SqliteStore:
         it fails at once without having written anything (`BEGIN IMMEDIATE` is where it
         waits) and the call goes to the thread, which may wait for the lock. Auto-checkpoints
         are off on that connection; every 250th inline call asks the store's checkpoint thread
-        for one (`_Checkpointer`), without waiting for it. A call runs inline only when no
-        call runs in or waits for the thread (a counter, cheaper than taking the limiter): it
-        does not await, so nothing starts in the middle of it, and it never overtakes an
-        earlier call.
+        for one (`_Checkpointer`), without waiting for it. While that thread runs a RESTART
+        checkpoint (which holds writers off for its copy and fsync), calls go to the worker
+        thread, which waits on the checkpointer's `restarting` lock and so wakes the moment
+        the checkpoint ends. A call runs inline only when no call runs in or waits for the
+        thread (a counter, cheaper than taking the limiter): it does not await, so nothing
+        starts in the middle of it, and it never overtakes an earlier call.
 
         Cancellation: we keep `to_thread.run_sync`'s default `abandon_on_cancel=False`. A
         cancelled caller then waits until the thread has finished, so every transaction has
@@ -558,11 +576,16 @@ class SqliteStore:
         a keyed retry then finds), and cancellation waits for at most one busy timeout. An
         inline call cannot be cancelled half-way: it does not await.
         """
-        if inline and self._fast is not None and not self._thread_calls:
+        checkpointer = self._checkpointer
+        if (
+            inline
+            and self._fast is not None
+            and not self._thread_calls
+            and not (checkpointer is not None and checkpointer.restarting.locked())
+        ):
             done, result = self._inline(fn)
             if done:
                 self._fast_calls += 1
-                checkpointer = self._checkpointer
                 if checkpointer is not None and self._fast_calls % _CHECKPOINT_EVERY == 0:
                     if self._fast_calls - checkpointer.done_for > _CHECKPOINT_LAG_LIMIT:
                         # back-pressure: the thread is not keeping up (a write burst with no
@@ -602,6 +625,12 @@ class SqliteStore:
         conn = self._conn
         if conn is None:
             raise StorageError("the store is closed")
+        checkpointer = self._checkpointer
+        if checkpointer is not None and checkpointer.restarting.locked():
+            # a RESTART checkpoint holds writers off: wake when it ends, not at the next
+            # tick of SQLite's busy handler (which sleeps in steps of up to 100 ms)
+            with checkpointer.restarting:
+                pass
         try:
             return fn(conn)
         except sqlite3.Error as exc:
