@@ -479,8 +479,9 @@ async def test_inline_write_waits_in_the_thread_while_another_connection_writes(
 async def test_inline_writes_are_checkpointed(tmp_path: Path) -> None:
     """Inline writes do not checkpoint themselves: every 250th call asks the checkpoint
     thread, and when a burst with no pause outruns it, the caller checkpoints itself, so the
-    write-ahead log does not grow without bound (10,000 appends write ~45,000 pages; the
-    lag limit lets ~750 calls, ~3,500 pages, pile up at most)."""
+    write-ahead log does not grow without bound (10,000 appends write ~45,000 pages; a
+    restart when the log holds 3,000 frames after a passive checkpoint, and the lag limit,
+    keep it under ~4,500 pages)."""
     path = tmp_path / "wal.db"
     async with SqliteStore.open(path) as store:
         await store.create_session(_record())
@@ -521,6 +522,73 @@ async def test_checkpoints_run_in_their_own_thread_and_stop_with_the_store(tmp_p
     await store.aclose()
     assert not thread.is_alive()
     assert store._checkpointer is None  # pyright: ignore[reportPrivateUsage]
+
+
+@pytest.mark.anyio
+async def test_a_pause_in_the_writes_lets_the_log_rewind(tmp_path: Path) -> None:
+    """After a poke, the checkpoint thread checkpoints once more when the writes pause; that
+    passive checkpoint copies the whole log, so the next write starts it from the beginning
+    (no restart, which would hold writers off)."""
+    path = tmp_path / "idle.db"
+    async with SqliteStore.open(path) as store:
+        checkpointer = store._checkpointer  # pyright: ignore[reportPrivateUsage]
+        assert checkpointer is not None
+        await store.create_session(_record())
+        for i in range(260):  # one poke at the 250th inline call, then ten more writes
+            await store.append_update("sess_1", b'{"n":%d}' % i)
+
+        def two_checkpoints() -> bool:  # the poked one, then the one of the pause
+            while checkpointer.checkpoints < 2:
+                if not checkpointer.checkpointed.wait(10.0):
+                    return False
+                checkpointer.checkpointed.clear()
+            return True
+
+        assert await anyio.to_thread.run_sync(two_checkpoints)
+        await store.append_update("sess_1", b'{"n":"after"}')
+        probe = sqlite3.connect(path, isolation_level=None)
+        try:
+            # frames in the log: only the last write's, had it been rewound
+            _, frames, _ = probe.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        finally:
+            probe.close()
+        assert 0 < frames < 10, frames
+        (last,) = await store.read_timeline_tail("sess_1")
+        assert last.seq == 261
+
+
+@pytest.mark.anyio
+async def test_calls_wait_in_the_thread_while_a_restart_holds_writers_off(
+    tmp_path: Path,
+) -> None:
+    """While the checkpoint thread runs a RESTART checkpoint (`restarting` held), calls do not
+    run inline: they wait for its end in the worker thread, then write exactly once."""
+    path = tmp_path / "restart.db"
+    async with SqliteStore.open(path) as store:
+        checkpointer = store._checkpointer  # pyright: ignore[reportPrivateUsage]
+        assert checkpointer is not None
+        await store.create_session(_record())
+        checkpointer.restarting.acquire()  # as the checkpoint thread does around a RESTART
+        try:
+            done = anyio.Event()
+
+            async def write() -> None:
+                await _insert(store, "m1", "key-1")
+                done.set()
+
+            with anyio.fail_after(10):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(write)
+                    await anyio.wait_all_tasks_blocked()
+                    assert not done.is_set()
+                    assert store._thread_calls == 1  # pyright: ignore[reportPrivateUsage]
+                    checkpointer.restarting.release()
+                    await done.wait()
+        finally:
+            if checkpointer.restarting.locked():
+                checkpointer.restarting.release()
+        assert await store.count_user_messages("sess_1") == 1
+        assert await store.find_key("sess_1", "key-1") == KeyRecord("m1", b"digest")
 
 
 def test_openers_racing_on_a_new_file_both_get_wal(tmp_path: Path) -> None:
