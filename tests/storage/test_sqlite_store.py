@@ -15,6 +15,7 @@ from acp_once.storage import (
     InsertOutcome,
     KeyRecord,
     SchemaOutOfDate,
+    SessionMissing,
     SessionRecord,
     SqliteStore,
     StorageError,
@@ -621,3 +622,29 @@ def test_openers_racing_on_a_new_file_both_get_wal(tmp_path: Path) -> None:
         for thread in threads:
             thread.join(30)
     assert failures == []
+
+
+@pytest.mark.anyio
+async def test_updated_at_moves_in_steps_of_a_second_and_never_back(tmp_path: Path) -> None:
+    # A write within BUMP_RESOLUTION of the last bump leaves the session row (and its two
+    # indexes) unwritten; `session/list` shows whole seconds, so nothing visible is lost.
+    now = [1_000.0]
+    async with SqliteStore.open(tmp_path / "s.db", clock=lambda: now[0]) as store:
+        await store.create_session(_record(updated_at=1_000.0))
+        now[0] = 1_000.5
+        await _insert(store, "m1", None)
+        await store.append_updates("sess_1", [(b"{}", None)])
+        record = await store.get_session("sess_1")
+        assert record is not None and record.updated_at == 1_000.0  # within the second
+        now[0] = 1_001.0
+        await store.append_update("sess_1", b"{}")
+        record = await store.get_session("sess_1")
+        assert record is not None and record.updated_at == 1_001.0  # a second later: bumped
+        now[0] = 900.0  # a clock that went back never moves it back
+        await _insert(store, "m2", "k")
+        record = await store.get_session("sess_1")
+        assert record is not None and record.updated_at == 1_001.0
+        # a write to a session that does not exist is still refused, bump or no bump
+        with pytest.raises(SessionMissing):
+            await store.append_update("nope", b"{}")
+        assert [e.seq for e in await store.read_timeline("sess_1")] == [1, 2, 3, 4]

@@ -125,7 +125,9 @@ class SessionRecord:
     created_at: float
     """Seconds since the epoch."""
     updated_at: float
-    """Seconds since the epoch; bumped by every timeline write. `list_sessions` orders by it."""
+    """Seconds since the epoch; bumped to "now" by timeline writes, never moved back.
+    `list_sessions` orders by it. A store may skip a bump less than a second after the last
+    one (the SQLite store does: the row stays unwritten); `session/list` shows whole seconds."""
     forked_from: str | None = None
 
 
