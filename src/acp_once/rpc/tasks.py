@@ -38,13 +38,13 @@ class _Parked:
 
     __slots__ = ("call", "future", "ready")
 
-    def __init__(self) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop | None) -> None:
         self.call: _Call | None = None
         self.future: asyncio.Future[None] | None = None
         self.ready: anyio.Event | None = None
-        try:
-            self.future = asyncio.get_running_loop().create_future()
-        except RuntimeError:  # not asyncio
+        if loop is not None:
+            self.future = loop.create_future()
+        else:  # not asyncio
             self.ready = anyio.Event()
 
     def hand(self, call: _Call) -> bool:
@@ -84,6 +84,9 @@ class TaskPool:
         self._max_idle = max_idle
         self._name = name
         self._idle: list[_Parked] = []
+        # the running loop, looked up once: each lookup is a getpid() system call on 3.11
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._looked_up = False
 
     @classmethod
     def of(cls, tg: TaskGroup) -> TaskPool:
@@ -112,7 +115,11 @@ class TaskPool:
             await fn(*args)
             if len(self._idle) >= self._max_idle:
                 return
-            parked = _Parked()
+            if not self._looked_up:
+                self._looked_up = True
+                with contextlib.suppress(RuntimeError):  # not asyncio
+                    self._loop = asyncio.get_running_loop()
+            parked = _Parked(self._loop)
             self._idle.append(parked)
             try:
                 await parked.wait()
