@@ -780,43 +780,21 @@ REF_KEYED = "reference, memory store, fresh key"
 TS_PLAIN = "TypeScript SDK 2.4.0 v2 agent, no key"
 
 
-async def bench_ts_raw(n: int, rounds: int, tmp: Path) -> dict[str, Rate]:
+async def bench_ts_raw(n: int, rounds: int, tmp: Path, sessions: int = 1) -> dict[str, Rate]:
+    """The raw client, one session at a time, or `sessions` sessions busy at once (one turn
+    each at a time)."""
     node = shutil.which("node")
     assert node is not None
     with (
-        raw_driven("reference/memory", reference_command("memory:", tmp / "fx4")) as ref,
+        raw_driven("reference/memory", reference_command("memory:", tmp / f"fx{sessions}")) as ref,
         raw_driven("typescript", [node, str(TS_AGENT)], cwd=TS_DIR) as ts,
     ):
-        ref_plain, ref_keyed, ts_sid = ref.new_session(), ref.new_session(), ts.new_session()
-        for agent, sid, keyed in (
-            (ref, ref_plain, False),
-            (ref, ref_keyed, True),
-            (ts, ts_sid, False),
-        ):
-            agent.measure(sid, min(n, 300), keyed=keyed)  # warm up (the JIT, imports)
 
-        async def ref_unkeyed() -> Rate:
-            return ref.measure(ref_plain, n, keyed=False)
+        def turns(agent: RawDriven, sids: list[str], count: int, *, keyed: bool) -> Rate:
+            if len(sids) == 1:
+                return agent.measure(sids[0], count, keyed=keyed)
+            return agent.measure_concurrent(sids, count, keyed=keyed)
 
-        async def ref_with_key() -> Rate:
-            return ref.measure(ref_keyed, n, keyed=True)
-
-        async def ts_unkeyed() -> Rate:
-            return ts.measure(ts_sid, n, keyed=False)
-
-        return await alternate(
-            rounds, {REF_PLAIN: ref_unkeyed, REF_KEYED: ref_with_key, TS_PLAIN: ts_unkeyed}
-        )
-
-
-async def bench_ts_concurrent(n: int, rounds: int, tmp: Path, sessions: int) -> dict[str, Rate]:
-    """The raw client with `sessions` sessions busy at once (one turn each at a time)."""
-    node = shutil.which("node")
-    assert node is not None
-    with (
-        raw_driven("reference/memory", reference_command("memory:", tmp / "fx5")) as ref,
-        raw_driven("typescript", [node, str(TS_AGENT)], cwd=TS_DIR) as ts,
-    ):
         ref_plain = [ref.new_session() for _ in range(sessions)]
         ref_keyed = [ref.new_session() for _ in range(sessions)]
         ts_sids = [ts.new_session() for _ in range(sessions)]
@@ -825,16 +803,16 @@ async def bench_ts_concurrent(n: int, rounds: int, tmp: Path, sessions: int) -> 
             (ref, ref_keyed, True),
             (ts, ts_sids, False),
         ):
-            agent.measure_concurrent(sids, min(n, 300), keyed=keyed)  # warm up
+            turns(agent, sids, min(n, 300), keyed=keyed)  # warm up (the JIT, imports)
 
         async def ref_unkeyed() -> Rate:
-            return ref.measure_concurrent(ref_plain, n, keyed=False)
+            return turns(ref, ref_plain, n, keyed=False)
 
         async def ref_with_key() -> Rate:
-            return ref.measure_concurrent(ref_keyed, n, keyed=True)
+            return turns(ref, ref_keyed, n, keyed=True)
 
         async def ts_unkeyed() -> Rate:
-            return ts.measure_concurrent(ts_sids, n, keyed=False)
+            return turns(ts, ts_sids, n, keyed=False)
 
         return await alternate(
             rounds, {REF_PLAIN: ref_unkeyed, REF_KEYED: ref_with_key, TS_PLAIN: ts_unkeyed}
@@ -986,7 +964,7 @@ async def main(args: argparse.Namespace) -> None:
                         _verdict(ts_ratio >= 1.2),
                     )
                 k = args.sessions
-                found = await bench_ts_concurrent(args.n, args.rounds, tmp, k)
+                found = await bench_ts_raw(args.n, args.rounds, tmp, k)
                 client = f"raw client, {k} sessions busy at once"
                 ts_ratio = print_ts(found, args.n, args.rounds, client)
                 summary.add_row(
