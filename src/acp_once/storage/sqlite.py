@@ -337,15 +337,22 @@ class _Checkpointer:
             self._conn.close()
 
 
-def _write(conn: _Connection, work: Callable[[_Connection], _T]) -> _T:
-    """Run `work` in one `BEGIN IMMEDIATE` transaction: all of it commits, or none of it."""
-    conn.execute("BEGIN IMMEDIATE")
+def _write(conn: _Connection, work: Callable[..., _T], *args: Any) -> _T:
+    """Run `work(conn, *args)` in one `BEGIN IMMEDIATE` transaction: all of it commits, or
+    none of it.
+
+    `work` may end the transaction itself with a ROLLBACK (a keyed retry that must leave
+    nothing written); then there is nothing to commit.
+    """
+    cur = conn.cur
+    cur.execute("BEGIN IMMEDIATE")
     try:
-        result = work(conn)
-        conn.execute("COMMIT")
+        result = work(conn, *args)
+        if conn.in_transaction:
+            cur.execute("COMMIT")
     except BaseException:
         if conn.in_transaction:
-            conn.execute("ROLLBACK")
+            cur.execute("ROLLBACK")
         raise
     return result
 
@@ -380,11 +387,6 @@ def _find_key_call(conn: _Connection, session_id: str, key: str) -> KeyRecord | 
     return _find_key(conn.cur, session_id, key)
 
 
-def _rollback(conn: _Connection) -> None:
-    if conn.in_transaction:
-        conn.cur.execute("ROLLBACK")
-
-
 def _insert_user_message(
     conn: _Connection,
     session_id: str,
@@ -394,35 +396,41 @@ def _insert_user_message(
     digest: bytes | None,
     now: float,
 ) -> InsertOutcome:
-    """One `BEGIN IMMEDIATE` transaction: bump, next seq, the row with its key, commit.
+    """One `_write` transaction: bump, next seq, the row with its key."""
+    return _write(conn, _insert_user_row, session_id, message_id, update, key, digest, now)
+
+
+def _insert_user_row(
+    conn: _Connection,
+    session_id: str,
+    message_id: str,
+    update: bytes,
+    key: str | None,
+    digest: bytes | None,
+    now: float,
+) -> InsertOutcome:
+    """The body of `_insert_user_message`'s transaction.
 
     A recorded key is found by the unique index itself (no lookup first): the INSERT fails
     before writing anything, the recorded row is read in the same transaction, and the
     transaction is rolled back, so a retry writes nothing (not even `updated_at`).
     """
     cur = conn.cur
-    cur.execute("BEGIN IMMEDIATE")
+    seq = _touch(cur, session_id, now)
+    if key is None:
+        cur.execute(_INSERT_USER, (session_id, seq, message_id, _blob(update)))
+        return InsertOutcome(message_id, True, digest)
     try:
-        seq = _touch(cur, session_id, now)
-        if key is None:
-            cur.execute(_INSERT_USER, (session_id, seq, message_id, _blob(update)))
-        else:
-            try:
-                blob_digest = None if digest is None else _blob(digest)
-                cur.execute(
-                    _INSERT_KEYED_USER,
-                    (session_id, seq, message_id, _blob(update), key, blob_digest),
-                )
-            except sqlite3.IntegrityError:
-                recorded = _find_key(cur, session_id, key)
-                if recorded is None:
-                    raise  # not the key's index: a real failure
-                cur.execute("ROLLBACK")
-                return InsertOutcome(recorded.message_id, False, recorded.prompt_digest)
-        cur.execute("COMMIT")
-    except BaseException:
-        _rollback(conn)
-        raise
+        blob_digest = None if digest is None else _blob(digest)
+        cur.execute(
+            _INSERT_KEYED_USER, (session_id, seq, message_id, _blob(update), key, blob_digest)
+        )
+    except sqlite3.IntegrityError:
+        recorded = _find_key(cur, session_id, key)
+        if recorded is None:
+            raise  # not the key's index: a real failure
+        cur.execute("ROLLBACK")
+        return InsertOutcome(recorded.message_id, False, recorded.prompt_digest)
     return InsertOutcome(message_id, True, digest)
 
 
@@ -432,22 +440,25 @@ def _append(
     entries: Sequence[tuple[bytes, str | None]],
     now: float,
 ) -> int:
-    """Append `entries` in one transaction; return the seq of the first (inside a write)."""
+    """Append `entries` in one `_write` transaction; return the seq of the first."""
+    return _write(conn, _append_rows, session_id, entries, now)
+
+
+def _append_rows(
+    conn: _Connection,
+    session_id: str,
+    entries: Sequence[tuple[bytes, str | None]],
+    now: float,
+) -> int:
     cur = conn.cur
-    cur.execute("BEGIN IMMEDIATE")
-    try:
-        first = _touch(cur, session_id, now)
-        seq = first
-        for update, message_id in entries:
-            if message_id is None:
-                cur.execute(_INSERT_ANONYMOUS_UPDATE, (session_id, seq, _blob(update)))
-            else:
-                cur.execute(_INSERT_UPDATE, (session_id, seq, message_id, _blob(update)))
-            seq += 1
-        cur.execute("COMMIT")
-    except BaseException:
-        _rollback(conn)
-        raise
+    first = _touch(cur, session_id, now)
+    seq = first
+    for update, message_id in entries:
+        if message_id is None:
+            cur.execute(_INSERT_ANONYMOUS_UPDATE, (session_id, seq, _blob(update)))
+        else:
+            cur.execute(_INSERT_UPDATE, (session_id, seq, message_id, _blob(update)))
+        seq += 1
     return first
 
 
