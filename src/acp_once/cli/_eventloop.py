@@ -1,10 +1,11 @@
 """The event loop the long-running commands run on: uvloop where it is installed.
 
-uvloop (libuv under asyncio's API) runs the agent's echo turn on about 16% less CPU than the
-default asyncio loop, and a bare asyncio echo agent on less than half (`benchmarks/README.md`,
-"uvloop"). It is a dependency on every platform that has it (not on Windows); where it is
-missing, or `ACP_ONCE_LOOP=asyncio` asks for the standard loop, the commands run on plain
-asyncio with the same behaviour. Only this module knows uvloop's name.
+uvloop (libuv under asyncio's API) runs the agent's echo turn in about 16% fewer instructions
+than the default asyncio loop, and a bare asyncio echo agent on less than half the CPU
+(`benchmarks/README.md`, "Sixth pass"). It is a dependency on every platform that has it
+(not on Windows); where it is missing, or `ACP_ONCE_LOOP=asyncio` asks for the standard loop,
+the commands run on plain asyncio with the same behaviour. Only this module knows uvloop's
+name.
 """
 
 from __future__ import annotations

@@ -49,14 +49,13 @@ class _Parked:
 
     def hand(self, call: _Call) -> bool:
         """Give the task its next call; False if it was cancelled meanwhile (it takes none)."""
+        if self.future is not None and self.future.done():
+            return False  # cancelled, not resumed yet: it will leave on its own
+        self.call = call
         if self.future is not None:
-            if self.future.done():  # cancelled, not resumed yet: it will leave on its own
-                return False
-            self.call = call
             self.future.set_result(None)
         else:
             assert self.ready is not None
-            self.call = call
             self.ready.set()
         return True
 
@@ -86,7 +85,8 @@ class TaskPool:
         self._idle: list[_Parked] = []
         # the running loop, looked up once: each lookup is a getpid() system call on 3.11
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._looked_up = False
+        with contextlib.suppress(RuntimeError):  # not asyncio (or no loop): anyio.Event
+            self._loop = asyncio.get_running_loop()
 
     @classmethod
     def of(cls, tg: TaskGroup) -> TaskPool:
@@ -115,10 +115,6 @@ class TaskPool:
             await fn(*args)
             if len(self._idle) >= self._max_idle:
                 return
-            if not self._looked_up:
-                self._looked_up = True
-                with contextlib.suppress(RuntimeError):  # not asyncio
-                    self._loop = asyncio.get_running_loop()
             parked = _Parked(self._loop)
             self._idle.append(parked)
             try:
