@@ -387,19 +387,6 @@ def _find_key_call(conn: _Connection, session_id: str, key: str) -> KeyRecord | 
     return _find_key(conn.cur, session_id, key)
 
 
-def _insert_user_message(
-    conn: _Connection,
-    session_id: str,
-    message_id: str,
-    update: bytes,
-    key: str | None,
-    digest: bytes | None,
-    now: float,
-) -> InsertOutcome:
-    """One `_write` transaction: bump, next seq, the row with its key."""
-    return _write(conn, _insert_user_row, session_id, message_id, update, key, digest, now)
-
-
 def _insert_user_row(
     conn: _Connection,
     session_id: str,
@@ -409,7 +396,8 @@ def _insert_user_row(
     digest: bytes | None,
     now: float,
 ) -> InsertOutcome:
-    """The body of `_insert_user_message`'s transaction.
+    """Insert a user message, the body of a `_write` transaction: bump, next seq, the row
+    with its key.
 
     A recorded key is found by the unique index itself (no lookup first): the INSERT fails
     before writing anything, the recorded row is read in the same transaction, and the
@@ -434,22 +422,13 @@ def _insert_user_row(
     return InsertOutcome(message_id, True, digest)
 
 
-def _append(
-    conn: _Connection,
-    session_id: str,
-    entries: Sequence[tuple[bytes, str | None]],
-    now: float,
-) -> int:
-    """Append `entries` in one `_write` transaction; return the seq of the first."""
-    return _write(conn, _append_rows, session_id, entries, now)
-
-
 def _append_rows(
     conn: _Connection,
     session_id: str,
     entries: Sequence[tuple[bytes, str | None]],
     now: float,
 ) -> int:
+    """Append `entries`, the body of a `_write` transaction; return the seq of the first."""
     cur = conn.cur
     first = _touch(cur, session_id, now)
     seq = first
@@ -762,15 +741,17 @@ class SqliteStore:
         idempotency_key: str | None,
         prompt_digest: bytes | None,
     ) -> InsertOutcome:
+        now = self._clock()
         return await self._call(
-            functools.partial(
-                _insert_user_message,
-                session_id=session_id,
-                message_id=message_id,
-                update=update,
-                key=idempotency_key,
-                digest=prompt_digest,
-                now=self._clock(),
+            lambda conn: _write(
+                conn,
+                _insert_user_row,
+                session_id,
+                message_id,
+                update,
+                idempotency_key,
+                prompt_digest,
+                now,
             ),
             inline=True,
         )
@@ -783,10 +764,9 @@ class SqliteStore:
     async def append_update(
         self, session_id: str, update: bytes, *, message_id: str | None = None
     ) -> int:
+        now = self._clock()
         return await self._call(
-            functools.partial(
-                _append, session_id=session_id, entries=((update, message_id),), now=self._clock()
-            ),
+            lambda conn: _write(conn, _append_rows, session_id, ((update, message_id),), now),
             inline=True,
         )
 
@@ -805,8 +785,9 @@ class SqliteStore:
 
             await self._call(exists, inline=True)
             return []
+        now = self._clock()
         first = await self._call(
-            functools.partial(_append, session_id=session_id, entries=entries, now=self._clock()),
+            lambda conn: _write(conn, _append_rows, session_id, entries, now),
             inline=True,
         )
         return list(range(first, first + len(entries)))
