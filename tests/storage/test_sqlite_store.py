@@ -26,7 +26,7 @@ from acp_once.storage.sqlite import FIND_KEY_SQL
 from acp_once.storage.wal import enable_wal
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable
+    from collections.abc import Awaitable, Callable
     from pathlib import Path
 
 
@@ -443,6 +443,30 @@ async def test_find_key_is_an_index_lookup(tmp_path: Path) -> None:
         assert scan > 100 * big, (scan, big)
 
 
+async def _insert_waits_until_released(
+    store: SqliteStore, *, check: Callable[[], Awaitable[None]], release: Callable[[], object]
+) -> None:
+    """Start a keyed insert that must block (in the worker thread, not on the event loop);
+    once it waits, run `check`, then `release` what blocks it; it must then write exactly
+    once."""
+    done = anyio.Event()
+
+    async def write() -> None:
+        await _insert(store, "m1", "key-1")
+        done.set()
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(write)
+            await anyio.wait_all_tasks_blocked()
+            assert not done.is_set()  # waiting, in the thread
+            await check()
+            release()
+            await done.wait()
+    assert await store.count_user_messages("sess_1") == 1
+    assert await store.find_key("sess_1", "key-1") == KeyRecord("m1", b"digest")
+
+
 @pytest.mark.anyio
 async def test_inline_write_waits_in_the_thread_while_another_connection_writes(
     tmp_path: Path,
@@ -456,24 +480,15 @@ async def test_inline_write_waits_in_the_thread_while_another_connection_writes(
         other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         try:
             other.execute("BEGIN IMMEDIATE")  # another process is writing
-            done = anyio.Event()
 
-            async def write() -> None:
-                await _insert(store, "m1", "key-1")
-                done.set()
+            async def still_writing() -> None:
+                assert await anyio.to_thread.run_sync(lambda: other.in_transaction)
 
-            with anyio.fail_after(10):
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(write)
-                    await anyio.wait_all_tasks_blocked()
-                    assert not done.is_set()  # waiting for the lock, in the thread
-                    assert await anyio.to_thread.run_sync(lambda: other.in_transaction)
-                    other.execute("COMMIT")
-                    await done.wait()
+            await _insert_waits_until_released(
+                store, check=still_writing, release=lambda: other.execute("COMMIT")
+            )
         finally:
             other.close()
-        assert await store.count_user_messages("sess_1") == 1
-        assert await store.find_key("sess_1", "key-1") == KeyRecord("m1", b"digest")
 
 
 @pytest.mark.anyio
@@ -571,25 +586,16 @@ async def test_calls_wait_in_the_thread_while_a_restart_holds_writers_off(
         await store.create_session(_record())
         checkpointer.restarting.acquire()  # as the checkpoint thread does around a RESTART
         try:
-            done = anyio.Event()
 
-            async def write() -> None:
-                await _insert(store, "m1", "key-1")
-                done.set()
+            async def in_the_thread() -> None:
+                assert store._thread_calls == 1  # pyright: ignore[reportPrivateUsage]
 
-            with anyio.fail_after(10):
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(write)
-                    await anyio.wait_all_tasks_blocked()
-                    assert not done.is_set()
-                    assert store._thread_calls == 1  # pyright: ignore[reportPrivateUsage]
-                    checkpointer.restarting.release()
-                    await done.wait()
+            await _insert_waits_until_released(
+                store, check=in_the_thread, release=checkpointer.restarting.release
+            )
         finally:
             if checkpointer.restarting.locked():
                 checkpointer.restarting.release()
-        assert await store.count_user_messages("sess_1") == 1
-        assert await store.find_key("sess_1", "key-1") == KeyRecord("m1", b"digest")
 
 
 def test_openers_racing_on_a_new_file_both_get_wal(tmp_path: Path) -> None:
