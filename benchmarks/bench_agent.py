@@ -258,43 +258,22 @@ class RawDriven:
         assert isinstance(session_id, str)
         return session_id
 
-    def turn(self, session_id: str, *, key: str | None) -> None:
-        params: dict[str, Any] = {
-            "sessionId": session_id,
-            "prompt": [{"type": "text", "text": TEXT}],
-        }
-        if key is not None:
-            params["idempotencyKey"] = key
-        request_id = self._send("session/prompt", params)
-        answered = idle = False
-        while not (answered and idle):
-            message = self._read()
-            if message.get("id") == request_id and "method" not in message:
-                if "result" not in message:
-                    raise RuntimeError(f"{self.name}: session/prompt failed: {message}")
-                answered = True
-            elif message.get("method") == "session/update":
-                update = message["params"]["update"]
-                idle = update.get("sessionUpdate") == "state_update" and update.get("state") == (
-                    "idle"
-                )
-
     def cpu_seconds(self) -> float | None:
         return process_cpu_seconds(self.proc.pid)
 
-    def turns_at_once(self, session_ids: Sequence[str], *, keyed: bool) -> None:
-        """One echo turn in each session, all prompts sent in one write, then read until every
-        prompt is answered and every session is idle again."""
+    def turns_at_once(self, session_ids: Sequence[str], keys: Sequence[str | None]) -> None:
+        """One echo turn in each session (with its key, or none), all prompts sent in one
+        write, then read until every prompt is answered and every session is idle again."""
         waiting: dict[int, str] = {}
         frames: list[bytes] = []
-        for session_id in session_ids:
+        for session_id, key in zip(session_ids, keys, strict=True):
             self._next_id += 1
             params: dict[str, Any] = {
                 "sessionId": session_id,
                 "prompt": [{"type": "text", "text": TEXT}],
             }
-            if keyed:
-                params["idempotencyKey"] = str(uuid.uuid4())
+            if key is not None:
+                params["idempotencyKey"] = key
             frame = {"jsonrpc": "2.0", "id": self._next_id, "method": "session/prompt"}
             frames.append(orjson.dumps({**frame, "params": params}))
             waiting[self._next_id] = session_id
@@ -311,14 +290,16 @@ class RawDriven:
                 if update.get("sessionUpdate") == "state_update" and update.get("state") == "idle":
                     busy.discard(message["params"]["sessionId"])
 
-    def measure_concurrent(self, session_ids: Sequence[str], n: int, *, keyed: bool) -> Rate:
-        """n echo turns spread over the sessions, one turn per session at a time (a client
-        with several sessions busy at once): figures per turn."""
+    def measure(self, session_ids: Sequence[str], n: int, *, keyed: bool) -> Rate:
+        """n echo turns spread over the sessions, one turn per session at a time: one session
+        is the plain sequential case, several are a client with several sessions busy at once.
+        Figures per turn; the keys are made before the clock starts."""
         rounds = max(1, n // len(session_ids))
+        keys = [[_key(keyed) for _ in session_ids] for _ in range(rounds)]
         agent_cpu0, client_cpu0 = self.cpu_seconds(), time.process_time()
         start = time.perf_counter()
-        for _ in range(rounds):
-            self.turns_at_once(session_ids, keyed=keyed)
+        for round_keys in keys:
+            self.turns_at_once(session_ids, round_keys)
         elapsed = time.perf_counter() - start
         agent_cpu1, client_cpu1 = self.cpu_seconds(), time.process_time()
         turns = rounds * len(session_ids)
@@ -328,22 +309,6 @@ class RawDriven:
             else (agent_cpu1 - agent_cpu0) / turns * 1e6
         )
         return Rate(turns / elapsed, agent_us, (client_cpu1 - client_cpu0) / turns * 1e6)
-
-    def measure(self, session_id: str, n: int, *, keyed: bool) -> Rate:
-        """n full echo turns, one at a time."""
-        keys = [_key(keyed) for _ in range(n)]
-        agent_cpu0, client_cpu0 = self.cpu_seconds(), time.process_time()
-        start = time.perf_counter()
-        for key in keys:
-            self.turn(session_id, key=key)
-        elapsed = time.perf_counter() - start
-        agent_cpu1, client_cpu1 = self.cpu_seconds(), time.process_time()
-        agent_us = (
-            None
-            if agent_cpu0 is None or agent_cpu1 is None
-            else (agent_cpu1 - agent_cpu0) / n * 1e6
-        )
-        return Rate(n / elapsed, agent_us, (client_cpu1 - client_cpu0) / n * 1e6)
 
 
 @contextmanager
@@ -477,10 +442,10 @@ async def bench_stores_raw(n: int, rounds: int, tmp: Path) -> dict[str, Rate]:
         for store, agent in (("memory", memory), ("sqlite", sqlite)):
             for keyed in (False, True):
                 sid = agent.new_session()
-                agent.measure(sid, min(n, 300), keyed=keyed)  # warm up
+                agent.measure([sid], min(n, 300), keyed=keyed)  # warm up
 
                 async def case(agent: RawDriven = agent, sid: str = sid, k: bool = keyed) -> Rate:
-                    return agent.measure(sid, n, keyed=k)
+                    return agent.measure([sid], n, keyed=k)
 
                 cases[f"{store}/{'keyed' if keyed else 'unkeyed'}"] = case
         return await alternate(rounds, cases)
@@ -789,12 +754,6 @@ async def bench_ts_raw(n: int, rounds: int, tmp: Path, sessions: int = 1) -> dic
         raw_driven("reference/memory", reference_command("memory:", tmp / f"fx{sessions}")) as ref,
         raw_driven("typescript", [node, str(TS_AGENT)], cwd=TS_DIR) as ts,
     ):
-
-        def turns(agent: RawDriven, sids: list[str], count: int, *, keyed: bool) -> Rate:
-            if len(sids) == 1:
-                return agent.measure(sids[0], count, keyed=keyed)
-            return agent.measure_concurrent(sids, count, keyed=keyed)
-
         ref_plain = [ref.new_session() for _ in range(sessions)]
         ref_keyed = [ref.new_session() for _ in range(sessions)]
         ts_sids = [ts.new_session() for _ in range(sessions)]
@@ -803,16 +762,16 @@ async def bench_ts_raw(n: int, rounds: int, tmp: Path, sessions: int = 1) -> dic
             (ref, ref_keyed, True),
             (ts, ts_sids, False),
         ):
-            turns(agent, sids, min(n, 300), keyed=keyed)  # warm up (the JIT, imports)
+            agent.measure(sids, min(n, 300), keyed=keyed)  # warm up (the JIT, imports)
 
         async def ref_unkeyed() -> Rate:
-            return turns(ref, ref_plain, n, keyed=False)
+            return ref.measure(ref_plain, n, keyed=False)
 
         async def ref_with_key() -> Rate:
-            return turns(ref, ref_keyed, n, keyed=True)
+            return ref.measure(ref_keyed, n, keyed=True)
 
         async def ts_unkeyed() -> Rate:
-            return turns(ts, ts_sids, n, keyed=False)
+            return ts.measure(ts_sids, n, keyed=False)
 
         return await alternate(
             rounds, {REF_PLAIN: ref_unkeyed, REF_KEYED: ref_with_key, TS_PLAIN: ts_unkeyed}

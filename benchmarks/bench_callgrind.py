@@ -40,16 +40,13 @@ def count(n: int, store: str, *, keyed: bool, sessions: int, loop: str) -> float
         agent = RawDriven("reference", command)
         try:
             first = agent.new_session()
-            agent.measure(first, 200, keyed=keyed)
+            agent.measure([first], 200, keyed=keyed)
             ids = [agent.new_session() for _ in range(sessions)]
             control = shutil.which("callgrind_control") or "callgrind_control"
             subprocess.run(
                 [control, "-i", "on", str(agent.proc.pid)], check=True, capture_output=True
             )
-            if sessions > 1:
-                agent.measure_concurrent(ids, n, keyed=keyed)
-            else:
-                agent.measure(ids[0], n, keyed=keyed)
+            agent.measure(ids, n, keyed=keyed)
             subprocess.run(
                 [control, "-i", "off", str(agent.proc.pid)], check=True, capture_output=True
             )
@@ -60,7 +57,7 @@ def count(n: int, store: str, *, keyed: bool, sessions: int, loop: str) -> float
             for line in part.read_text(encoding="utf-8", errors="replace").splitlines():
                 if line.startswith(("summary:", "totals:")):
                     total = max(total, int(line.split()[1]))
-        turns = n if sessions == 1 else (n // sessions) * sessions
+        turns = max(1, n // sessions) * sessions  # whole rounds, as `measure` runs them
         return total / turns
 
 
