@@ -11,6 +11,13 @@ from acp_once.client import Client
 from acp_once.protocol import schema as s
 
 
+def initialize_request(name: str = "test-client") -> s.InitializeRequest:
+    """An `initialize` request of a v2 client named `name`."""
+    return s.InitializeRequest.model_validate(
+        {"protocolVersion": 2, "info": {"name": name, "version": "1"}}
+    )
+
+
 class UpdateRecorder(Client):
     """Keeps every `session/update` (as wire dicts, `{"sessionId", "update"}`) and lets a test
     wait for a condition on them without sleeping."""

@@ -15,18 +15,14 @@ import anyio
 import pytest
 
 from acp_once.cli import _eventloop
-from acp_once.client import Client, ClientSideConnection
+from acp_once.client import ClientSideConnection
 from acp_once.protocol import schema as s
 from acp_once.transports.stdio import spawn
+from tests.helpers import UpdateRecorder, initialize_request
 
 pytestmark = pytest.mark.anyio
 
 TIMEOUT = 30
-
-
-class _Quiet(Client):
-    async def session_update(self, params: s.UpdateSessionNotification) -> None:
-        return None
 
 
 def test_loop_name_follows_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -37,12 +33,6 @@ def test_loop_name_follows_the_environment(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.delenv("ACP_ONCE_LOOP")
     # uvloop is a dependency everywhere but on Windows
     assert _eventloop.loop_name() == ("asyncio" if sys.platform == "win32" else "uvloop")
-
-
-def _init() -> s.InitializeRequest:
-    return s.InitializeRequest.model_validate(
-        {"protocolVersion": 2, "info": {"name": "test-client", "version": "1"}}
-    )
 
 
 def _maps_uvloop(pid: int) -> bool:
@@ -61,9 +51,9 @@ async def test_the_agent_runs_on_the_chosen_loop_and_keeps_a_key(loop: str, tmp_
     with anyio.fail_after(TIMEOUT):
         async with (
             spawn(command, env=env) as proc,
-            ClientSideConnection(_Quiet(), proc.frames) as conn,
+            ClientSideConnection(UpdateRecorder(), proc.frames) as conn,
         ):
-            await conn.agent.initialize(_init())
+            await conn.agent.initialize(initialize_request())
             session = await conn.agent.new_session(s.NewSessionRequest(cwd=str(tmp_path)))
             request = s.PromptRequest.model_validate(
                 {

@@ -21,6 +21,7 @@ from acp_once.protocol.errors import (
 )
 from acp_once.rpc.errors import ConnectionClosed
 from acp_once.transports.stdio import AgentProcess, spawn
+from tests.helpers import initialize_request
 
 pytestmark = pytest.mark.anyio
 
@@ -65,12 +66,6 @@ def _text(notification: s.UpdateSessionNotification) -> str:
     return block.text
 
 
-def _init() -> s.InitializeRequest:
-    return s.InitializeRequest.model_validate(
-        {"protocolVersion": 2, "info": {"name": "test-client", "version": "1"}}
-    )
-
-
 def _prompt(session_id: str, text: str) -> s.PromptRequest:
     return s.PromptRequest.model_validate(
         {"sessionId": session_id, "prompt": [{"type": "text", "text": text}]}
@@ -78,7 +73,7 @@ def _prompt(session_id: str, text: str) -> s.PromptRequest:
 
 
 async def _ready(conn: ClientSideConnection) -> str:
-    init = await conn.agent.initialize(_init())
+    init = await conn.agent.initialize(initialize_request())
     assert init.protocol_version == 2
     new = await conn.agent.new_session(s.NewSessionRequest(cwd="/tmp"))
     return new.session_id
@@ -109,7 +104,7 @@ async def test_requests_before_initialize_are_refused_then_initialize_works() ->
             assert session_id.startswith("sess_")
             # initialize after another request: -32600
             with pytest.raises(Exception) as again:
-                await conn.agent.initialize(_init())
+                await conn.agent.initialize(initialize_request())
             assert getattr(again.value, "code", None) == INVALID_REQUEST
 
 
