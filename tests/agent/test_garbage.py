@@ -11,7 +11,9 @@ from __future__ import annotations
 import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -25,6 +27,10 @@ from tests.helpers import UpdateRecorder, initialize_request
 pytestmark = pytest.mark.anyio
 
 TURNS = 200
+
+
+def _turns_ended(n: int, updates: list[dict[str, Any]]) -> bool:
+    return sum(u.get("stopReason") == "end_turn" for u in updates) >= n
 
 
 @contextmanager
@@ -60,9 +66,7 @@ async def test_echo_turns_leave_no_cyclic_garbage(tmp_path: Path, keyed: bool) -
                     if keyed:
                         params["idempotencyKey"] = f"key-{i}"
                     await conn.rpc.request("session/prompt", params)
-                    await recorder.wait_for(
-                        lambda u, n=i + 1: sum(x.get("stopReason") == "end_turn" for x in u) >= n
-                    )
+                    await recorder.wait_for(partial(_turns_ended, i + 1))
 
             await turns(10, 0)  # warm up: caches, pooled tasks
             with collector_off():
