@@ -30,7 +30,7 @@ TURNS = 200
 
 
 def _turns_ended(n: int, updates: list[dict[str, Any]]) -> bool:
-    return sum(u.get("stopReason") == "end_turn" for u in updates) >= n
+    return sum(1 for u in updates if u.get("stopReason") == "end_turn") >= n
 
 
 @contextmanager
