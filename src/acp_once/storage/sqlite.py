@@ -104,15 +104,19 @@ _AFTER_CURSOR: Final = "(updated_at < ? OR (updated_at = ? AND session_id > ?))"
 # as `session/list` shows `updatedAt` in whole seconds.
 BUMP_RESOLUTION: Final = 1.0
 """Seconds within which a write leaves `updated_at` as it is (see `_touch`)."""
-_TOUCH_SESSION: Final = (
-    "UPDATE sessions SET updated_at = ?1"
-    f" WHERE session_id = ?2 AND updated_at <= ?1 - {BUMP_RESOLUTION!r}"
+_BUMP_SESSION: Final = "UPDATE sessions SET updated_at = ? WHERE session_id = ?"
+# The session's `updated_at` and its next `seq` in one statement (no row: no such session):
+# with the bump decided in Python from it, a write runs one statement before its INSERTs where
+# it ran three (a bump that matched no row, a check that the session exists, the next seq).
+_SESSION_FOR_WRITE: Final = (
+    "SELECT updated_at,"
+    " (SELECT COALESCE(MAX(seq), 0) + 1 FROM timeline WHERE session_id = ?1)"
+    " FROM sessions WHERE session_id = ?1"
 )
 
 FIND_KEY_SQL: Final = (
     "SELECT message_id, prompt_digest FROM timeline WHERE session_id = ? AND idempotency_key = ?"
 )
-_NEXT_SEQ: Final = "SELECT COALESCE(MAX(seq), 0) + 1 FROM timeline WHERE session_id = ?"
 # One INSERT per shape, with the absent values as literals: the stdlib module binds `None` and
 # `bytes` parameters through its adaptation protocol, whose failed `__adapt__` lookup raises
 # and clears an AttributeError each time (~2,500 instructions per parameter on 3.11).
@@ -368,14 +372,17 @@ def _insert_session(conn: _Connection, record: SessionRecord) -> None:
 
 def _touch(cur: sqlite3.Cursor, session_id: str, now: float) -> int:
     """Bump `updated_at` (unless it is within `BUMP_RESOLUTION` of `now`) and return the next
-    `seq` of the session (inside a write)."""
-    if (
-        cur.execute(_TOUCH_SESSION, (now, session_id)).rowcount == 0
-        and cur.execute(_SESSION_EXISTS, (session_id,)).fetchone() is None
-    ):
+    `seq` of the session (inside a write).
+
+    Raises:
+        SessionMissing: no such session.
+    """
+    row: tuple[float, int] | None = cur.execute(_SESSION_FOR_WRITE, (session_id,)).fetchone()
+    if row is None:
         raise SessionMissing(session_id)
-    row: tuple[int] = cur.execute(_NEXT_SEQ, (session_id,)).fetchone()
-    return row[0]
+    if row[0] <= now - BUMP_RESOLUTION:
+        cur.execute(_BUMP_SESSION, (now, session_id))
+    return row[1]
 
 
 def _find_key(cur: sqlite3.Cursor, session_id: str, key: str) -> KeyRecord | None:
