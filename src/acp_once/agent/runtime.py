@@ -32,7 +32,7 @@ import hashlib
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, Self
@@ -54,7 +54,7 @@ from acp_once.protocol.errors import (
 from acp_once.protocol.initialization import PROTOCOL_VERSION, negotiate_version
 from acp_once.rpc.connection import unwrap_single_exception
 from acp_once.rpc.errors import ConnectionClosed
-from acp_once.rpc.tasks import TaskPool
+from acp_once.rpc.tasks import TaskPool, cancel_scope_factory
 from acp_once.storage.base import (
     FencingError,
     InvalidCursor,
@@ -254,6 +254,7 @@ class SessionAgent(Agent):
         self.info = {"name": name, "version": version}
         self._sessions: dict[str, _Session] = {}
         self._tg: TaskGroup | None = None
+        self._new_scope: Callable[[], anyio.CancelScope] = anyio.CancelScope
         self._cluster: PostgresCoordinator | None = None
         if coordinator is not None:
             self.use_coordinator(coordinator)
@@ -293,6 +294,7 @@ class SessionAgent(Agent):
     async def __aenter__(self) -> Self:
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
+        self._new_scope = cancel_scope_factory()
         if self._cluster is not None:
             try:
                 await self._cluster.start(self, self._tg)
@@ -671,7 +673,7 @@ class SessionAgent(Agent):
                 turn = session.turns.popleft()
                 # the scope exists from the moment the turn leaves the queue, so a cancel that
                 # arrives before the turn got going still stops it
-                session.turn_scope = anyio.CancelScope()
+                session.turn_scope = self._new_scope()
                 idle = await self._run_one(session, turn, context, session.turn_scope)
                 # a cancelled turn always ends with its idle update (digest 5.5), even when a
                 # prompt sent after the cancel is already waiting

@@ -50,7 +50,7 @@ from acp_once.protocol.initialization import CANCEL_REQUEST
 from acp_once.protocol.jsonrpc import RequestId
 from acp_once.rpc.errors import ConnectionClosed, FrameTooLarge, RequestTimeout
 from acp_once.rpc.streams import FrameStream, NowaitFrameStream
-from acp_once.rpc.tasks import TaskPool
+from acp_once.rpc.tasks import TaskPool, cancel_scope_factory
 
 __all__ = [
     "Connection",
@@ -246,6 +246,7 @@ class Connection:
         self._pending: dict[RequestId, PendingCall] = {}
         self._inflight: dict[RequestId, RequestContext] = {}
         self._servers: TaskPool | None = None
+        self._new_scope: Callable[[], anyio.CancelScope] = anyio.CancelScope
         self._tg: TaskGroup | None = None
         self._closed = anyio.Event()
         self._close_reason: BaseException | None = None
@@ -256,6 +257,7 @@ class Connection:
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
         self._servers = TaskPool(self._tg, name=f"{self._name}-request")
+        self._new_scope = cancel_scope_factory()
         if self._nowait is not None:
             with contextlib.suppress(RuntimeError):  # not on asyncio: no outbox
                 self._call_soon = asyncio.get_running_loop().call_soon
@@ -595,10 +597,18 @@ class Connection:
                 await self._answer_quietly(jsonrpc.encode_error(msg.id, exc))
                 return
         ctx = RequestContext(
-            msg.id, msg.method, self, self._arrivals, cooperative=msg.method in self._cooperative
+            msg.id,
+            msg.method,
+            self,
+            self._arrivals,
+            cooperative=msg.method in self._cooperative,
+            scope=self._new_scope(),
         )
         self._inflight[msg.id] = ctx
-        await self._slots.acquire()
+        try:
+            self._slots.acquire_nowait()  # free (the common case): no checkpoint needed
+        except anyio.WouldBlock:
+            await self._slots.acquire()
         assert self._servers is not None
         self._servers.start_soon(self._serve, msg, ctx)
 

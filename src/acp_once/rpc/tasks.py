@@ -22,9 +22,19 @@ from typing import Any, ClassVar
 import anyio
 from anyio.abc import TaskGroup
 
-__all__ = ["TaskPool"]
+__all__ = ["TaskPool", "cancel_scope_factory"]
 
 _Call = tuple[Callable[..., Awaitable[Any]], tuple[Any, ...]]
+
+
+def cancel_scope_factory() -> Callable[[], anyio.CancelScope]:
+    """The running backend's cancel scope class, to make many scopes cheaply; call it in the
+    event loop.
+
+    `anyio.CancelScope()` looks the backend up at every call (~2.5 us on CPython 3.11, twice
+    per prompt turn); the class it returns makes the same scope in ~0.5 us.
+    """
+    return type(anyio.CancelScope())
 
 
 class _Parked:
