@@ -19,7 +19,7 @@ import pytest
 from acp_once.protocol.framing import LineFramer
 from acp_once.rpc.connection import Connection
 from acp_once.rpc.errors import ConnectionClosed
-from acp_once.rpc.tasks import TaskPool
+from acp_once.rpc.tasks import TaskPool, cancel_scope_factory
 from acp_once.transports.stdio import ByteStreamFrames, FdReceiveStream, FdSendStream
 
 pytestmark = pytest.mark.anyio
@@ -221,3 +221,24 @@ async def test_a_call_for_a_task_cancelled_while_parked_goes_elsewhere() -> None
             pool.start_soon(work, 2)  # raised InvalidStateError when handed to the parked task
             assert pool._idle == []
         assert ran[0] == 1
+
+
+async def test_scopes_from_the_factory_are_the_backends_own_and_cancel() -> None:
+    # cancel_scope_factory returns the class anyio.CancelScope() would build, called directly:
+    # a scope from it must nest, shield and cancel like any other.
+    new_scope = cancel_scope_factory()
+    reached: list[str] = []
+    with anyio.fail_after(TIMEOUT):
+        with new_scope() as outer:
+            assert isinstance(outer, anyio.CancelScope)
+            assert type(outer) is type(anyio.CancelScope())
+            with new_scope() as inner:
+                inner.cancel()
+                await anyio.lowlevel.checkpoint()
+                reached.append("not cancelled")  # pragma: no cover
+            assert inner.cancelled_caught
+            outer.cancel()
+            await anyio.lowlevel.checkpoint()
+            reached.append("not cancelled either")  # pragma: no cover
+        assert outer.cancelled_caught
+    assert reached == []

@@ -255,6 +255,7 @@ class SessionAgent(Agent):
         self._sessions: dict[str, _Session] = {}
         self._tg: TaskGroup | None = None
         self._new_scope: Callable[[], anyio.CancelScope] = anyio.CancelScope
+        self._pool: TaskPool | None = None  # the task group's, looked up once (a weak dict)
         self._cluster: PostgresCoordinator | None = None
         if coordinator is not None:
             self.use_coordinator(coordinator)
@@ -295,6 +296,7 @@ class SessionAgent(Agent):
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
         self._new_scope = cancel_scope_factory()
+        self._pool = TaskPool.of(self._tg)
         if self._cluster is not None:
             try:
                 await self._cluster.start(self, self._tg)
@@ -650,9 +652,9 @@ class SessionAgent(Agent):
             return
         session.worker = True
         session.running = True
-        assert self._tg is not None, "use SessionAgent as an async context manager"
+        assert self._pool is not None, "use SessionAgent as an async context manager"
         # a parked task of the group runs it when one waits: cheaper than a new task per turn
-        TaskPool.of(self._tg).start_soon(self._worker, session)
+        self._pool.start_soon(self._worker, session)
 
     async def _worker(self, session: _Session) -> None:
         context = TurnContext(self, session)
