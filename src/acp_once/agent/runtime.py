@@ -52,6 +52,8 @@ from acp_once.protocol.errors import (
     SessionNotFound,
 )
 from acp_once.protocol.initialization import PROTOCOL_VERSION, negotiate_version
+from acp_once.protocol.jsonrpc import encode_notification
+from acp_once.protocol.methods import SESSION_UPDATE
 from acp_once.rpc.connection import unwrap_single_exception
 from acp_once.rpc.errors import ConnectionClosed
 from acp_once.rpc.tasks import TaskPool, cancel_scope_factory
@@ -538,14 +540,15 @@ class SessionAgent(Agent):
                     session.held.append(pending)
                 else:
                     await self._insert(session, pending)
-        if ctx.request is not None:
-            request = ctx.request
-            request.on_cancel(lambda: self._on_cancel_request(session, pending))
         # No timeout here: a held prompt may wait as long as the turn before it runs. The wait
         # ends with insertion, a withdrawal ($/cancel_request, session/cancel, session/close),
         # or the end of the connection, which cancels this handler. Inserted at once (the
-        # common case): answer now, without a trip through the event loop.
+        # common case): answer now, without a trip through the event loop, and with no cancel
+        # callback (a cancel of an answered prompt changes nothing, R27).
         if pending.state != "done":
+            if ctx.request is not None:
+                request = ctx.request
+                request.on_cancel(lambda: self._on_cancel_request(session, pending))
             await pending.done.wait()
         if pending.error is not None:
             raise pending.error
@@ -832,12 +835,15 @@ class SessionAgent(Agent):
     async def _broadcast(self, session: _Session, update: dict[str, Any]) -> None:
         if self._cluster is not None:
             self._cluster.publish(session.id, update)
+        if not session.conns:
+            return
+        # encoded once, whatever the number of connections
+        frame = encode_notification(SESSION_UPDATE, {"sessionId": session.id, "update": update})
         for conn in list(session.conns.values()):
-            params = {"sessionId": session.id, "update": update}
             try:
                 # no coroutine when the frame can be queued at once (the common case)
-                if not conn.client.session_update_nowait(params):
-                    await conn.client.session_update(params)
+                if not conn.rpc.send_encoded_nowait(frame):
+                    await conn.rpc.send_encoded(frame)
             except ConnectionClosed:
                 session.conns.pop(conn.id, None)
 

@@ -385,11 +385,28 @@ class Connection:
         Raises:
             ConnectionClosed: the connection is closed.
         """
+        return self.send_encoded_nowait(jsonrpc.encode_notification(method, params))
+
+    def send_encoded_nowait(self, frame: bytes) -> bool:
+        """`notify_nowait` for a notification already encoded (`jsonrpc.encode_notification`),
+        so that one sent to several connections is encoded once; True when it was sent.
+
+        Raises:
+            ConnectionClosed: the connection is closed.
+        """
         if self._closed.is_set():
             raise ConnectionClosed("Connection is closed")
         if self._call_soon is None or self._rest is not None or self._send_lock.locked():
             return False
-        return self._queue(jsonrpc.encode_notification(method, params))
+        return self._queue(frame)
+
+    async def send_encoded(self, frame: bytes) -> None:
+        """`notify` for a notification already encoded (`jsonrpc.encode_notification`).
+
+        Raises:
+            ConnectionClosed: the connection is closed, or broke while sending.
+        """
+        await self._send(frame)
 
     def _write_outbox(self, frame: bytes | None) -> memoryview | None:
         """Write the outbox (and `frame`) without waiting; return the unwritten rest, if any."""
