@@ -3,7 +3,10 @@
 It is the executable definition of the contract (every backend must behave like it) and the
 default for stdio agents, where a record in memory is enough while the process lives (R39).
 
-Each session keeps its timeline as a list in `seq` order and a dict from idempotency key to
+Each session keeps its timeline as a list of `(seq, message_id, update)` tuples in `seq` order
+(a `TimelineEntry` is built when read: building one per write cost ~1 us, three times per echo
+turn, and plain tuples of atomic values drop out of the garbage collector's sight) and a dict
+from idempotency key to
 `KeyRecord`, so `find_key` is O(1) whatever the length of the history. The key lives only in
 that dict, never in a timeline entry, and a fork starts with an empty dict (R32, D15).
 
@@ -42,11 +45,14 @@ if TYPE_CHECKING:
 __all__ = ["MemoryStore"]
 
 
+_Row = tuple[int, str | None, bytes]  # seq, message_id, update
+
+
 @dataclass(slots=True)
 class _Session:
     stored: SessionRecord  # `updated_at` may be stale: the current value is `updated_at`
     updated_at: float
-    timeline: list[TimelineEntry] = field(default_factory=list)
+    timeline: list[_Row] = field(default_factory=list)
     keys: dict[str, KeyRecord] = field(default_factory=dict)
     user_messages: int = 0
 
@@ -67,17 +73,21 @@ class _Session:
         self.updated_at = record.updated_at
 
     def append(self, message_id: str | None, update: bytes) -> int:
-        seq = self.timeline[-1].seq + 1 if self.timeline else 1
+        seq = self.timeline[-1][0] + 1 if self.timeline else 1
         # A copy of its own size: orjson's output keeps the capacity it was built in (~4 KiB
         # for an update of ~150 bytes), which a store that keeps every update would keep too
         # (12 KiB of memory per echo turn instead of ~1).
         update = bytes(memoryview(update))
-        self.timeline.append(TimelineEntry(self.stored.session_id, seq, message_id, update))
+        self.timeline.append((seq, message_id, update))
         return seq
 
     def touch(self, now: float) -> None:
         if now > self.updated_at:
             self.updated_at = now
+
+
+def _seq(row: _Row) -> int:
+    return row[0]
 
 
 def _order(record: SessionRecord) -> tuple[float, str]:
@@ -182,10 +192,7 @@ class MemoryStore:
             raise SessionExists(new_record.session_id)
         fork = _Session.of(new_record)
         fork.user_messages = source.user_messages
-        fork.timeline = [
-            TimelineEntry(new_record.session_id, e.seq, e.message_id, e.update)
-            for e in source.timeline
-        ]
+        fork.timeline = list(source.timeline)  # rows hold no session id: shared as they are
         # No keys: in the fork, a key of the source names an unrelated submission.
         self._sessions[new_record.session_id] = fork
 
@@ -245,8 +252,8 @@ class MemoryStore:
         session = self._sessions.get(session_id)
         if session is None:
             return []
-        start = bisect.bisect_right(session.timeline, after_seq, key=lambda e: e.seq)
-        return session.timeline[start : start + limit]
+        start = bisect.bisect_right(session.timeline, after_seq, key=_seq)
+        return [TimelineEntry(session_id, *row) for row in session.timeline[start : start + limit]]
 
     async def read_timeline_tail(self, session_id: str, *, limit: int = 1) -> list[TimelineEntry]:
         check_limit(limit)
@@ -254,7 +261,7 @@ class MemoryStore:
         session = self._sessions.get(session_id)
         if session is None:
             return []
-        return session.timeline[-limit:]
+        return [TimelineEntry(session_id, *row) for row in session.timeline[-limit:]]
 
     async def count_user_messages(
         self, session_id: str, *, idempotency_key: str | None = None
