@@ -201,10 +201,11 @@ class _Session:
     """Per connection: arrival seq of its latest session/cancel or session/close (D33)."""
     stopped: anyio.Event | None = None
     """Set when the running worker ends; made only when someone waits for that."""
+    id: str = field(init=False)
+    """The session id (an attribute: read ~10 times per prompt turn)."""
 
-    @property
-    def id(self) -> str:
-        return self.record.session_id
+    def __post_init__(self) -> None:
+        self.id = self.record.session_id
 
 
 class SessionAgent(Agent):

@@ -249,6 +249,7 @@ class Connection:
         self._new_scope: Callable[[], anyio.CancelScope] = anyio.CancelScope
         self._tg: TaskGroup | None = None
         self._closed = anyio.Event()
+        self._is_closed = False  # _closed.is_set(), read without two calls on the send path
         self._close_reason: BaseException | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -309,6 +310,7 @@ class Connection:
             return
         self._close_reason = reason
         self._closed.set()
+        self._is_closed = True
         pending, self._pending = self._pending, {}
         for call in pending.values():
             call._resolve(
@@ -335,7 +337,7 @@ class Connection:
         Raises:
             ConnectionClosed: the connection is closed, or broke (or stalled) while sending.
         """
-        if self._closed.is_set():
+        if self._is_closed:
             raise ConnectionClosed("Connection is closed")
         try:
             written = False
@@ -394,7 +396,7 @@ class Connection:
         Raises:
             ConnectionClosed: the connection is closed.
         """
-        if self._closed.is_set():
+        if self._is_closed:
             raise ConnectionClosed("Connection is closed")
         if self._call_soon is None or self._rest is not None or self._send_lock.locked():
             return False
@@ -645,7 +647,7 @@ class Connection:
                 except Exception:
                     logger.exception("%s: handler for '%s' failed", self._name, msg.method)
                     frame = jsonrpc.encode_error(msg.id, InternalError())
-            if frame is None and not self._closed.is_set():
+            if frame is None and not self._is_closed:
                 # the scope was cancelled: by $/cancel_request, or by shutdown of the handler
                 frame = jsonrpc.encode_error(msg.id, RequestCancelled())
         finally:
