@@ -325,8 +325,8 @@ class Connection:
         """Write one whole frame, in order with every other frame of this connection.
 
         With a transport that can write without waiting (`NowaitFrameStream`) on asyncio, the
-        frame joins the outbox, which is written with one system call at the end of the next
-        turn of the event loop (see `_flush_outbox`; at most `_OUTBOX_LIMIT` bytes wait, a
+        frame joins the outbox, which is written with one system call after the current turn
+        of the event loop (see `_flush_outbox`; at most `_OUTBOX_LIMIT` bytes wait, a
         bigger frame is written at once with those before it). A write that has to wait for the
         peer is shielded: a frame cancelled half-way would leave a torn line that corrupts the
         stream for everything after it. It is bounded instead: a peer that reads nothing for
@@ -431,17 +431,15 @@ class Connection:
             if self._outbox:
                 self._rest = self._write_outbox(None)
 
-    def _flush_outbox(self, last: bool = False) -> None:
-        """End of an event loop turn: write what was queued during it.
+    def _flush_outbox(self) -> None:
+        """After the event loop turn in which frames were queued: write them, in one call.
 
-        The first call only runs again at the end of the next turn: the tasks that the
-        queueing task woke (a prompt's answer starts its turn) add their frames to the same
-        write, one system call and one wake-up of the peer instead of two.
+        Not one turn later, although the tasks that turn woke (a prompt's answer starts its
+        turn) would then add their frames to the same write: a prompt's answer is what tells a
+        client its message is in (the moment after which a retry is safe), so it goes out as
+        soon as it is ready, and the peer reads it while the turn's first updates are made.
+        Measured with the echo turn: one more system call, and a turn that ends sooner.
         """
-        if not last:
-            assert self._call_soon is not None
-            self._call_soon(self._flush_outbox, True)
-            return
         if not self._outbox or self._rest is not None or self._send_lock.locked():
             return  # a writer holds the lock and writes the outbox before its own frame
         try:
