@@ -6,9 +6,9 @@ default for stdio agents, where a record in memory is enough while the process l
 Each session keeps its timeline as a list of `(seq, message_id, update)` tuples in `seq` order
 (a `TimelineEntry` is built when read: building one per write cost ~1 us, three times per echo
 turn, and plain tuples of atomic values drop out of the garbage collector's sight) and a dict
-from idempotency key to
-`KeyRecord`, so `find_key` is O(1) whatever the length of the history. The key lives only in
-that dict, never in a timeline entry, and a fork starts with an empty dict (R32, D15).
+from idempotency key to `KeyRecord`, so `find_key` is O(1) whatever the length of the history.
+The key lives only in that dict, never in a timeline entry, and a fork starts with an empty
+dict (R32, D15).
 
 No lock: every method does all of its work synchronously, without awaiting, so on the
 single-threaded event loop each call is atomic (no other task can run in the middle of it) and
