@@ -29,7 +29,7 @@ from acp_once.protocol.framing import FrameEvent
 from acp_once.rpc.errors import ConnectionClosed
 from acp_once.storage import open_store
 from acp_once.transports.stdio import ByteStreamFrames, spawn
-from tests.helpers import UpdateRecorder
+from tests.helpers import UpdateRecorder, initialize_request
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -115,11 +115,7 @@ async def agent(
         async with spawn(env.command(*extra), env=child_env, stderr=errfile.fileno()) as proc:
             tap = Tap(proc.frames)
             async with ClientSideConnection(recorder, tap) as conn:
-                await conn.agent.initialize(
-                    s.InitializeRequest.model_validate(
-                        {"protocolVersion": 2, "info": {"name": "tests", "version": "1"}}
-                    )
-                )
+                await conn.agent.initialize(initialize_request("tests"))
                 yield conn, recorder, tap
 
 
@@ -449,11 +445,7 @@ async def test_work_interrupted_by_a_crash_is_reported_once_as_an_error_stop(env
             spawn(env.command()) as proc,
             ClientSideConnection(first := UpdateRecorder(), proc.frames) as conn,
         ):
-            await conn.agent.initialize(
-                s.InitializeRequest.model_validate(
-                    {"protocolVersion": 2, "info": {"name": "tests", "version": "1"}}
-                )
-            )
+            await conn.agent.initialize(initialize_request("tests"))
             sid = await new_session(conn)
             await prompt(conn, sid, "long [work:60]", KEY)
             await first.wait_for(lambda ups: any(u.get("state") == "running" for u in ups))

@@ -21,7 +21,7 @@ from acp_once.protocol import schema as s
 from acp_once.protocol.errors import REQUEST_CANCELLED, RESOURCE_NOT_FOUND, AcpError
 from acp_once.storage import MemoryStore, SessionStore
 from acp_once.testing import connected
-from tests.helpers import UpdateRecorder
+from tests.helpers import UpdateRecorder, initialize_request
 
 pytestmark = pytest.mark.anyio
 
@@ -44,11 +44,7 @@ async def client(
     agent: ReferenceAgent, recorder: Client | None = None
 ) -> AsyncIterator[ClientSideConnection]:
     async with connected(agent, recorder) as conn:
-        await conn.agent.initialize(
-            s.InitializeRequest.model_validate(
-                {"protocolVersion": 2, "info": {"name": "t", "version": "1"}}
-            )
-        )
+        await conn.agent.initialize(initialize_request("t"))
         yield conn
 
 

@@ -29,6 +29,7 @@ from acp_once.rpc.connection import PendingCall
 from acp_once.rpc.errors import TransportError
 from acp_once.storage import MemoryStore, SessionStore
 from acp_once.testing import connected
+from tests.helpers import initialize_request
 
 pytestmark = pytest.mark.anyio
 
@@ -125,11 +126,7 @@ class World:
         holder = Held()
         conn: ClientSideConnection = await self.tg.start(holder.run, lambda: connected(agent))
         self.conns[i], self.holders[i] = conn, holder
-        await conn.agent.initialize(
-            s.InitializeRequest.model_validate(
-                {"protocolVersion": 2, "info": {"name": "sm", "version": "1"}}
-            )
-        )
+        await conn.agent.initialize(initialize_request("sm"))
         for sid in self.sessions:  # a client resumes its sessions after reconnecting
             await conn.agent.resume_session(s.ResumeSessionRequest(session_id=sid, cwd="/w"))
         return conn

@@ -21,6 +21,7 @@ from acp_once.agent.runtime import HeldPolicy
 from acp_once.client.connection import ClientSideConnection
 from acp_once.protocol import schema as s
 from acp_once.storage.postgres import PostgresStore
+from tests.helpers import initialize_request
 
 
 @dataclass
@@ -55,11 +56,7 @@ async def node(
 
 
 async def initialize(conn: ClientSideConnection) -> None:
-    await conn.agent.initialize(
-        s.InitializeRequest.model_validate(
-            {"protocolVersion": 2, "info": {"name": "t", "version": "1"}}
-        )
-    )
+    await conn.agent.initialize(initialize_request("t"))
 
 
 def prompt_params(sid: str, text: str, key: str | None) -> dict[str, Any]:

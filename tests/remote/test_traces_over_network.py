@@ -35,7 +35,7 @@ from acp_once.rpc.errors import ConnectionClosed
 from acp_once.rpc.streams import FrameStream
 from acp_once.transports.http import CONNECTION_ID_HEADER, SESSION_ID_HEADER, connect_http
 from acp_once.transports.websocket import connect_websocket
-from tests.helpers import UpdateRecorder
+from tests.helpers import UpdateRecorder, initialize_request
 from tests.remote.harness import ServeProcess
 from tests.remote.test_websocket import FAST
 
@@ -70,11 +70,7 @@ class Net:
             frames as stream,
             ClientSideConnection(recorder or UpdateRecorder(), stream) as conn,
         ):
-            await conn.agent.initialize(
-                s.InitializeRequest.model_validate(
-                    {"protocolVersion": 2, "info": {"name": "traces", "version": "1"}}
-                )
-            )
+            await conn.agent.initialize(initialize_request("traces"))
             yield conn
 
 

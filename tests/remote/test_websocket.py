@@ -24,7 +24,7 @@ from acp_once.transports.websocket import (
     WebSocketRejected,
     connect_websocket,
 )
-from tests.helpers import UpdateRecorder
+from tests.helpers import UpdateRecorder, initialize_request
 from tests.remote.harness import Background, Running, listening_socket, running
 
 pytestmark = pytest.mark.anyio
@@ -43,11 +43,7 @@ async def session_conn(
         connect_websocket(url, token=token) as frames,
         ClientSideConnection(client or Client(), frames) as conn,
     ):
-        await conn.agent.initialize(
-            s.InitializeRequest.model_validate(
-                {"protocolVersion": 2, "info": {"name": "t", "version": "1"}}
-            )
-        )
+        await conn.agent.initialize(initialize_request("t"))
         yield frames, conn
 
 
