@@ -166,6 +166,12 @@ async def serve_nodes(
         for n in nodes[1:]:
             await n.ready()
         yield nodes
+    except BaseException:
+        # a failing test reports what each node did: pytest deletes old temporary directories,
+        # and with them the logs (an interrupted turn never run again: 3 of 24 runs, 2026-12-03)
+        for n in nodes:
+            print(f"--- node {n.name}, end of its log ---\n{n.log()[-20_000:]}", file=sys.stderr)
+        raise
     finally:
         for n in nodes:
             await n.close()
