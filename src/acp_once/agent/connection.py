@@ -41,16 +41,6 @@ class ClientPeer:
         """
         await self._conn.notify(m.SESSION_UPDATE, to_wire(params))
 
-    def session_update_nowait(self, params: s.UpdateSessionNotification | dict[str, Any]) -> bool:
-        """Send a `session/update` notification if that needs no waiting; True when sent.
-
-        False, with nothing sent, when it would have to wait: then await `session_update`.
-
-        Raises:
-            ConnectionClosed: the connection has ended.
-        """
-        return self._conn.notify_nowait(m.SESSION_UPDATE, to_wire(params))
-
     async def request_permission(
         self, params: s.RequestPermissionRequest, *, timeout: float | None = None
     ) -> s.RequestPermissionResponse:

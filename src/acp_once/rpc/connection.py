@@ -376,22 +376,15 @@ class Connection:
             self._call_soon(self._flush_outbox)
         return True
 
-    def notify_nowait(self, method: str, params: Any = None) -> bool:
-        """Send a notification if that needs no waiting; True when it was sent.
+    def send_encoded_nowait(self, frame: bytes) -> bool:
+        """Send a notification already encoded (`jsonrpc.encode_notification`) if that needs no
+        waiting; True when it was sent.
 
         It is queued in the outbox like any frame (same order, same write). False, with
         nothing sent, when sending would have to wait (a write is in progress, the outbox is
-        full, or the transport has no outbox): then call `notify`. It spares a caller that
-        sends many small notifications (a turn's updates) the coroutine of each `notify`.
-
-        Raises:
-            ConnectionClosed: the connection is closed.
-        """
-        return self.send_encoded_nowait(jsonrpc.encode_notification(method, params))
-
-    def send_encoded_nowait(self, frame: bytes) -> bool:
-        """`notify_nowait` for a notification already encoded (`jsonrpc.encode_notification`),
-        so that one sent to several connections is encoded once; True when it was sent.
+        full, or the transport has no outbox): then await `send_encoded`. It spares a caller
+        that sends many small notifications (a turn's updates) a coroutine each, and one sent
+        to several connections is encoded once.
 
         Raises:
             ConnectionClosed: the connection is closed.
