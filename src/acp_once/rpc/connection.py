@@ -249,7 +249,7 @@ class Connection:
         self._new_scope: Callable[[], anyio.CancelScope] = anyio.CancelScope
         self._tg: TaskGroup | None = None
         self._closed = anyio.Event()
-        self._is_closed = False  # _closed.is_set(), read without two calls on the send path
+        self._is_closed = False  # the state, read on the send path; _closed is for waiters
         self._close_reason: BaseException | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -299,14 +299,14 @@ class Connection:
     @property
     def closed(self) -> bool:
         """True once the peer went away or the connection was closed."""
-        return self._closed.is_set()
+        return self._is_closed
 
     async def wait_closed(self) -> None:
         """Wait until the connection has ended (peer gone or closed locally)."""
         await self._closed.wait()
 
     def _shutdown(self, reason: BaseException) -> None:
-        if self._closed.is_set():
+        if self._is_closed:
             return
         self._close_reason = reason
         self._closed.set()
