@@ -15,10 +15,13 @@ from typing import Any
 import anyio
 import pytest
 
+from acp_once.agent.connection import AgentSideConnection
 from acp_once.agent.reference import ReferenceAgent
+from acp_once.agent.runtime import Turn, TurnContext
 from acp_once.client import Client, ClientSideConnection
 from acp_once.protocol import schema as s
 from acp_once.protocol.errors import REQUEST_CANCELLED, RESOURCE_NOT_FOUND, AcpError
+from acp_once.rpc.streams import memory_pair
 from acp_once.storage import MemoryStore, SessionStore
 from acp_once.testing import connected
 from tests.helpers import UpdateRecorder, initialize_request
@@ -163,6 +166,67 @@ async def test_held_prompt_kept_while_a_waiter_remains_on_a_live_connection(tmp_
             message_id = (await retry.result())["messageId"]
             assert await prompt(b, sid, "held") == message_id
             assert await agent.store.count_user_messages(sid, idempotency_key=KEY) == 1
+
+
+async def test_a_stored_prompt_whose_connection_closes_before_its_answer_still_runs(
+    tmp_path: Path,
+) -> None:
+    """R27: once inserting, insertion wins. The connection closes after the commit, while the
+    handler waits in `after_insert` (the engine cancels a closed connection's handlers): the
+    turn must run all the same, and a keyed retry elsewhere gets the stored id. Before the
+    fix the message stayed stored with no turn, and the retry got its id as if all was well."""
+
+    class Slow(ReferenceAgent):
+        release = anyio.Event()
+        stored = anyio.Event()
+        finished = anyio.Event()
+        ran: list[str]
+
+        async def after_insert(self, session_id: str, message_id: str) -> None:
+            self.stored.set()
+            await self.release.wait()
+
+        async def run_turn(self, turn: Turn, emit: TurnContext) -> str:
+            self.ran.append(turn.message_id)
+            try:
+                return await super().run_turn(turn, emit)
+            finally:
+                self.finished.set()
+
+    with anyio.fail_after(10):
+        async with MemoryStore() as store, Slow(store, side_effects=tmp_path / "fx") as agent:
+            agent.ran = []
+            agent.release, agent.stored, agent.finished = (
+                anyio.Event(),
+                anyio.Event(),
+                anyio.Event(),
+            )
+            agent_end, client_end = memory_pair(64)
+            async with (
+                anyio.create_task_group() as tg,
+                AgentSideConnection(agent, agent_end) as served,
+            ):
+
+                async def release_once_closed() -> None:
+                    await served.wait_closed()  # its handlers are cancelled by now
+                    agent.release.set()
+
+                tg.start_soon(release_once_closed)
+                async with ClientSideConnection(Client(), client_end) as first:
+                    await first.agent.initialize(initialize_request("t"))
+                    sid = (await first.agent.new_session(s.NewSessionRequest(cwd="/w"))).session_id
+                    await first.rpc.start_request("session/prompt", params(sid, "deploy [tool]"))
+                    await agent.stored.wait()
+                # the client's end is closed: the agent's connection ends before the answer
+            await agent.finished.wait()
+            stored = await store.find_key(sid, KEY)
+            assert stored is not None and agent.ran == [stored.message_id]
+            agent.stored = anyio.Event()
+            async with client(agent) as second:
+                await resume(second, sid)
+                assert await prompt(second, sid, "deploy [tool]") == stored.message_id
+            assert await store.count_user_messages(sid) == 1
+            assert (tmp_path / "fx" / f"{sid}.log").read_text().split() == [stored.message_id]
 
 
 async def test_turn_failure_after_insertion_is_an_error_stop_not_an_error_answer(

@@ -289,10 +289,11 @@ async def test_a_write_cancelled_mid_call_finishes_its_transaction(tmp_path: Pat
         _raw(store).set_trace_callback(pause)
         scope = anyio.CancelScope()
         done = anyio.Event()
+        outcomes: list[InsertOutcome] = []
 
         async def victim() -> None:
             with scope:
-                await _insert(store, "m1", "key-1")
+                outcomes.append(await _insert(store, "m1", "key-1"))
             done.set()
 
         try:
@@ -309,6 +310,9 @@ async def test_a_write_cancelled_mid_call_finishes_its_transaction(tmp_path: Pat
         finally:
             pause.release.set()
 
+        # The caller learnt that it committed (the cancellation came after the call returned:
+        # a stored message its caller never heard of would get no turn)
+        assert outcomes == [InsertOutcome("m1", True, b"digest")]
         # The transaction committed as a whole: the message and its key, together.
         assert await store.find_key("sess_1", "key-1") == KeyRecord("m1", b"digest")
         assert [e.message_id for e in await store.read_timeline("sess_1")] == ["m1"]

@@ -637,11 +637,21 @@ class SessionAgent(Agent):
             else:
                 pending.finish(message_id=message_id)
             return
-        await self.after_insert(session.id, message_id)
-        pending.finish(message_id=message_id)
-        await self._broadcast(session, update)
-        session.turns.append(Turn(session.id, message_id, pending.prompt, live_only))
-        self._ensure_worker(session)
+        # Stored: from here on its turn must run and it must be answered, even if this handler
+        # is cancelled (its connection closed) in one of the two awaits below. Otherwise the
+        # message would stay stored with no work started, and a keyed retry would be answered
+        # with its id as if all was well (R19). Once inserting, insertion wins (R27).
+        try:
+            try:
+                await self.after_insert(session.id, message_id)
+            except Exception:  # a hook's failure is not the prompt's: it was inserted
+                logger.exception("session %s: after_insert failed", session.id)
+            pending.finish(message_id=message_id)
+            await self._broadcast(session, update)
+        finally:
+            pending.finish(message_id=message_id)
+            session.turns.append(Turn(session.id, message_id, pending.prompt, live_only))
+            self._ensure_worker(session)
 
     def _is_live_only(self, prompt: list[Any]) -> bool:
         first = prompt[0] if prompt else None

@@ -250,6 +250,12 @@ class SessionStore(Protocol):
         Otherwise the message is appended to the timeline and the key (if any) recorded with
         it in the same transaction, and `updated_at` is bumped.
 
+        Cancellation: once the commit is under way, the caller must learn its outcome. A store
+        whose insert can suspend shields its commit and what follows it, so a cancellation of
+        the caller (its connection closed) is delivered after the call returns, or before
+        anything was committed, never in between: a message stored without the caller knowing
+        would keep its key with no turn ever started for it.
+
         Raises:
             SessionMissing: the session does not exist.
         """

@@ -576,14 +576,16 @@ class SqliteStore:
         starts in the middle of it, and it never overtakes an earlier call.
 
         Cancellation: we keep `to_thread.run_sync`'s default `abandon_on_cancel=False`. A
-        cancelled caller then waits until the thread has finished, so every transaction has
-        committed or rolled back before the cancellation is delivered. Abandoning the thread
-        would release the limiter while the thread still works, letting the next call use the
-        same connection in the middle of a transaction (the encode/databases #460 bug class),
-        and the caller could not tell whether the write happened. The price: a cancelled
-        write may still complete (a cancelled `insert_user_message` may have inserted, which
-        a keyed retry then finds), and cancellation waits for at most one busy timeout. An
-        inline call cannot be cancelled half-way: it does not await.
+        thread call that waits for its turn is cancelled there, having run nothing. Once it
+        runs, a cancelled caller waits until the thread has finished and gets its result; the
+        cancellation is delivered at its next checkpoint. Every transaction has then
+        committed or rolled back, and the caller knows which (`SessionStore.insert_user_message`:
+        an insert committed while its caller was cancelled must not go unnoticed, or the
+        message would be stored with its turn never started). Abandoning the thread instead
+        would release the limiter while the thread still works, letting the next call use
+        the same connection in the middle of a transaction (the encode/databases #460 bug
+        class). The price: cancellation waits for at most one busy timeout. An inline call
+        cannot be cancelled half-way: it does not await.
         """
         checkpointer = self._checkpointer
         if (
@@ -611,6 +613,9 @@ class SqliteStore:
     async def _threaded(self, fn: Callable[[_Connection], _T]) -> _T:
         self._thread_calls += 1
         try:
+            # anyio's default (abandon_on_cancel=False): a call cancelled while it waits for
+            # the connection runs nothing; once it runs, the caller waits for it and gets its
+            # result, and the cancellation comes at the caller's next checkpoint (see `_call`)
             return await anyio.to_thread.run_sync(
                 functools.partial(self._in_thread, fn), limiter=self._limiter
             )
