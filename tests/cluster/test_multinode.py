@@ -17,6 +17,7 @@ from pathlib import Path
 
 import anyio
 import httpx
+import orjson
 import pytest
 
 from acp_once.client import Client, ClientSideConnection
@@ -168,7 +169,13 @@ async def test_three_nodes_cut_connections_retries_elsewhere_and_a_sigkill(
             def effects_done() -> bool:
                 return all(set(lines(tmp_path, sid)) == tools[sid] for sid in sessions)
 
-            await until(effects_done, 0.1)
+            with anyio.move_on_after(60):
+                await until(effects_done, 0.1)
+            if not effects_done():
+                # say which tool turns never ran, and what the timeline holds after them
+                async with PostgresStore.open(postgres_dsn, schema=schema, migrate=False) as store:
+                    report = await missing_effects(store, tmp_path, tools)
+                pytest.fail(f"tool turns never ran:\n{report}")
             for sid in sessions:
                 ran = lines(tmp_path, sid)
                 assert len(ran) == len(set(ran)) == len(tools[sid])  # each tool once
@@ -191,6 +198,22 @@ async def test_three_nodes_cut_connections_retries_elsewhere_and_a_sigkill(
             out = shown.stdout.decode()
             assert shown.returncode == 0, shown.stderr.decode()
             assert "n1" in out and "n3" in out and "sessions owned" in out
+
+
+async def missing_effects(store: PostgresStore, tmp: Path, tools: dict[str, set[str]]) -> str:
+    """Each tool message without its side effect: the timeline from it on (kinds and states),
+    so a failure says whether the turn started, ended, or was never queued."""
+    out = []
+    for sid, wanted in tools.items():
+        timeline = await store.read_timeline(sid)
+        for message_id in sorted(wanted - set(lines(tmp, sid))):
+            at = next(i for i, e in enumerate(timeline) if e.message_id == message_id)
+            kinds = [
+                f"{u.get('sessionUpdate')}:{u.get('state') or u.get('messageId') or ''}"
+                for u in (orjson.loads(e.update) for e in timeline[at:])
+            ]
+            out.append(f"{sid} {message_id}: {kinds}")
+    return "\n".join(out)
 
 
 def lines(tmp: Path, sid: str) -> list[str]:
