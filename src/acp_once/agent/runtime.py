@@ -102,6 +102,11 @@ def prompt_digest(prompt: Sequence[Any]) -> bytes:
         b.model_dump(by_alias=True, exclude_unset=True) if hasattr(b, "model_dump") else b
         for b in prompt
     ]
+    return _wire_digest(blocks)
+
+
+def _wire_digest(blocks: list[dict[str, Any]]) -> bytes:
+    """`prompt_digest` of content blocks already dumped to their wire form."""
     return hashlib.sha256(orjson.dumps(blocks, option=orjson.OPT_SORT_KEYS)).digest()
 
 
@@ -508,7 +513,7 @@ class SessionAgent(Agent):
         key = params.idempotency_key
         wire = [b.model_dump(by_alias=True, exclude_unset=True) for b in params.prompt]
         # only keyed prompts use their digest (and the cluster, which queues it with the row)
-        digest = prompt_digest(wire) if key is not None or self._cluster is not None else b""
+        digest = _wire_digest(wire) if key is not None or self._cluster is not None else b""
         conn_id = ctx.connection.id
         pending: _Pending | None = None
         async with session.lock:
