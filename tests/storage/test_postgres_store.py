@@ -433,9 +433,11 @@ async def _check_usable(store: PostgresStore, pool: AsyncConnectionPool[Any]) ->
 
 
 @postgres
-async def test_a_write_cancelled_inside_its_transaction_leaves_nothing(
+async def test_an_insert_whose_caller_is_cancelled_inside_its_transaction_completes(
     postgres_dsn: str, new_schema: Callable[[], str]
 ) -> None:
+    """`insert_user_message` is shielded: its caller learns whether the message was stored
+    (a stored message whose caller saw only a cancellation would never get its turn)."""
     app = f"acp-once-test-{uuid.uuid4().hex[:12]}"
     async with (
         _caller_pool(postgres_dsn, cursor_factory=_GatedCursor, application_name=app) as pool,
@@ -444,11 +446,13 @@ async def test_a_write_cancelled_inside_its_transaction_leaves_nothing(
         await store.create_session(_record())
         gate = _Gate("WITH ins AS", pause=True)  # after the session lock, before the INSERT
         scope = anyio.CancelScope()
+        outcomes: list[InsertOutcome] = []
 
         async def victim() -> None:
             _GATE.set(gate)
             with scope:
-                await _insert(store, "m1", "key-1")
+                outcomes.append(await _insert(store, "m1", "key-1"))
+                await anyio.sleep_forever()  # the cancellation lands here, after the outcome
 
         with anyio.fail_after(30):
             async with anyio.create_task_group() as tg:
@@ -456,21 +460,23 @@ async def test_a_write_cancelled_inside_its_transaction_leaves_nothing(
                 await gate.reached.wait()
                 assert "idle in transaction" in await _states(postgres_dsn, app)
                 scope.cancel()
+                await anyio.wait_all_tasks_blocked()
+                assert outcomes == []  # still inside its transaction, not abandoned
+                gate.release.set()
         assert scope.cancelled_caught
-
-        # Rolled back and returned idle (or discarded): no open transaction, no held lock.
+        assert outcomes == [InsertOutcome("m1", True, b"digest")]
+        assert await store.find_key("sess_1", "key-1") == KeyRecord("m1", b"digest")
         assert set(await _states(postgres_dsn, app)) <= {"idle"}
-        assert await store.find_key("sess_1", "key-1") is None
-        assert await store.count_user_messages("sess_1") == 0
-        assert await _insert(store, "m2", "key-1") == InsertOutcome("m2", True, b"digest")
-        assert [e.seq for e in await store.read_timeline("sess_1")] == [1]
         await _check_usable(store, pool)
 
 
 @postgres
+@pytest.mark.parametrize("write", ["insert", "append"])
 async def test_a_write_cancelled_while_its_statement_waits_on_the_server(
-    postgres_dsn: str, new_schema: Callable[[], str]
+    postgres_dsn: str, new_schema: Callable[[], str], write: str
 ) -> None:
+    """An append is cancelled there (nothing written, the connection cleaned); an insert is
+    shielded and completes once the server lets it (see the test above)."""
     schema = new_schema()
     app = f"acp-once-test-{uuid.uuid4().hex[:12]}"
     async with (
@@ -478,17 +484,22 @@ async def test_a_write_cancelled_while_its_statement_waits_on_the_server(
         PostgresStore.open(pool, schema=schema) as store,
     ):
         await store.create_session(_record())
-        gate = _Gate("FOR NO KEY UPDATE", pause=False)
+        gate = _Gate("FOR NO KEY UPDATE" if write == "insert" else "UPDATE", pause=False)
         scope = anyio.CancelScope()
+        outcomes: list[object] = []
 
         async def victim() -> None:
             _GATE.set(gate)
             with scope:
-                await _insert(store, "m1", "key-1")
+                if write == "insert":
+                    outcomes.append(await _insert(store, "m1", "key-1"))
+                else:
+                    outcomes.append(await store.append_update("sess_1", b'{"a": 1}'))
+                await anyio.sleep_forever()
 
         blocker = await _raw(postgres_dsn)
         try:
-            # Another node holds the session row: the victim's lock statement must wait.
+            # Another node holds the session row: the victim's statement must wait.
             await blocker.execute("BEGIN")
             await blocker.execute(
                 sql.SQL("SELECT 1 FROM {}.sessions WHERE session_id = 'sess_1' FOR UPDATE").format(
@@ -501,13 +512,19 @@ async def test_a_write_cancelled_while_its_statement_waits_on_the_server(
                     await gate.reached.wait()
                     await anyio.wait_all_tasks_blocked()  # the statement is sent, unanswered
                     scope.cancel()
+                    await anyio.wait_all_tasks_blocked()
+                    await blocker.execute("ROLLBACK")
             assert scope.cancelled_caught
         finally:
-            await blocker.execute("ROLLBACK")
             await blocker.close()
 
-        assert await store.find_key("sess_1", "key-1") is None
-        assert await _insert(store, "m2", "key-1") == InsertOutcome("m2", True, b"digest")
+        if write == "insert":
+            assert outcomes == [InsertOutcome("m1", True, b"digest")]
+            assert await store.find_key("sess_1", "key-1") == KeyRecord("m1", b"digest")
+        else:
+            assert outcomes == []
+            assert await store.read_timeline("sess_1") == []
+            assert await _insert(store, "m2", "key-1") == InsertOutcome("m2", True, b"digest")
         assert await store.count_user_messages("sess_1") == 1
         await _check_usable(store, pool)
 

@@ -33,8 +33,9 @@ including in the middle of a statement) the store rolls the transaction back, sh
 the cancellation and bounded in time, and closes the connection if it cannot be brought back
 to idle; the pool then replaces it. The COMMIT itself is shielded, so a cancellation delivered
 during it never leaves the caller unsure of the outcome for a reason of ours: once COMMIT is
-sent, the call completes. A cancelled `insert_user_message` may thus have inserted (a keyed
-retry then finds it) or not, never half.
+sent, the call completes. `insert_user_message` is shielded as a whole (bounded): its fenced
+form is one statement that commits on its own, which a cancellation cannot reliably stop, and
+its caller must learn whether the message was stored (see `_insert_shielded`).
 
 Keys are private (R29): PostgreSQL error messages can quote the values of a unique index
 (`DETAIL: Key (session_id, idempotency_key)=(...)`). Every psycopg error is turned into a
@@ -113,6 +114,7 @@ _Pool = AsyncConnectionPool[Any]
 _Query = sql.SQL | sql.Composed
 
 _CLEANUP_TIMEOUT: Final = 5.0
+_INSERT_TIMEOUT: Final = 60.0  # a user message insert, shielded from cancellation
 """Seconds a rollback after a failed or cancelled call may take before we close instead."""
 
 _LOCK_CLASS: Final = 0x6163706F  # "acpo": first half of the advisory lock of migrations
@@ -972,7 +974,7 @@ class PostgresStore:
             return outcome
 
         if fence is not None:
-            return await self._call(functools.partial(one_statement, fence=fence))
+            return await self._insert_shielded(functools.partial(one_statement, fence=fence))
 
         async def insert(conn: _Conn) -> InsertOutcome:
             locked = await _one(conn, statements.lock_session, (session_id,))
@@ -998,7 +1000,34 @@ class PostgresStore:
                 return found
             return InsertOutcome(message_id, True, prompt_digest)
 
-        return await self._call(insert, begin=True)
+        return await self._insert_shielded(insert, begin=True)
+
+    async def _insert_shielded(
+        self, work: Callable[[_Conn], Awaitable[InsertOutcome]], *, begin: bool = False
+    ) -> InsertOutcome:
+        """Run an insert to its end, whatever cancels the caller meanwhile.
+
+        A cancellation in the middle of a statement only asks the server to stop it: the
+        fenced insert is one statement that commits on its own (autocommit), and when the
+        cancel comes too late it is stored all the same, while the caller sees only the
+        cancellation. The runtime would then never start the message's turn, and a keyed
+        retry would be answered with its id (`SessionStore.insert_user_message`). Shielded,
+        the caller learns the outcome first; the cancellation comes at its next checkpoint.
+        Bounded by `_INSERT_TIMEOUT`.
+
+        Raises:
+            StorageError: as `_call`, or the insert ran out of time (then it may or may not
+                have been stored; a keyed retry finds it if it was).
+        """
+        with anyio.CancelScope(
+            shield=True, deadline=anyio.current_time() + _INSERT_TIMEOUT
+        ) as scope:
+            return await self._call(work, begin=begin)
+        assert scope.cancelled_caught
+        raise StorageError(
+            f"{self._where}: a user message insert took over {_INSERT_TIMEOUT:.0f} s"
+            " (it may or may not have been stored)"
+        )
 
     async def find_key(self, session_id: str, key: str) -> KeyRecord | None:
         query = self._sql.find_key
