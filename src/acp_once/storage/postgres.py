@@ -114,8 +114,10 @@ _Pool = AsyncConnectionPool[Any]
 _Query = sql.SQL | sql.Composed
 
 _CLEANUP_TIMEOUT: Final = 5.0
-_INSERT_TIMEOUT: Final = 60.0  # a user message insert, shielded from cancellation
 """Seconds a rollback after a failed or cancelled call may take before we close instead."""
+
+_INSERT_TIMEOUT: Final = 60.0
+"""Seconds a user message insert, shielded from cancellation, may take (`_insert_shielded`)."""
 
 _LOCK_CLASS: Final = 0x6163706F  # "acpo": first half of the advisory lock of migrations
 
