@@ -321,6 +321,53 @@ async def test_steered_prompts_during_a_turn_lose_no_write(tmp_path: Path) -> No
     assert [e.seq for e in tail] == list(range(1, len(tail) + 1))
 
 
+async def test_an_insert_whose_caller_is_cancelled_still_returns_its_outcome(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`SessionStore.insert_user_message`: a caller cancelled while the thread is written
+    learns that it was (else the runtime would never start the message's turn)."""
+    written, release = anyio.Event(), anyio.Event()
+    async with LangGraphStore.open("memory:") as threads:
+        await threads.create_session(SessionRecord("s1", "/w", (), None, 1.0, 1.0))
+        real = threads.graph.aupdate_state
+
+        async def slow_update(*args: Any, **kwargs: Any) -> Any:
+            result = await real(*args, **kwargs)
+            written.set()
+            await release.wait()  # the write is done; its acknowledgement is slow
+            return result
+
+        monkeypatch.setattr(threads.graph, "aupdate_state", slow_update)
+        scope = anyio.CancelScope()
+        outcomes: list[Any] = []
+
+        async def victim() -> None:
+            with scope:
+                update = orjson.dumps({"content": [{"type": "text", "text": "hi"}]})
+                outcomes.append(
+                    await threads.insert_user_message(
+                        "s1",
+                        message_id="m1",
+                        update=update,
+                        idempotency_key=KEY,
+                        prompt_digest=None,
+                    )
+                )
+                await anyio.sleep_forever()  # the cancellation lands here
+
+        with anyio.fail_after(TIMEOUT):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(victim)
+                await written.wait()
+                scope.cancel()
+                await anyio.wait_all_tasks_blocked()
+                assert outcomes == []  # still finishing the insert, not abandoned
+                release.set()
+        assert scope.cancelled_caught
+        assert [o.inserted for o in outcomes] == [True]
+        assert outcomes[0].message_id == derive_message_id("s1", KEY)
+
+
 async def test_the_memory_runtime_and_session_management(tmp_path: Path) -> None:
     with anyio.fail_after(TIMEOUT):
         async with (

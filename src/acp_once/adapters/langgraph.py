@@ -94,6 +94,7 @@ __all__ = ["EXTRA_HINT", "LangGraphAgent", "LangGraphStore", "ThreadState"]
 
 _SESSIONS = ("acp_once", "sessions")  # the session directory's namespace in LangGraph's store
 _PAGE = 1000
+_INSERT_TIMEOUT = 60.0  # seconds: a user message written to its thread, shielded
 _WORK = re.compile(r"\[work:(\d+(?:\.\d+)?)\]")  # as in the reference agent
 
 
@@ -388,14 +389,24 @@ class LangGraphStore:
                 )
             submitted.append(stored_id)
 
-        stored = await self.keys.submit(
-            session_id, idempotency_key, submit, load_history_ids=self._history_ids
+        # Shielded (bounded): a caller cancelled while the thread is written must still learn
+        # that it was (`SessionStore.insert_user_message`), or the turn would never run.
+        with anyio.CancelScope(
+            shield=True, deadline=anyio.current_time() + _INSERT_TIMEOUT
+        ) as scope:
+            stored = await self.keys.submit(
+                session_id, idempotency_key, submit, load_history_ids=self._history_ids
+            )
+            if not submitted:
+                return InsertOutcome(message_id=stored, inserted=False, prompt_digest=None)
+            self._assigned[message_id] = stored
+            await self._touch(session_id)
+            return InsertOutcome(message_id=stored, inserted=True, prompt_digest=prompt_digest)
+        assert scope.cancelled_caught
+        raise StorageError(
+            f"storing a user message in the thread took over {_INSERT_TIMEOUT:.0f} s"
+            " (it may or may not have been stored)"
         )
-        if not submitted:
-            return InsertOutcome(message_id=stored, inserted=False, prompt_digest=None)
-        self._assigned[message_id] = stored
-        await self._touch(session_id)
-        return InsertOutcome(message_id=stored, inserted=True, prompt_digest=prompt_digest)
 
     async def find_key(self, session_id: str, key: str) -> KeyRecord | None:
         self._check_open()
