@@ -26,6 +26,7 @@ from contextlib import AbstractAsyncContextManager
 from typing import Final, TypeAlias
 
 import anyio
+import anyio.lowlevel
 import orjson
 
 from acp_once.storage.base import (
@@ -426,6 +427,37 @@ async def check_concurrent_same_key_inserts_once(factory: StoreFactory) -> None:
         _equal(len(await store.read_timeline("s")), 1, "timeline length")
 
 
+async def check_a_cancelled_insert_reports_what_it_stored(factory: StoreFactory) -> None:
+    """A caller cancelled during `insert_user_message` either gets its outcome or nothing was
+    stored: never a message stored behind its back (its turn would never run)."""
+    async with factory() as store:
+        await store.create_session(_session("s"))
+        outcomes: dict[str, InsertOutcome] = {}
+
+        async def attempt(n: int, scope: anyio.CancelScope) -> None:
+            with scope:
+                outcomes[f"k{n}"] = await _insert(store, "s", f"m{n}", f"k{n}")
+
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                for n in range(20):
+                    scope = anyio.CancelScope()
+                    tg.start_soon(attempt, n, scope)
+                    for _ in range(n % 5):  # cancelled at a different point each time
+                        await anyio.lowlevel.checkpoint()
+                    scope.cancel()
+        for n in range(20):
+            found = await store.find_key("s", f"k{n}")
+            told = outcomes.get(f"k{n}")
+            if told is None:
+                _equal(found, None, f"a message its cancelled caller was not told of (k{n})")
+            else:
+                _expect(found is not None, f"the insert its caller was told of (k{n})")
+                assert found is not None
+                _equal(found.message_id, told.message_id, "the stored id")
+        _equal(await store.count_user_messages("s"), len(outcomes), "user messages")
+
+
 async def check_concurrent_distinct_inserts(factory: StoreFactory) -> None:
     """Concurrent writes all land, each with a unique `seq`, none lost."""
     async with factory() as store:
@@ -726,6 +758,7 @@ CHECKS: Final[tuple[Check, ...]] = (
     check_key_case_sensitive,
     check_find_key_of_keyless_session,
     check_concurrent_same_key_inserts_once,
+    check_a_cancelled_insert_reports_what_it_stored,
     check_concurrent_distinct_inserts,
     check_fork_copies_history_not_keys,
     check_fork_errors,
