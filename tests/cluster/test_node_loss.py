@@ -3,14 +3,28 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
 
+from acp_once.agent.connection import AgentSideConnection
 from acp_once.agent.runtime import _unfinished_turns
+from acp_once.client import Client
 from acp_once.client.connection import ClientSideConnection
+from acp_once.rpc.streams import memory_pair
+from acp_once.storage.base import TimelineEntry
 from acp_once.testing import connected
-from tests.cluster.harness import initialize, new_session, node, prompt, resume, until
+from tests.cluster.harness import (
+    initialize,
+    new_session,
+    node,
+    prompt,
+    prompt_params,
+    resume,
+    until,
+    until_async,
+)
 
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
 
@@ -74,3 +88,61 @@ async def test_a_waiting_node_takes_the_session_over_when_its_owner_goes(
             found = await b.store.find_key(sid, "k2")
             assert found is not None and answers == [found.message_id]
             assert await b.store.count_user_messages(sid) == 2
+
+
+async def test_a_takeover_in_a_request_whose_connection_closes_still_recovers(
+    postgres_dsn: str, schema: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """B takes a dead owner's session over inside a prompt's request; the client's connection
+    closes while B reads the turns A left unfinished. The recovery must finish all the same:
+    B now holds the lease, so nobody else would ever report or run those turns."""
+    fx = tmp_path / "fx"
+    with anyio.fail_after(TIMEOUT):
+        async with node(postgres_dsn, schema, "b", fx) as b, connected(b.agent) as conn_b:
+            await initialize(conn_b)
+            async with node(postgres_dsn, schema, "a", fx) as a, connected(a.agent) as conn_a:
+                await initialize(conn_a)
+                sid = await new_session(conn_a)
+                await resume(conn_b, sid)  # loaded on B while A owns it: nothing to recover
+                long_turn = await prompt(conn_a, sid, "[work:30] a long turn", "k1")
+            # A stopped mid-turn with its lease expired: the next prompt on B takes over
+            reading, release = anyio.Event(), anyio.Event()
+            real_tail = b.agent.store.read_timeline_tail
+
+            async def slow_tail(session_id: str, *, limit: int = 1) -> list[TimelineEntry]:
+                entries = await real_tail(session_id, limit=limit)
+                if not reading.is_set():  # the recovery's read: the request is cut here
+                    reading.set()
+                    await release.wait()
+                return entries
+
+            monkeypatch.setattr(b.agent.store, "read_timeline_tail", slow_tail)
+            agent_end, client_end = memory_pair(64)
+            async with (
+                anyio.create_task_group() as tg,
+                AgentSideConnection(b.agent, agent_end) as served,
+            ):
+
+                async def release_once_closed() -> None:
+                    await served.wait_closed()  # the prompt's handler is cancelled by now
+                    release.set()
+
+                tg.start_soon(release_once_closed)
+                async with ClientSideConnection(Client(), client_end) as cut:
+                    await initialize(cut)
+                    await resume(cut, sid)
+                    params: dict[str, Any] = prompt_params(sid, "after the owner", "k2")
+                    await cut.rpc.start_request("session/prompt", params)
+                    await reading.wait()
+
+            async def recovered() -> bool:
+                tail = await b.store.read_timeline_tail(sid, limit=50)
+                return long_turn not in [t.message_id for t in _unfinished_turns(sid, tail)]
+
+            await until_async(recovered)
+            assert b.coordinator.counters["leases_taken_over"] == 1
+            # and B goes on working the session: a retry of the cut prompt is answered
+            answer = await prompt(conn_b, sid, "after the owner", "k2")
+            found = await b.store.find_key(sid, "k2")
+            assert found is not None and found.message_id == answer
+            assert await b.store.count_user_messages(sid, idempotency_key="k2") == 1

@@ -105,6 +105,7 @@ _QUEUE_ROW: contextvars.ContextVar[int | None] = contextvars.ContextVar(
     "acp_once_queue_row", default=None
 )
 _STOP_TIMEOUT = 5.0
+_RECOVER_TIMEOUT = 60.0  # seconds: a takeover's recovery of unfinished turns, shielded
 _DELIVERY_BUFFER = 10_000
 
 
@@ -295,8 +296,14 @@ class PostgresCoordinator:
             )
             if isinstance(admission, Owned):
                 self._took(sid, admission.epoch)
-                if admission.took_over:
-                    await self._recover(agent, session)
+                try:
+                    if admission.took_over:
+                        await self._recover(agent, session)
+                except BaseException:
+                    # this request was cancelled (its connection closed) or failed: the lease
+                    # we took is worked all the same (queued prompts inserted, then released)
+                    await self._settle(agent, session)
+                    raise
                 if admission.backlog:
                     backlog = True
                     continue  # queue behind the prompts that wait already (we own it now)
@@ -399,10 +406,28 @@ class PostgresCoordinator:
 
     async def _recover(self, agent: SessionAgent, session: _Session) -> None:
         """After taking over a dead owner's lease: its unfinished turns are run again
-        (`resume_interrupted`) or reported interrupted, as after a restart of one node."""
+        (`resume_interrupted`) or reported interrupted, as after a restart of one node.
+
+        Shielded, bounded by `_RECOVER_TIMEOUT`: a takeover can happen in a prompt's request,
+        and a request cancelled half-way (its connection closed) would leave the dead owner's
+        turns neither run nor reported while we hold the lease, which nobody else then takes.
+        """
+        self.counters["leases_taken_over"] += 1
+        with anyio.CancelScope(
+            shield=True, deadline=anyio.current_time() + _RECOVER_TIMEOUT
+        ) as scope:
+            await self._recover_now(agent, session)
+        if scope.cancelled_caught:
+            logger.warning(
+                "lease.recovery session=%s node=%s: over %.0f s, stopped",
+                session.id,
+                self.node_id,
+                _RECOVER_TIMEOUT,
+            )
+
+    async def _recover_now(self, agent: SessionAgent, session: _Session) -> None:
         from acp_once.agent.runtime import _RECOVERY_WINDOW, _unfinished_turns
 
-        self.counters["leases_taken_over"] += 1
         tail = await agent.store.read_timeline_tail(session.id, limit=_RECOVERY_WINDOW)
         unfinished = _unfinished_turns(session.id, tail)
         if not unfinished:
