@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ from acp_once.agent.connection import AgentSideConnection
 from acp_once.agent.runtime import _unfinished_turns
 from acp_once.client import Client
 from acp_once.client.connection import ClientSideConnection
+from acp_once.rpc.errors import ConnectionClosed
 from acp_once.rpc.streams import memory_pair
 from acp_once.storage.base import TimelineEntry
 from acp_once.testing import connected
@@ -146,3 +148,61 @@ async def test_a_takeover_in_a_request_whose_connection_closes_still_recovers(
             found = await b.store.find_key(sid, "k2")
             assert found is not None and found.message_id == answer
             assert await b.store.count_user_messages(sid, idempotency_key="k2") == 1
+
+
+async def test_a_load_whose_connection_closes_while_claiming_the_session_still_recovers(
+    postgres_dsn: str, schema: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """B loads (resumes) a session a dead owner left with an unfinished turn; the client's
+    connection closes while B claims the lease. B has registered the session by then, so the
+    recovery must finish: no later load on B would look for those turns again."""
+    fx = tmp_path / "fx"
+    with anyio.fail_after(TIMEOUT):
+        async with node(postgres_dsn, schema, "a", fx) as a, connected(a.agent) as conn_a:
+            await initialize(conn_a)
+            sid = await new_session(conn_a)
+            long_turn = await prompt(conn_a, sid, "[work:30] a long turn", "k1")
+        async with node(postgres_dsn, schema, "b", fx) as b:
+            claiming, release = anyio.Event(), anyio.Event()
+            real_take = b.coordinator.pg.take
+
+            async def slow_take(session_id: str) -> Any:
+                owned = await real_take(session_id)
+                if not claiming.is_set():  # the load's claim: the request is cut here
+                    claiming.set()
+                    await release.wait()
+                return owned
+
+            monkeypatch.setattr(b.coordinator.pg, "take", slow_take)
+            agent_end, client_end = memory_pair(64)
+            async with (
+                anyio.create_task_group() as tg,
+                AgentSideConnection(b.agent, agent_end) as served,
+            ):
+
+                async def release_once_closed() -> None:
+                    await served.wait_closed()  # the resume's handler is cancelled by now
+                    release.set()
+
+                tg.start_soon(release_once_closed)
+                async with ClientSideConnection(Client(), client_end) as cut:
+                    await initialize(cut)
+
+                    async def resume_unanswered() -> None:
+                        with contextlib.suppress(ConnectionClosed):  # it is cut
+                            await resume(cut, sid)
+
+                    tg.start_soon(resume_unanswered)
+                    await claiming.wait()
+
+            async def recovered() -> bool:
+                tail = await b.store.read_timeline_tail(sid, limit=50)
+                return long_turn not in [t.message_id for t in _unfinished_turns(sid, tail)]
+
+            await until_async(recovered)
+            async with connected(b.agent) as conn_b:  # and the session works on B
+                await initialize(conn_b)
+                await resume(conn_b, sid)
+                answer = await prompt(conn_b, sid, "after the owner", "k2")
+                found = await b.store.find_key(sid, "k2")
+                assert found is not None and found.message_id == answer

@@ -84,6 +84,7 @@ logger = logging.getLogger("acp_once.agent")
 HeldPolicy = Literal["hold", "steer"]
 
 _STOP_TIMEOUT = 10.0
+_RECOVER_TIMEOUT = 60.0  # seconds: dealing with a loaded session's interrupted turns, shielded
 _REUSED_KEY = "idempotencyKey was already used with a different prompt"
 _TURN_MARKER = "_acp_once_turn"  # retained, never replayed: did each message's turn finish?
 _RECOVERY_WINDOW = 500  # timeline entries read after a restart to find unfinished turns
@@ -267,7 +268,7 @@ class SessionAgent(Agent):
         self.info = {"name": name, "version": version}
         self._sessions: dict[str, _Session] = {}
         self._tg: TaskGroup | None = None
-        self._new_scope: Callable[[], anyio.CancelScope] = anyio.CancelScope
+        self._new_scope: Callable[..., anyio.CancelScope] = anyio.CancelScope
         self._pool: TaskPool | None = None  # the task group's, looked up once (a weak dict)
         self._cluster: PostgresCoordinator | None = None
         if coordinator is not None:
@@ -814,7 +815,21 @@ class SessionAgent(Agent):
             return loaded
         session = self._sessions[session_id] = _Session(record)
         unfinished = _unfinished_turns(session_id, tail)
-        if unfinished and self._cluster is not None:
+        if unfinished:
+            # Shielded (bounded): the session is registered now, so this is the one chance to
+            # deal with its interrupted turns; a request cancelled half-way (its connection
+            # closed) must not leave them neither run nor reported until the next restart.
+            deadline = anyio.current_time() + _RECOVER_TIMEOUT
+            with self._new_scope(shield=True, deadline=deadline) as scope:
+                await self._recover_loaded(session, unfinished)
+            if scope.cancelled_caught:
+                logger.warning("session %s: recovering interrupted turns timed out", session_id)
+        return session
+
+    async def _recover_loaded(self, session: _Session, unfinished: list[Turn]) -> None:
+        """Run again or report the turns an earlier process left unfinished (see `_load`)."""
+        session_id = session.id
+        if self._cluster is not None:
             # another node may be running them right now: recover only under the lease
             if not await self._cluster.claim(self, session_id):
                 unfinished = []
@@ -833,7 +848,6 @@ class SessionAgent(Agent):
                 session.interrupted = True
                 for turn in unfinished:
                     await self._mark_turn(session, "idle", turn.message_id)
-        return session
 
     def _forget_live_keys(self, session: _Session) -> None:
         if not session.conns:
