@@ -15,6 +15,7 @@ from typing import Any
 import anyio
 import pytest
 
+from acp_once.agent import runtime
 from acp_once.agent.connection import AgentSideConnection
 from acp_once.agent.reference import ReferenceAgent
 from acp_once.agent.runtime import Turn, TurnContext
@@ -227,6 +228,59 @@ async def test_a_stored_prompt_whose_connection_closes_before_its_answer_still_r
                 assert await prompt(second, sid, "deploy [tool]") == stored.message_id
             assert await store.count_user_messages(sid) == 1
             assert (tmp_path / "fx" / f"{sid}.log").read_text().split() == [stored.message_id]
+
+
+async def test_turns_dropped_by_a_close_whose_connection_closes_are_still_marked(
+    tmp_path: Path,
+) -> None:
+    """session/close drops the turns not started yet and closes their markers; a request cut
+    half-way must still close them all (an unmarked turn counts as interrupted, and a restart
+    with `resume_interrupted` would run work the user cancelled)."""
+
+    class SlowMarks(MemoryStore):
+        marking = anyio.Event()
+        release = anyio.Event()
+        armed = False
+
+        async def append_update(
+            self, session_id: str, update: bytes, *, message_id: str | None = None
+        ) -> int:
+            seq = await super().append_update(session_id, update, message_id=message_id)
+            if self.armed and b'"idle"' in update and not self.marking.is_set():
+                self.marking.set()
+                await self.release.wait()
+            return seq
+
+    with anyio.fail_after(10):
+        async with (
+            SlowMarks() as store,
+            ReferenceAgent(store, side_effects=tmp_path / "fx", policy="steer") as agent,
+        ):
+            store.marking, store.release = anyio.Event(), anyio.Event()
+            agent_end, client_end = memory_pair(64)
+            async with (
+                anyio.create_task_group() as tg,
+                AgentSideConnection(agent, agent_end) as served,
+            ):
+
+                async def release_once_closed() -> None:
+                    await served.wait_closed()
+                    store.release.set()
+
+                tg.start_soon(release_once_closed)
+                async with ClientSideConnection(Client(), client_end) as first:
+                    await first.agent.initialize(initialize_request("t"))
+                    sid = (await first.agent.new_session(s.NewSessionRequest(cwd="/w"))).session_id
+                    await prompt(first, sid, "long [work:5]", key=None)
+                    # steered in while the long turn runs: inserted, their turns not started
+                    queued = [await prompt(first, sid, f"next {i}", f"k{i}") for i in range(3)]
+                    store.armed = True
+                    await first.rpc.start_request("session/close", {"sessionId": sid})
+                    await store.marking.wait()
+                # cut while the close marks the dropped turns
+            tail = await store.read_timeline_tail(sid, limit=100)
+            unfinished = [t.message_id for t in runtime._unfinished_turns(sid, tail)]
+            assert not set(queued) & set(unfinished)
 
 
 async def test_turn_failure_after_insertion_is_an_error_stop_not_an_error_answer(

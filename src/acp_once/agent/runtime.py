@@ -781,8 +781,12 @@ class SessionAgent(Agent):
         session.turns.clear()
         if session.turn_scope is not None:
             session.turn_scope.cancel()
-        for turn in dropped:  # their work will never run: close their markers
-            await self._mark_turn(session, "idle", turn.message_id)
+        if dropped:
+            # their work will never run: close their markers, even if this request is cut
+            # (an unmarked turn counts as interrupted: a restart would run it again)
+            with self._new_scope(shield=True, deadline=anyio.current_time() + _RECOVER_TIMEOUT):
+                for turn in dropped:
+                    await self._mark_turn(session, "idle", turn.message_id)
         if session.worker:
             # the final updates and the idle state_update go out before we answer (digest 6.4)
             if session.stopped is None:
