@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
 import anyio
 
-from acp_once.client import Client
+from acp_once.agent.connection import AgentSideConnection
+from acp_once.agent.interface import Agent
+from acp_once.client import Client, ClientSideConnection
 from acp_once.protocol import schema as s
+from acp_once.rpc.streams import memory_pair
 
 
 def initialize_request(name: str = "test-client") -> s.InitializeRequest:
@@ -43,3 +47,40 @@ class UpdateRecorder(Client):
         """Wait until `predicate(self.updates)` holds; bound it with the caller's fail_after."""
         while not predicate(self.updates):
             await self._arrived.wait()
+
+
+class CutConnection:
+    """A client connection to `agent`, in memory, that is cut when the block exits.
+
+    `on_agent_closed` runs once the agent's end has seen the cut, when the engine has already
+    cancelled that connection's handlers: a test holding a handler inside a step that must
+    finish anyway (shielded) releases it there, so leaving the block does not wait forever::
+
+        async with CutConnection(agent, release.set) as conn:
+            await conn.rpc.start_request(...)
+            await reached.wait()
+        # the connection is gone; its handler finished its step
+    """
+
+    def __init__(self, agent: Agent, on_agent_closed: Callable[[], object]) -> None:
+        self._agent = agent
+        self._on_agent_closed = on_agent_closed
+        self._stack = contextlib.AsyncExitStack()
+
+    async def __aenter__(self) -> ClientSideConnection:
+        agent_end, client_end = memory_pair(64)
+        async with contextlib.AsyncExitStack() as stack:
+            tg = await stack.enter_async_context(anyio.create_task_group())
+            served = await stack.enter_async_context(AgentSideConnection(self._agent, agent_end))
+            tg.start_soon(self._watch, served)
+            conn = await stack.enter_async_context(ClientSideConnection(Client(), client_end))
+            await conn.agent.initialize(initialize_request("cut"))
+            self._stack = stack.pop_all()
+        return conn
+
+    async def __aexit__(self, *exc_info: Any) -> bool | None:
+        return await self._stack.__aexit__(*exc_info)
+
+    async def _watch(self, served: AgentSideConnection) -> None:
+        await served.wait_closed()
+        self._on_agent_closed()

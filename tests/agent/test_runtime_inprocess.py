@@ -16,16 +16,14 @@ import anyio
 import pytest
 
 from acp_once.agent import runtime
-from acp_once.agent.connection import AgentSideConnection
 from acp_once.agent.reference import ReferenceAgent
 from acp_once.agent.runtime import Turn, TurnContext
 from acp_once.client import Client, ClientSideConnection
 from acp_once.protocol import schema as s
 from acp_once.protocol.errors import REQUEST_CANCELLED, RESOURCE_NOT_FOUND, AcpError
-from acp_once.rpc.streams import memory_pair
 from acp_once.storage import MemoryStore, SessionStore
 from acp_once.testing import connected
-from tests.helpers import UpdateRecorder, initialize_request
+from tests.helpers import CutConnection, UpdateRecorder, initialize_request
 
 pytestmark = pytest.mark.anyio
 
@@ -202,23 +200,11 @@ async def test_a_stored_prompt_whose_connection_closes_before_its_answer_still_r
                 anyio.Event(),
                 anyio.Event(),
             )
-            agent_end, client_end = memory_pair(64)
-            async with (
-                anyio.create_task_group() as tg,
-                AgentSideConnection(agent, agent_end) as served,
-            ):
-
-                async def release_once_closed() -> None:
-                    await served.wait_closed()  # its handlers are cancelled by now
-                    agent.release.set()
-
-                tg.start_soon(release_once_closed)
-                async with ClientSideConnection(Client(), client_end) as first:
-                    await first.agent.initialize(initialize_request("t"))
-                    sid = (await first.agent.new_session(s.NewSessionRequest(cwd="/w"))).session_id
-                    await first.rpc.start_request("session/prompt", params(sid, "deploy [tool]"))
-                    await agent.stored.wait()
-                # the client's end is closed: the agent's connection ends before the answer
+            async with CutConnection(agent, agent.release.set) as first:
+                sid = (await first.agent.new_session(s.NewSessionRequest(cwd="/w"))).session_id
+                await first.rpc.start_request("session/prompt", params(sid, "deploy [tool]"))
+                await agent.stored.wait()
+            # the connection was cut before the answer (its handler cancelled, then released)
             await agent.finished.wait()
             stored = await store.find_key(sid, KEY)
             assert stored is not None and agent.ran == [stored.message_id]
@@ -257,27 +243,15 @@ async def test_turns_dropped_by_a_close_whose_connection_closes_are_still_marked
             ReferenceAgent(store, side_effects=tmp_path / "fx", policy="steer") as agent,
         ):
             store.marking, store.release = anyio.Event(), anyio.Event()
-            agent_end, client_end = memory_pair(64)
-            async with (
-                anyio.create_task_group() as tg,
-                AgentSideConnection(agent, agent_end) as served,
-            ):
-
-                async def release_once_closed() -> None:
-                    await served.wait_closed()
-                    store.release.set()
-
-                tg.start_soon(release_once_closed)
-                async with ClientSideConnection(Client(), client_end) as first:
-                    await first.agent.initialize(initialize_request("t"))
-                    sid = (await first.agent.new_session(s.NewSessionRequest(cwd="/w"))).session_id
-                    await prompt(first, sid, "long [work:5]", key=None)
-                    # steered in while the long turn runs: inserted, their turns not started
-                    queued = [await prompt(first, sid, f"next {i}", f"k{i}") for i in range(3)]
-                    store.armed = True
-                    await first.rpc.start_request("session/close", {"sessionId": sid})
-                    await store.marking.wait()
-                # cut while the close marks the dropped turns
+            async with CutConnection(agent, store.release.set) as first:
+                sid = (await first.agent.new_session(s.NewSessionRequest(cwd="/w"))).session_id
+                await prompt(first, sid, "long [work:5]", key=None)
+                # steered in while the long turn runs: inserted, their turns not started
+                queued = [await prompt(first, sid, f"next {i}", f"k{i}") for i in range(3)]
+                store.armed = True
+                await first.rpc.start_request("session/close", {"sessionId": sid})
+                await store.marking.wait()
+            # cut while the close marks the dropped turns
             tail = await store.read_timeline_tail(sid, limit=100)
             unfinished = [t.message_id for t in runtime._unfinished_turns(sid, tail)]
             assert not set(queued) & set(unfinished)

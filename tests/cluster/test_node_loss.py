@@ -9,12 +9,9 @@ from typing import Any
 import anyio
 import pytest
 
-from acp_once.agent.connection import AgentSideConnection
 from acp_once.agent.runtime import _unfinished_turns
-from acp_once.client import Client
 from acp_once.client.connection import ClientSideConnection
 from acp_once.rpc.errors import ConnectionClosed
-from acp_once.rpc.streams import memory_pair
 from acp_once.storage.base import TimelineEntry
 from acp_once.testing import connected
 from tests.cluster.harness import (
@@ -27,6 +24,7 @@ from tests.cluster.harness import (
     until,
     until_async,
 )
+from tests.helpers import CutConnection
 
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
 
@@ -119,23 +117,11 @@ async def test_a_takeover_in_a_request_whose_connection_closes_still_recovers(
                 return entries
 
             monkeypatch.setattr(b.agent.store, "read_timeline_tail", slow_tail)
-            agent_end, client_end = memory_pair(64)
-            async with (
-                anyio.create_task_group() as tg,
-                AgentSideConnection(b.agent, agent_end) as served,
-            ):
-
-                async def release_once_closed() -> None:
-                    await served.wait_closed()  # the prompt's handler is cancelled by now
-                    release.set()
-
-                tg.start_soon(release_once_closed)
-                async with ClientSideConnection(Client(), client_end) as cut:
-                    await initialize(cut)
-                    await resume(cut, sid)
-                    params: dict[str, Any] = prompt_params(sid, "after the owner", "k2")
-                    await cut.rpc.start_request("session/prompt", params)
-                    await reading.wait()
+            async with CutConnection(b.agent, release.set) as cut:
+                await resume(cut, sid)
+                params: dict[str, Any] = prompt_params(sid, "after the owner", "k2")
+                await cut.rpc.start_request("session/prompt", params)
+                await reading.wait()
 
             async def recovered() -> bool:
                 tail = await b.store.read_timeline_tail(sid, limit=50)
@@ -174,26 +160,14 @@ async def test_a_load_whose_connection_closes_while_claiming_the_session_still_r
                 return owned
 
             monkeypatch.setattr(b.coordinator.pg, "take", slow_take)
-            agent_end, client_end = memory_pair(64)
-            async with (
-                anyio.create_task_group() as tg,
-                AgentSideConnection(b.agent, agent_end) as served,
-            ):
+            async with anyio.create_task_group() as tg, CutConnection(b.agent, release.set) as cut:
 
-                async def release_once_closed() -> None:
-                    await served.wait_closed()  # the resume's handler is cancelled by now
-                    release.set()
+                async def resume_unanswered() -> None:
+                    with contextlib.suppress(ConnectionClosed):  # it is cut
+                        await resume(cut, sid)
 
-                tg.start_soon(release_once_closed)
-                async with ClientSideConnection(Client(), client_end) as cut:
-                    await initialize(cut)
-
-                    async def resume_unanswered() -> None:
-                        with contextlib.suppress(ConnectionClosed):  # it is cut
-                            await resume(cut, sid)
-
-                    tg.start_soon(resume_unanswered)
-                    await claiming.wait()
+                tg.start_soon(resume_unanswered)
+                await claiming.wait()
 
             async def recovered() -> bool:
                 tail = await b.store.read_timeline_tail(sid, limit=50)
