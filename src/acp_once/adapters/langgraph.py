@@ -391,9 +391,7 @@ class LangGraphStore:
 
         # Shielded (bounded): a caller cancelled while the thread is written must still learn
         # that it was (`SessionStore.insert_user_message`), or the turn would never run.
-        with anyio.CancelScope(
-            shield=True, deadline=anyio.current_time() + _INSERT_TIMEOUT
-        ) as scope:
+        with anyio.move_on_after(_INSERT_TIMEOUT, shield=True) as scope:
             stored = await self.keys.submit(
                 session_id, idempotency_key, submit, load_history_ids=self._history_ids
             )

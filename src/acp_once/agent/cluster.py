@@ -413,9 +413,7 @@ class PostgresCoordinator:
         turns neither run nor reported while we hold the lease, which nobody else then takes.
         """
         self.counters["leases_taken_over"] += 1
-        with anyio.CancelScope(
-            shield=True, deadline=anyio.current_time() + _RECOVER_TIMEOUT
-        ) as scope:
+        with anyio.move_on_after(_RECOVER_TIMEOUT, shield=True) as scope:
             await self._recover_now(agent, session)
         if scope.cancelled_caught:
             logger.warning(

@@ -268,7 +268,7 @@ class SessionAgent(Agent):
         self.info = {"name": name, "version": version}
         self._sessions: dict[str, _Session] = {}
         self._tg: TaskGroup | None = None
-        self._new_scope: Callable[..., anyio.CancelScope] = anyio.CancelScope
+        self._new_scope: Callable[[], anyio.CancelScope] = anyio.CancelScope
         self._pool: TaskPool | None = None  # the task group's, looked up once (a weak dict)
         self._cluster: PostgresCoordinator | None = None
         if coordinator is not None:
@@ -784,7 +784,7 @@ class SessionAgent(Agent):
         if dropped:
             # their work will never run: close their markers, even if this request is cut
             # (an unmarked turn counts as interrupted: a restart would run it again)
-            with self._new_scope(shield=True, deadline=anyio.current_time() + _RECOVER_TIMEOUT):
+            with anyio.move_on_after(_RECOVER_TIMEOUT, shield=True):
                 for turn in dropped:
                     await self._mark_turn(session, "idle", turn.message_id)
         if session.worker:
@@ -823,8 +823,7 @@ class SessionAgent(Agent):
             # Shielded (bounded): the session is registered now, so this is the one chance to
             # deal with its interrupted turns; a request cancelled half-way (its connection
             # closed) must not leave them neither run nor reported until the next restart.
-            deadline = anyio.current_time() + _RECOVER_TIMEOUT
-            with self._new_scope(shield=True, deadline=deadline) as scope:
+            with anyio.move_on_after(_RECOVER_TIMEOUT, shield=True) as scope:
                 await self._recover_loaded(session, unfinished)
             if scope.cancelled_caught:
                 logger.warning("session %s: recovering interrupted turns timed out", session_id)

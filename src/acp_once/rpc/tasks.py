@@ -27,7 +27,7 @@ __all__ = ["TaskPool", "cancel_scope_factory"]
 _Call = tuple[Callable[..., Awaitable[Any]], tuple[Any, ...]]
 
 
-def cancel_scope_factory() -> Callable[..., anyio.CancelScope]:
+def cancel_scope_factory() -> Callable[[], anyio.CancelScope]:
     """The running backend's cancel scope class, to make many scopes cheaply; call it in the
     event loop.
 

@@ -1021,9 +1021,7 @@ class PostgresStore:
             StorageError: as `_call`, or the insert ran out of time (then it may or may not
                 have been stored; a keyed retry finds it if it was).
         """
-        with anyio.CancelScope(
-            shield=True, deadline=anyio.current_time() + _INSERT_TIMEOUT
-        ) as scope:
+        with anyio.move_on_after(_INSERT_TIMEOUT, shield=True) as scope:
             return await self._call(work, begin=begin)
         assert scope.cancelled_caught
         raise StorageError(

@@ -613,9 +613,6 @@ class SqliteStore:
     async def _threaded(self, fn: Callable[[_Connection], _T]) -> _T:
         self._thread_calls += 1
         try:
-            # anyio's default (abandon_on_cancel=False): a call cancelled while it waits for
-            # the connection runs nothing; once it runs, the caller waits for it and gets its
-            # result, and the cancellation comes at the caller's next checkpoint (see `_call`)
             return await anyio.to_thread.run_sync(
                 functools.partial(self._in_thread, fn), limiter=self._limiter
             )
