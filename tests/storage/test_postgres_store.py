@@ -103,6 +103,22 @@ async def _states(dsn: str, application_name: str) -> list[str]:
         return sorted(str(state) for (state,) in await cur.fetchall())
 
 
+async def _until_waiting_on_a_lock(dsn: str, application_name: str) -> None:
+    """Poll the server until a connection with this application name waits on a lock (the
+    statement was sent and is blocked there); bounded by the caller's fail_after."""
+    async with await _raw(dsn) as conn:
+        while True:
+            cur = await conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s"
+                " AND wait_event_type = 'Lock'",
+                (application_name,),
+            )
+            row = await cur.fetchone()
+            if row is not None and row[0] > 0:
+                return
+            await anyio.sleep(0.01)  # polling the server's view, not a synchronisation guess
+
+
 # -- several stores on one database -------------------------------------------------------------
 
 
@@ -510,12 +526,17 @@ async def test_a_write_cancelled_while_its_statement_waits_on_the_server(
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(victim)
                     await gate.reached.wait()
-                    await anyio.wait_all_tasks_blocked()  # the statement is sent, unanswered
+                    await _until_waiting_on_a_lock(postgres_dsn, app)  # sent, unanswered
                     scope.cancel()
-                    await anyio.wait_all_tasks_blocked()
-                    await blocker.execute("ROLLBACK")
+                    if write == "insert":
+                        # shielded: it goes on waiting for the lock, which only the
+                        # blocker's end frees (the append's statement is cancelled instead)
+                        await anyio.wait_all_tasks_blocked()
+                        assert outcomes == []
+                        await blocker.execute("ROLLBACK")
             assert scope.cancelled_caught
         finally:
+            await blocker.execute("ROLLBACK")
             await blocker.close()
 
         if write == "insert":
