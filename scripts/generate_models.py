@@ -154,6 +154,7 @@ def generate(name: str, module: str) -> None:
         )
         use_strict_key_type(out)
         tagged_unions_left_to_right(out)
+        build_on_first_use(out)
         subprocess.run([sys.executable, "-m", "ruff", "format", "--quiet", str(out)], check=True)
 
 
@@ -175,6 +176,29 @@ def use_strict_key_type(path: Path) -> None:
         "from acp_once.protocol.keys import IdempotencyKey\nfrom pydantic import ",
         1,
     )
+    path.write_text(text, encoding="utf-8")
+
+
+def build_on_first_use(path: Path) -> None:
+    """Derive every generated model from `acp_once.protocol._base` instead of pydantic's own
+    `BaseModel` and `RootModel`, so that its validator is built the first time it is used, not
+    at import (see that module)."""
+    text = path.read_text(encoding="utf-8")
+    text, models = re.subn(r"^(class \w+\(\s*)BaseModel\b", r"\1WireModel", text, flags=re.M)
+    text, roots = re.subn(r"^(class \w+\(\s*)RootModel\[", r"\1WireRootModel[", text, flags=re.M)
+    imports = (
+        "from pydantic import AnyUrl, AwareDatetime, BaseModel, ConfigDict, Field, RootModel\n"
+    )
+    if not models or not roots or imports not in text:
+        raise SystemExit(f"{path.name}: the generated classes or imports changed shape")
+    text = text.replace(
+        imports,
+        "from acp_once.protocol._base import WireModel, WireRootModel\n"
+        "from pydantic import AnyUrl, AwareDatetime, ConfigDict, Field\n",
+        1,
+    )
+    if re.search(r"\b(BaseModel|RootModel)\b", text):
+        raise SystemExit(f"{path.name}: a model class is not derived from the wire bases")
     path.write_text(text, encoding="utf-8")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -9,7 +10,11 @@ from pathlib import Path
 import anyio
 import pytest
 
+from acp_once.client import ClientSideConnection
+from acp_once.protocol import schema as s
 from acp_once.storage import SchemaOutOfDate, SqliteStore
+from acp_once.transports.stdio import spawn
+from tests.helpers import UpdateRecorder, initialize_request
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -53,3 +58,39 @@ def test_agent_help_documents_the_scripted_turn() -> None:
     assert helped.returncode == 0
     for marker in ("[work:SECONDS]", "[tool]", "--store", "--policy", "--no-compare-prompts"):
         assert marker in helped.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("agent", "--store", "sessions.db"), "has no scheme"),
+        (("agent", "--store", "mem:x"), "unsupported store URL scheme 'mem'"),
+        (("agent", "--runtime", "langgraph", "--store", "postgresql://h/db"), "memory: or sqlite"),
+        (("serve", "--store", "sqlite:"), "needs a path"),
+    ],
+)
+def test_a_bad_store_is_a_usage_error_before_anything_starts(
+    args: tuple[str, ...], message: str
+) -> None:
+    refused = run(*args)
+    assert refused.returncode == 2
+    flat = " ".join(refused.stderr.replace("│", " ").split())
+    assert "Invalid value for --store" in flat and message in flat
+    assert "Traceback" not in refused.stderr
+
+
+@pytest.mark.anyio
+async def test_agent_store_memory_without_a_colon_is_the_memory_store(tmp_path: Path) -> None:
+    command = [sys.executable, "-m", "acp_once", "agent", "--store", "memory"]
+    env = {**os.environ, "XDG_DATA_HOME": str(tmp_path)}
+    with anyio.fail_after(60):
+        for _ in range(2):  # a second process starts empty: nothing was kept
+            async with (
+                spawn(command, env=env) as proc,
+                ClientSideConnection(UpdateRecorder(), proc.frames) as conn,
+            ):
+                await conn.agent.initialize(initialize_request())
+                listed = await conn.agent.list_sessions(s.ListSessionsRequest())
+                assert listed.sessions == []
+                await conn.agent.new_session(s.NewSessionRequest(cwd="/tmp"))
+    assert not (tmp_path / "acp-once").exists()  # not the default SQLite store

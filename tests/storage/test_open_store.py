@@ -12,6 +12,7 @@ from acp_once.storage import (
     SchemaOutOfDate,
     SessionRecord,
     SqliteStore,
+    check_store_url,
     open_store,
 )
 
@@ -29,6 +30,18 @@ async def test_memory_url_opens_a_fresh_memory_store() -> None:
         assert await store.get_session("sess_1") == _RECORD
     async with open_store("memory:") as other:
         assert await other.get_session("sess_1") is None
+    async with open_store("memory") as bare:  # the issue's `--store memory`
+        assert isinstance(bare, MemoryStore)
+
+
+def test_check_store_url_normalises_without_opening(tmp_path: Path) -> None:
+    assert check_store_url("memory") == "memory:"
+    url = f"sqlite:{tmp_path / 'never.db'}"
+    assert check_store_url(url) == url
+    assert check_store_url("postgresql://h/db?schema=x") == "postgresql://h/db?schema=x"
+    assert not (tmp_path / "never.db").exists()
+    with pytest.raises(ValueError, match="has no scheme"):
+        check_store_url("memoryx")
 
 
 @pytest.mark.anyio

@@ -23,6 +23,25 @@ def _data_dir() -> Path:
     return Path(base) / "acp-once"
 
 
+def _store_url(store: str | None, default_db: str, *, langgraph: bool = False) -> str:
+    """The `--store` value checked before anything starts (a bad one is a usage error, not a
+    traceback), its SQLite file's directory created; None means SQLite in the data directory."""
+    from acp_once.storage import check_store_url
+
+    try:
+        url = check_store_url(store or f"sqlite:{_data_dir() / default_db}")
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--store") from None
+    if langgraph and not url.startswith(("memory:", "sqlite:")):
+        raise typer.BadParameter(
+            "the langgraph runtime keeps its threads in memory: or sqlite:PATH",
+            param_hint="--store",
+        )
+    if url.startswith("sqlite:") and url != "sqlite::memory:":
+        Path(url.removeprefix("sqlite:")).parent.mkdir(parents=True, exist_ok=True)
+    return url
+
+
 @app.command()
 def demo(
     submissions: Annotated[int, typer.Option(help="prompts per run")] = 200,
@@ -56,7 +75,10 @@ def demo(
 def agent(
     store: Annotated[
         str | None,
-        typer.Option(help="memory: or sqlite:PATH (default: SQLite in the user's data directory)"),
+        typer.Option(
+            help="memory, sqlite:PATH or postgresql://... (default: SQLite in the user's "
+            "data directory)"
+        ),
     ] = None,
     policy: Annotated[
         str, typer.Option(help="hold: prompts sent during a turn wait; steer: inserted at once")
@@ -107,9 +129,7 @@ def agent(
     if runtime not in ("reference", "langgraph"):
         raise typer.BadParameter("runtime must be reference or langgraph")
     default_db = "langgraph.sqlite3" if runtime == "langgraph" else "sessions.sqlite3"
-    url = store or f"sqlite:{_data_dir() / default_db}"
-    if url.startswith("sqlite:") and url != "sqlite::memory:":
-        Path(url.removeprefix("sqlite:")).parent.mkdir(parents=True, exist_ok=True)
+    url = _store_url(store, default_db, langgraph=runtime == "langgraph")
     effects = side_effects or _data_dir() / "side-effects"
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
 
@@ -160,7 +180,10 @@ def serve(
     port: Annotated[int, typer.Option(help="TCP port")] = 8765,
     store: Annotated[
         str | None,
-        typer.Option(help="memory: or sqlite:PATH (default: SQLite in the user's data directory)"),
+        typer.Option(
+            help="memory, sqlite:PATH or postgresql://... (default: SQLite in the user's "
+            "data directory)"
+        ),
     ] = None,
     token: Annotated[
         str | None,
@@ -240,9 +263,7 @@ def serve(
         check_listen(host, token)
     except InsecureListen as exc:
         raise typer.BadParameter(str(exc), param_hint="--host") from None
-    url = store or f"sqlite:{_data_dir() / 'sessions.sqlite3'}"
-    if url.startswith("sqlite:") and url != "sqlite::memory:":
-        Path(url.removeprefix("sqlite:")).parent.mkdir(parents=True, exist_ok=True)
+    url = _store_url(store, "sessions.sqlite3")
     if lease_ttl <= 0:
         raise typer.BadParameter("must be positive", param_hint="--lease-ttl")
     if idle_timeout < 0:

@@ -52,16 +52,41 @@ __all__ = [
     "StorageError",
     "TimelineEntry",
     "Unchanged",
+    "check_store_url",
     "migrate_database",
     "open_store",
 ]
+
+_SUPPORTED = "use 'memory:', 'sqlite:PATH' or 'postgresql://...'"
+
+
+def check_store_url(url: str) -> str:
+    """The store URL `url` in the form `open_store` takes, checked without opening anything:
+    `memory` (no colon) is read as `memory:`.
+
+    Raises:
+        ValueError: an unsupported scheme, `sqlite:` without a path, or anything after
+            `memory:`; the message says which forms are supported.
+    """
+    if url == "memory":
+        return "memory:"
+    scheme, sep, rest = url.partition(":")
+    if not sep:
+        raise ValueError(f"store URL {url!r} has no scheme; {_SUPPORTED}")
+    if scheme == "memory" and rest:
+        raise ValueError("the 'memory:' store URL takes nothing after the colon")
+    if scheme == "sqlite" and not rest:
+        raise ValueError("the 'sqlite:' store URL needs a path, as in 'sqlite:sessions.db'")
+    if scheme not in ("memory", "sqlite", "postgresql", "postgres"):
+        raise ValueError(f"unsupported store URL scheme {scheme!r}; {_SUPPORTED}")
+    return url
 
 
 @asynccontextmanager
 async def open_store(url: str, *, migrate: bool = True) -> AsyncIterator[SessionStore]:
     """Open the store named by `url` for the duration of the `async with` block.
 
-    * `memory:` a new, empty `MemoryStore`;
+    * `memory:` (or `memory`) a new, empty `MemoryStore`;
     * `sqlite:PATH` a `SqliteStore` on the file PATH (relative to the working directory,
       created if missing; `sqlite::memory:` is a private in-memory database);
     * `postgresql://...` or `postgres://...` a `PostgresStore` (libpq URL; the acp-once
@@ -72,29 +97,16 @@ async def open_store(url: str, *, migrate: bool = True) -> AsyncIterator[Session
         SchemaOutOfDate: `migrate=False` and the schema is out of date.
         StorageError: the database cannot be opened.
     """
-    scheme, sep, rest = url.partition(":")
-    if not sep:
-        raise ValueError(
-            f"store URL {url!r} has no scheme; use 'memory:', 'sqlite:PATH' or 'postgresql://...'"
-        )
+    scheme, _, rest = check_store_url(url).partition(":")
     if scheme == "memory":
-        if rest:
-            raise ValueError("the 'memory:' store URL takes nothing after the colon")
         async with MemoryStore() as memory:
             yield memory
     elif scheme == "sqlite":
-        if not rest:
-            raise ValueError("the 'sqlite:' store URL needs a path, as in 'sqlite:sessions.db'")
         async with SqliteStore.open(rest, migrate=migrate) as sqlite:
             yield sqlite
-    elif scheme in ("postgresql", "postgres"):
+    else:  # postgresql:// or postgres://, as check_store_url says
         from acp_once.storage.postgres import PostgresStore, parse_postgres_url  # needs psycopg
 
         dsn, schema = parse_postgres_url(url)
         async with PostgresStore.open(dsn, migrate=migrate, schema=schema) as postgres:
             yield postgres
-    else:
-        raise ValueError(
-            f"unsupported store URL scheme {scheme!r}; supported: 'memory:', 'sqlite:PATH',"
-            " 'postgresql://...'"
-        )

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 from acp_once.protocol.keys import IdempotencyKey
-from pydantic import AnyUrl, AwareDatetime, BaseModel, ConfigDict, Field, RootModel
+from acp_once.protocol._base import WireModel, WireRootModel
+from pydantic import AnyUrl, AwareDatetime, ConfigDict, Field
 
 
-class Response1(BaseModel):
+class Response1(WireModel):
     """
     A message (request, response, or notification) with `"jsonrpc": "2.0"` specified as
     [required by JSON-RPC 2.0 Specification][1].
@@ -23,7 +24,7 @@ class Response1(BaseModel):
     jsonrpc: Literal["2.0"]
 
 
-class RequestId(RootModel[int | str]):
+class RequestId(WireRootModel[int | str]):
     root: int | str
     """
     A JSON-RPC request ID: a string or an integer. Unlike base JSON-RPC, it MUST NOT be `null`.
@@ -34,7 +35,7 @@ class RequestId(RootModel[int | str]):
     """
 
 
-class RequestPermissionSubjectOther(BaseModel):
+class RequestPermissionSubjectOther(WireModel):
     """
     Custom or future permission subject.
 
@@ -62,7 +63,7 @@ class RequestPermissionSubjectOther(BaseModel):
     """
 
 
-class ToolCallContentOther(BaseModel):
+class ToolCallContentOther(WireModel):
     """
     Custom or future tool call content.
 
@@ -89,7 +90,7 @@ class ToolCallContentOther(BaseModel):
     """
 
 
-class ContentBlockOther(BaseModel):
+class ContentBlockOther(WireModel):
     """
     Custom or future content block.
 
@@ -118,7 +119,7 @@ class ContentBlockOther(BaseModel):
     """
 
 
-class TextResourceContents(BaseModel):
+class TextResourceContents(WireModel):
     """
     Text-based resource contents.
     """
@@ -151,7 +152,7 @@ class TextResourceContents(BaseModel):
     """
 
 
-class BlobResourceContents(BaseModel):
+class BlobResourceContents(WireModel):
     """
     Binary resource contents.
     """
@@ -184,7 +185,7 @@ class BlobResourceContents(BaseModel):
     """
 
 
-class DiffPathChange(BaseModel):
+class DiffPathChange(WireModel):
     """
     Operation metadata for add, delete, and modify changes.
     """
@@ -199,7 +200,7 @@ class DiffPathChange(BaseModel):
     """
 
 
-class DiffPathPairChange(BaseModel):
+class DiffPathPairChange(WireModel):
     """
     Operation metadata for move and copy changes.
     """
@@ -218,7 +219,7 @@ class DiffPathPairChange(BaseModel):
     """
 
 
-class Terminal(BaseModel):
+class Terminal(WireModel):
     """
     A display-only reference to an agent-owned terminal.
 
@@ -244,7 +245,7 @@ class Terminal(BaseModel):
     """
 
 
-class ToolCallLocation(BaseModel):
+class ToolCallLocation(WireModel):
     """
     A file location being accessed or modified by a tool.
 
@@ -277,7 +278,7 @@ class ToolCallLocation(BaseModel):
     """
 
 
-class ToolCallCancelCapabilities(BaseModel):
+class ToolCallCancelCapabilities(WireModel):
     """
     Capability to cancel a tool call with `tool_call/cancel`.
 
@@ -298,7 +299,7 @@ class ToolCallCancelCapabilities(BaseModel):
     """
 
 
-class CommandPermissionSubject(BaseModel):
+class CommandPermissionSubject(WireModel):
     """
     Permission request details for a command.
     """
@@ -333,7 +334,7 @@ class CommandPermissionSubject(BaseModel):
     """
 
 
-class CreateElicitationRequestForm1(BaseModel):
+class CreateElicitationRequestForm1(WireModel):
     """
     Form-based elicitation where the client renders a form from the provided schema.
     """
@@ -357,7 +358,7 @@ class CreateElicitationRequestForm1(BaseModel):
     mode: Literal["form"]
 
 
-class CreateElicitationRequestUrl1(BaseModel):
+class CreateElicitationRequestUrl1(WireModel):
     """
     URL-based elicitation where the client directs the user to a URL.
     """
@@ -381,7 +382,7 @@ class CreateElicitationRequestUrl1(BaseModel):
     mode: Literal["url"]
 
 
-class ElicitationSessionScope(BaseModel):
+class ElicitationSessionScope(WireModel):
     """
     Session-scoped elicitation, optionally tied to a specific tool call.
 
@@ -407,7 +408,7 @@ class ElicitationSessionScope(BaseModel):
     """
 
 
-class ElicitationRequestScope(BaseModel):
+class ElicitationRequestScope(WireModel):
     """
     Request-scoped elicitation, tied to a specific JSON-RPC request outside of a session
     (e.g., during auth/configuration phases before any session is started).
@@ -423,7 +424,7 @@ class ElicitationRequestScope(BaseModel):
     """
 
 
-class ElicitationPropertySchemaOther(BaseModel):
+class ElicitationPropertySchemaOther(WireModel):
     """
     Custom or future elicitation property schema.
 
@@ -450,7 +451,7 @@ class ElicitationPropertySchemaOther(BaseModel):
     """
 
 
-class EnumOption(BaseModel):
+class EnumOption(WireModel):
     """
     A titled enum option with a const value, human-readable title, and optional description.
     """
@@ -483,7 +484,7 @@ class EnumOption(BaseModel):
     """
 
 
-class StringPropertySchema(BaseModel):
+class StringPropertySchema(WireModel):
     """
     Schema for string properties in an elicitation form.
 
@@ -563,7 +564,7 @@ class StringPropertySchema(BaseModel):
     """
 
 
-class NumberPropertySchema(BaseModel):
+class NumberPropertySchema(WireModel):
     """
     Schema for number (floating-point) properties in an elicitation form.
     """
@@ -612,7 +613,7 @@ class NumberPropertySchema(BaseModel):
     """
 
 
-class IntegerPropertySchema(BaseModel):
+class IntegerPropertySchema(WireModel):
     """
     Schema for integer properties in an elicitation form.
     """
@@ -661,7 +662,7 @@ class IntegerPropertySchema(BaseModel):
     """
 
 
-class BooleanPropertySchema(BaseModel):
+class BooleanPropertySchema(WireModel):
     """
     Schema for boolean properties in an elicitation form.
     """
@@ -698,7 +699,7 @@ class BooleanPropertySchema(BaseModel):
     """
 
 
-class MultiSelectItemsOther(BaseModel):
+class MultiSelectItemsOther(WireModel):
     """
     Custom or future typed multi-select items.
     """
@@ -717,7 +718,7 @@ class MultiSelectItemsOther(BaseModel):
     """
 
 
-class StringMultiSelectItems(BaseModel):
+class StringMultiSelectItems(WireModel):
     """
     String item schema for multi-select enum properties.
     """
@@ -740,7 +741,7 @@ class StringMultiSelectItems(BaseModel):
     """
 
 
-class TitledMultiSelectItems(BaseModel):
+class TitledMultiSelectItems(WireModel):
     """
     Items definition for titled multi-select enum properties.
     """
@@ -763,7 +764,7 @@ class TitledMultiSelectItems(BaseModel):
     """
 
 
-class ElicitationId(RootModel[str]):
+class ElicitationId(WireRootModel[str]):
     root: str
     """
     Unique identifier for an elicitation.
@@ -809,14 +810,14 @@ class Request6(ElicitationRequestScope):
     """
 
 
-class ElicitationUrlMode(RootModel[Session | Request6]):
+class ElicitationUrlMode(WireRootModel[Session | Request6]):
     root: Session | Request6
     """
     URL-based elicitation mode where the client directs the user to a URL.
     """
 
 
-class ProtocolVersion(RootModel[int]):
+class ProtocolVersion(WireRootModel[int]):
     root: Annotated[int, Field(ge=0, le=65535)]
     """
     Protocol version identifier.
@@ -826,7 +827,7 @@ class ProtocolVersion(RootModel[int]):
     """
 
 
-class Implementation(BaseModel):
+class Implementation(WireModel):
     """
     Metadata about the implementation of the client or agent.
     Describes the name and version of an ACP implementation, with an optional
@@ -866,7 +867,7 @@ class Implementation(BaseModel):
     """
 
 
-class PromptImageCapabilities(BaseModel):
+class PromptImageCapabilities(WireModel):
     """
     Capabilities for image content in prompt requests.
 
@@ -887,7 +888,7 @@ class PromptImageCapabilities(BaseModel):
     """
 
 
-class PromptAudioCapabilities(BaseModel):
+class PromptAudioCapabilities(WireModel):
     """
     Capabilities for audio content in prompt requests.
 
@@ -908,7 +909,7 @@ class PromptAudioCapabilities(BaseModel):
     """
 
 
-class PromptEmbeddedContextCapabilities(BaseModel):
+class PromptEmbeddedContextCapabilities(WireModel):
     """
     Capabilities for embedded context in prompt requests.
 
@@ -929,7 +930,7 @@ class PromptEmbeddedContextCapabilities(BaseModel):
     """
 
 
-class McpStdioCapabilities(BaseModel):
+class McpStdioCapabilities(WireModel):
     """
     Capabilities for stdio MCP server transports.
 
@@ -950,7 +951,7 @@ class McpStdioCapabilities(BaseModel):
     """
 
 
-class McpHttpCapabilities(BaseModel):
+class McpHttpCapabilities(WireModel):
     """
     Capabilities for HTTP MCP server transports.
 
@@ -971,7 +972,7 @@ class McpHttpCapabilities(BaseModel):
     """
 
 
-class SessionDeleteCapabilities(BaseModel):
+class SessionDeleteCapabilities(WireModel):
     """
     Capabilities for the `session/delete` method.
 
@@ -992,7 +993,7 @@ class SessionDeleteCapabilities(BaseModel):
     """
 
 
-class SessionAdditionalDirectoriesCapabilities(BaseModel):
+class SessionAdditionalDirectoriesCapabilities(WireModel):
     """
     Capabilities for additional session directories support.
 
@@ -1016,7 +1017,7 @@ class SessionAdditionalDirectoriesCapabilities(BaseModel):
     """
 
 
-class AgentAuthCapabilities(BaseModel):
+class AgentAuthCapabilities(WireModel):
     """
     Authentication-related extension capabilities supported by the agent.
 
@@ -1039,7 +1040,7 @@ class AgentAuthCapabilities(BaseModel):
     """
 
 
-class EnvVariable(BaseModel):
+class EnvVariable(WireModel):
     """
     An environment variable to set when launching a process.
     """
@@ -1066,7 +1067,7 @@ class EnvVariable(BaseModel):
     """
 
 
-class AuthMethodTerminal(BaseModel):
+class AuthMethodTerminal(WireModel):
     """
     Terminal-based authentication method.
 
@@ -1115,7 +1116,7 @@ class AuthMethodTerminal(BaseModel):
     """
 
 
-class AuthMethodAgent(BaseModel):
+class AuthMethodAgent(WireModel):
     """
     Agent handles authentication itself through `auth/login`.
 
@@ -1150,7 +1151,7 @@ class AuthMethodAgent(BaseModel):
     """
 
 
-class LoginAuthResponse(BaseModel):
+class LoginAuthResponse(WireModel):
     """
     Response to the `auth/login` method.
     """
@@ -1169,7 +1170,7 @@ class LoginAuthResponse(BaseModel):
     """
 
 
-class LogoutAuthResponse(BaseModel):
+class LogoutAuthResponse(WireModel):
     """
     Response to the `auth/logout` method.
     """
@@ -1188,7 +1189,7 @@ class LogoutAuthResponse(BaseModel):
     """
 
 
-class SessionConfigSelectOption(BaseModel):
+class SessionConfigSelectOption(WireModel):
     """
     A possible value for a session configuration option.
     """
@@ -1221,7 +1222,7 @@ class SessionConfigSelectOption(BaseModel):
     """
 
 
-class SessionConfigBoolean(BaseModel):
+class SessionConfigBoolean(WireModel):
     """
     A boolean on/off toggle session configuration option payload.
     """
@@ -1236,7 +1237,7 @@ class SessionConfigBoolean(BaseModel):
     """
 
 
-class AvailableCommandOther(BaseModel):
+class AvailableCommandOther(WireModel):
     """
     Custom or future command kind.
 
@@ -1273,7 +1274,7 @@ class AvailableCommandOther(BaseModel):
     """
 
 
-class AvailableCommandInputOther(BaseModel):
+class AvailableCommandInputOther(WireModel):
     """
     Custom or future command input specification.
 
@@ -1301,7 +1302,7 @@ class AvailableCommandInputOther(BaseModel):
     """
 
 
-class TextCommandInput(BaseModel):
+class TextCommandInput(WireModel):
     """
     All text that was typed after the command name is provided as input.
     """
@@ -1324,7 +1325,7 @@ class TextCommandInput(BaseModel):
     """
 
 
-class SessionInfo(BaseModel):
+class SessionInfo(WireModel):
     """
     Information about a session returned by session/list
     """
@@ -1371,7 +1372,7 @@ class SessionInfo(BaseModel):
     """
 
 
-class DeleteSessionResponse(BaseModel):
+class DeleteSessionResponse(WireModel):
     """
     Response from deleting a session.
     """
@@ -1390,7 +1391,7 @@ class DeleteSessionResponse(BaseModel):
     """
 
 
-class CloseSessionResponse(BaseModel):
+class CloseSessionResponse(WireModel):
     """
     Response from closing a session.
     """
@@ -1409,7 +1410,7 @@ class CloseSessionResponse(BaseModel):
     """
 
 
-class CancelToolCallResponse(BaseModel):
+class CancelToolCallResponse(WireModel):
     """
     Response from cancelling a tool call.
     """
@@ -1428,7 +1429,7 @@ class CancelToolCallResponse(BaseModel):
     """
 
 
-class CancelTerminalResponse(BaseModel):
+class CancelTerminalResponse(WireModel):
     """
     Response from cancelling a terminal.
     """
@@ -1447,7 +1448,7 @@ class CancelTerminalResponse(BaseModel):
     """
 
 
-class ExtResponse(RootModel[Any]):
+class ExtResponse(WireRootModel[Any]):
     root: Any
     """
     Allows for sending an arbitrary response to an extension request that is not part of the ACP spec.
@@ -1458,7 +1459,7 @@ class ExtResponse(RootModel[Any]):
     """
 
 
-class UnsupportedProtocolVersionErrorData(BaseModel):
+class UnsupportedProtocolVersionErrorData(WireModel):
     """
     Data for the `-32022` (Unsupported protocol version) error.
 
@@ -1487,7 +1488,7 @@ class UnsupportedProtocolVersionErrorData(BaseModel):
     """
 
 
-class SessionNotFoundErrorData(BaseModel):
+class SessionNotFoundErrorData(WireModel):
     """
     Data for the `-32002` (Resource not found) error when a session-scoped request names a
     session that does not exist or is not active.
@@ -1513,7 +1514,7 @@ class SessionNotFoundErrorData(BaseModel):
     """
 
 
-class StateUpdateOther(BaseModel):
+class StateUpdateOther(WireModel):
     """
     Custom or future session state.
 
@@ -1542,7 +1543,7 @@ class StateUpdateOther(BaseModel):
     """
 
 
-class SessionUpdateStateUpdate1(BaseModel):
+class SessionUpdateStateUpdate1(WireModel):
     """
     A snapshot of the session's aggregate foreground activity.
     """
@@ -1566,7 +1567,7 @@ class SessionUpdateStateUpdate5(StateUpdateOther, SessionUpdateStateUpdate1):
     session_update: Annotated[Literal["state_update"], Field(alias="sessionUpdate")]
 
 
-class SessionUpdateOther(BaseModel):
+class SessionUpdateOther(WireModel):
     """
     Custom or future session update.
 
@@ -1593,7 +1594,7 @@ class SessionUpdateOther(BaseModel):
     """
 
 
-class BackgroundWorkOther(BaseModel):
+class BackgroundWorkOther(WireModel):
     """
     Custom or future background work.
 
@@ -1619,7 +1620,7 @@ class BackgroundWorkOther(BaseModel):
     """
 
 
-class BackgroundTerminal(BaseModel):
+class BackgroundTerminal(WireModel):
     """
     A listed terminal running in the background.
     """
@@ -1642,7 +1643,7 @@ class BackgroundTerminal(BaseModel):
     """
 
 
-class BackgroundToolCall(BaseModel):
+class BackgroundToolCall(WireModel):
     """
     A listed tool call whose work continues in the background.
     """
@@ -1665,7 +1666,7 @@ class BackgroundToolCall(BaseModel):
     """
 
 
-class TerminalOutput(BaseModel):
+class TerminalOutput(WireModel):
     """
     An authoritative replacement snapshot of terminal output bytes.
     """
@@ -1688,7 +1689,7 @@ class TerminalOutput(BaseModel):
     """
 
 
-class TerminalExitStatus(BaseModel):
+class TerminalExitStatus(WireModel):
     """
     Exit information for an agent-owned terminal.
 
@@ -1723,7 +1724,7 @@ class TerminalExitStatus(BaseModel):
     """
 
 
-class TerminalSize(BaseModel):
+class TerminalSize(WireModel):
     """
     The size of an agent-owned terminal in character cells.
     """
@@ -1750,7 +1751,7 @@ class TerminalSize(BaseModel):
     """
 
 
-class TerminalCancelCapabilities(BaseModel):
+class TerminalCancelCapabilities(WireModel):
     """
     Capability to cancel a terminal with `terminal/cancel`.
 
@@ -1771,7 +1772,7 @@ class TerminalCancelCapabilities(BaseModel):
     """
 
 
-class TerminalOutputChunk(BaseModel):
+class TerminalOutputChunk(WireModel):
     """
     A chunk of bytes appended to an agent-owned terminal's output.
     """
@@ -1799,7 +1800,7 @@ class TerminalOutputChunk(BaseModel):
     """
 
 
-class SessionInfoUpdate(BaseModel):
+class SessionInfoUpdate(WireModel):
     """
     Update to session metadata. All fields are optional to support partial updates.
 
@@ -1836,7 +1837,7 @@ class SessionInfoUpdate(BaseModel):
     """
 
 
-class Cost(BaseModel):
+class Cost(WireModel):
     """
     Cost information for a session.
     """
@@ -1864,7 +1865,7 @@ class Cost(BaseModel):
     """
 
 
-class UsageUpdate(BaseModel):
+class UsageUpdate(WireModel):
     """
     Context window and cost update for a session.
     """
@@ -1897,7 +1898,7 @@ class UsageUpdate(BaseModel):
     """
 
 
-class Notice(BaseModel):
+class Notice(WireModel):
     """
     Fire-and-forget information for the user.
 
@@ -1936,7 +1937,7 @@ class Notice(BaseModel):
     """
 
 
-class CompleteElicitationNotification(BaseModel):
+class CompleteElicitationNotification(WireModel):
     """
     Notification sent by the agent when a URL-based elicitation is complete.
 
@@ -1961,7 +1962,7 @@ class CompleteElicitationNotification(BaseModel):
     """
 
 
-class TerminalAuthCapabilities(BaseModel):
+class TerminalAuthCapabilities(WireModel):
     """
     Capabilities for terminal authentication methods.
 
@@ -1984,7 +1985,7 @@ class TerminalAuthCapabilities(BaseModel):
     """
 
 
-class ElicitationFormCapabilities(BaseModel):
+class ElicitationFormCapabilities(WireModel):
     """
     Form-based elicitation capabilities.
 
@@ -2005,7 +2006,7 @@ class ElicitationFormCapabilities(BaseModel):
     """
 
 
-class ElicitationUrlCapabilities(BaseModel):
+class ElicitationUrlCapabilities(WireModel):
     """
     URL-based elicitation capabilities.
 
@@ -2026,7 +2027,7 @@ class ElicitationUrlCapabilities(BaseModel):
     """
 
 
-class LoginAuthRequest(BaseModel):
+class LoginAuthRequest(WireModel):
     """
     Request parameters for the `auth/login` method.
 
@@ -2056,7 +2057,7 @@ class LoginAuthRequest(BaseModel):
     """
 
 
-class LogoutAuthRequest(BaseModel):
+class LogoutAuthRequest(WireModel):
     """
     Request parameters for the `auth/logout` method.
 
@@ -2081,7 +2082,7 @@ class LogoutAuthRequest(BaseModel):
     """
 
 
-class McpServerOther(BaseModel):
+class McpServerOther(WireModel):
     """
     Custom or future MCP server transport configuration.
 
@@ -2109,7 +2110,7 @@ class McpServerOther(BaseModel):
     """
 
 
-class HttpHeader(BaseModel):
+class HttpHeader(WireModel):
     """
     An HTTP header to set when making requests to the MCP server.
     """
@@ -2136,7 +2137,7 @@ class HttpHeader(BaseModel):
     """
 
 
-class McpServerHttp(BaseModel):
+class McpServerHttp(WireModel):
     """
     HTTP transport configuration for MCP.
     """
@@ -2168,7 +2169,7 @@ class McpServerHttp(BaseModel):
     """
 
 
-class McpServerStdio(BaseModel):
+class McpServerStdio(WireModel):
     """
     Stdio transport configuration for MCP.
     """
@@ -2204,7 +2205,7 @@ class McpServerStdio(BaseModel):
     """
 
 
-class ListSessionsRequest(BaseModel):
+class ListSessionsRequest(WireModel):
     """
     Request parameters for listing existing sessions.
     """
@@ -2238,7 +2239,7 @@ class ListSessionsRequest(BaseModel):
     """
 
 
-class DeleteSessionRequest(BaseModel):
+class DeleteSessionRequest(WireModel):
     """
     Request parameters for deleting an existing session from `session/list`.
 
@@ -2263,7 +2264,7 @@ class DeleteSessionRequest(BaseModel):
     """
 
 
-class ReplayFromOther(BaseModel):
+class ReplayFromOther(WireModel):
     """
     Custom or future replay cursor.
 
@@ -2291,7 +2292,7 @@ class ReplayFromOther(BaseModel):
     """
 
 
-class ReplayFromStart(BaseModel):
+class ReplayFromStart(WireModel):
     """
     Inclusive replay cursor requesting replay from the start of retained conversation history.
     """
@@ -2310,7 +2311,7 @@ class ReplayFromStart(BaseModel):
     """
 
 
-class CloseSessionRequest(BaseModel):
+class CloseSessionRequest(WireModel):
     """
     Request parameters for closing an active session.
 
@@ -2352,7 +2353,7 @@ class CloseSessionRequest(BaseModel):
     """
 
 
-class CancelToolCallRequest(BaseModel):
+class CancelToolCallRequest(WireModel):
     """
     Request parameters for cancelling one tool call.
 
@@ -2390,7 +2391,7 @@ class CancelToolCallRequest(BaseModel):
     """
 
 
-class CancelTerminalRequest(BaseModel):
+class CancelTerminalRequest(WireModel):
     """
     Request parameters for cancelling one terminal.
 
@@ -2429,7 +2430,7 @@ class CancelTerminalRequest(BaseModel):
     """
 
 
-class SetSessionConfigOptionRequestId(BaseModel):
+class SetSessionConfigOptionRequestId(WireModel):
     """
     A `SessionConfigValueId` string value (`type: "id"`).
     """
@@ -2461,7 +2462,7 @@ class SetSessionConfigOptionRequestId(BaseModel):
     """
 
 
-class SetSessionConfigOptionRequestBoolean(BaseModel):
+class SetSessionConfigOptionRequestBoolean(WireModel):
     """
     A boolean value (`type: "boolean"`).
     """
@@ -2493,7 +2494,7 @@ class SetSessionConfigOptionRequestBoolean(BaseModel):
     """
 
 
-class SetSessionConfigOptionRequestOther(BaseModel):
+class SetSessionConfigOptionRequestOther(WireModel):
     """
     Custom or future session configuration option value payload.
 
@@ -2539,7 +2540,7 @@ class SetSessionConfigOptionRequestOther(BaseModel):
     """
 
 
-class RequestPermissionOutcomeOther(BaseModel):
+class RequestPermissionOutcomeOther(WireModel):
     """
     Custom or future permission outcome.
 
@@ -2567,7 +2568,7 @@ class RequestPermissionOutcomeOther(BaseModel):
     """
 
 
-class CancelledPermissionOutcome(BaseModel):
+class CancelledPermissionOutcome(WireModel):
     """
     The request was not approved and no option was selected.
     """
@@ -2586,7 +2587,7 @@ class CancelledPermissionOutcome(BaseModel):
     """
 
 
-class SelectedPermissionOutcome(BaseModel):
+class SelectedPermissionOutcome(WireModel):
     """
     The user selected one of the provided options.
     """
@@ -2609,7 +2610,7 @@ class SelectedPermissionOutcome(BaseModel):
     """
 
 
-class CreateElicitationResponseDecline(BaseModel):
+class CreateElicitationResponseDecline(WireModel):
     """
     The user declined the elicitation.
     """
@@ -2629,7 +2630,7 @@ class CreateElicitationResponseDecline(BaseModel):
     action: Literal["decline"]
 
 
-class CreateElicitationResponseCancel(BaseModel):
+class CreateElicitationResponseCancel(WireModel):
     """
     The elicitation was cancelled.
     """
@@ -2649,7 +2650,7 @@ class CreateElicitationResponseCancel(BaseModel):
     action: Literal["cancel"]
 
 
-class CreateElicitationResponseOther(BaseModel):
+class CreateElicitationResponseOther(WireModel):
     """
     Custom or future elicitation action.
 
@@ -2684,14 +2685,14 @@ class CreateElicitationResponseOther(BaseModel):
     """
 
 
-class ElicitationContentValue(RootModel[Any | str | int | float | bool | list[str]]):
+class ElicitationContentValue(WireRootModel[Any | str | int | float | bool | list[str]]):
     root: Any | str | int | float | bool | list[str]
     """
     Allowed wire representations for `ElicitationContentValue`.
     """
 
 
-class ElicitationAcceptAction(BaseModel):
+class ElicitationAcceptAction(WireModel):
     """
     The user accepted the elicitation and provided content.
     """
@@ -2708,7 +2709,7 @@ class ElicitationAcceptAction(BaseModel):
     """
 
 
-class CancelSessionNotification(BaseModel):
+class CancelSessionNotification(WireModel):
     """
     Notification to cancel a session's foreground work and its prompts not yet inserted.
 
@@ -2733,7 +2734,7 @@ class CancelSessionNotification(BaseModel):
     """
 
 
-class CancelRequestNotification(BaseModel):
+class CancelRequestNotification(WireModel):
     """
     Notification to cancel an ongoing request.
 
@@ -2759,7 +2760,7 @@ class CancelRequestNotification(BaseModel):
     """
 
 
-class ProtocolLevel(BaseModel):
+class ProtocolLevel(WireModel):
     """
     A message (request, response, or notification) with `"jsonrpc": "2.0"` specified as
     [required by JSON-RPC 2.0 Specification][1].
@@ -2806,7 +2807,7 @@ class ToolCallContentTerminal(Terminal):
     type: Literal["terminal"]
 
 
-class Annotations(BaseModel):
+class Annotations(WireModel):
     """
     Optional annotations for the client. The client can use annotations to inform how objects are used or displayed
     """
@@ -2846,7 +2847,7 @@ class Annotations(BaseModel):
     """
 
 
-class TextContent(BaseModel):
+class TextContent(WireModel):
     """
     Text provided to or from an LLM.
     """
@@ -2875,7 +2876,7 @@ class TextContent(BaseModel):
     """
 
 
-class ImageContent(BaseModel):
+class ImageContent(WireModel):
     """
     An image provided to or from an LLM.
     """
@@ -2914,7 +2915,7 @@ class ImageContent(BaseModel):
     """
 
 
-class AudioContent(BaseModel):
+class AudioContent(WireModel):
     """
     Audio provided to or from an LLM.
     """
@@ -2947,7 +2948,7 @@ class AudioContent(BaseModel):
     """
 
 
-class Icon(BaseModel):
+class Icon(WireModel):
     """
     An optionally-sized icon that can be displayed in a user interface.
     """
@@ -2994,7 +2995,7 @@ class Icon(BaseModel):
     """
 
 
-class ResourceLink(BaseModel):
+class ResourceLink(WireModel):
     """
     A link to a resource that the receiver may be able to read, included in a prompt or tool call result.
     """
@@ -3057,7 +3058,7 @@ class ResourceLink(BaseModel):
     """
 
 
-class EmbeddedResource(BaseModel):
+class EmbeddedResource(WireModel):
     """
     The contents of a resource, embedded into a prompt or tool call result.
     """
@@ -3286,7 +3287,7 @@ class DiffChangeCopy(DiffPathPairChange):
     operation: Literal["copy"]
 
 
-class DiffChangeOther(BaseModel):
+class DiffChangeOther(WireModel):
     """
     Custom or future file operation.
 
@@ -3337,7 +3338,7 @@ class DiffChangeOther(BaseModel):
     """
 
 
-class DiffPatch(BaseModel):
+class DiffPatch(WireModel):
     """
     Renderable patch text and its format.
     """
@@ -3364,7 +3365,7 @@ class DiffPatch(BaseModel):
     """
 
 
-class Diff(BaseModel):
+class Diff(WireModel):
     """
     File changes produced by a tool call.
 
@@ -3413,7 +3414,7 @@ class Diff(BaseModel):
     """
 
 
-class ToolCallCapabilities(BaseModel):
+class ToolCallCapabilities(WireModel):
     """
     Client-initiated controls a tool call currently supports.
 
@@ -3444,7 +3445,7 @@ class ToolCallCapabilities(BaseModel):
     """
 
 
-class PermissionOption(BaseModel):
+class PermissionOption(WireModel):
     """
     An option presented to the user when requesting permission.
     """
@@ -3652,7 +3653,7 @@ class MultiSelectItemsString(StringMultiSelectItems):
     type: Literal["string"]
 
 
-class MultiSelectPropertySchema(BaseModel):
+class MultiSelectPropertySchema(WireModel):
     """
     Schema for multi-select (array) properties in an elicitation form.
     """
@@ -3705,7 +3706,7 @@ class MultiSelectPropertySchema(BaseModel):
     """
 
 
-class PromptCapabilities(BaseModel):
+class PromptCapabilities(WireModel):
     """
     Prompt capabilities supported by the agent in `session/prompt` requests.
 
@@ -3761,7 +3762,7 @@ class PromptCapabilities(BaseModel):
     """
 
 
-class McpCapabilities(BaseModel):
+class McpCapabilities(WireModel):
     """
     MCP capabilities supported by the agent for session lifecycle requests.
     """
@@ -3821,7 +3822,7 @@ class AuthMethodAgentModel(AuthMethodAgent):
     type: Literal["agent"]
 
 
-class AuthMethodOther(BaseModel):
+class AuthMethodOther(WireModel):
     """
     Custom or future authentication method.
 
@@ -3903,7 +3904,7 @@ class SessionConfigOptionBoolean(SessionConfigBoolean):
     type: Literal["boolean"]
 
 
-class SessionConfigOptionOther(BaseModel):
+class SessionConfigOptionOther(WireModel):
     """
     Custom or future session configuration option payload.
 
@@ -3965,14 +3966,14 @@ class SessionConfigOptionOther(BaseModel):
     """
 
 
-class Ungrouped(RootModel[list[SessionConfigSelectOption]]):
+class Ungrouped(WireRootModel[list[SessionConfigSelectOption]]):
     root: Annotated[list[SessionConfigSelectOption], Field(min_length=1, title="Ungrouped")]
     """
     A flat list of options with no grouping.
     """
 
 
-class SessionConfigSelectGroup(BaseModel):
+class SessionConfigSelectGroup(WireModel):
     """
     A group of possible values for a session configuration option.
     """
@@ -4015,7 +4016,7 @@ class AvailableCommandInputText(TextCommandInput):
     type: Literal["text"]
 
 
-class Command(BaseModel):
+class Command(WireModel):
     """
     A slash command the user can invoke by including it in a prompt.
 
@@ -4052,7 +4053,7 @@ class Command(BaseModel):
     """
 
 
-class ListSessionsResponse(BaseModel):
+class ListSessionsResponse(WireModel):
     """
     Response from listing sessions.
     """
@@ -4081,7 +4082,7 @@ class ListSessionsResponse(BaseModel):
     """
 
 
-class PromptResponse(BaseModel):
+class PromptResponse(WireModel):
     """
     Response acknowledging that a user prompt was inserted into the ACP conversation.
 
@@ -4197,7 +4198,7 @@ class BackgroundWorkToolCall(BackgroundToolCall):
     type: Literal["tool_call"]
 
 
-class RunningStateUpdate(BaseModel):
+class RunningStateUpdate(WireModel):
     """
     Foreground work is in progress.
     """
@@ -4229,7 +4230,7 @@ class RunningStateUpdate(BaseModel):
     """
 
 
-class RequiresActionStateUpdate(BaseModel):
+class RequiresActionStateUpdate(WireModel):
     """
     The foreground workflow as a whole is blocked on user action.
 
@@ -4292,7 +4293,7 @@ class StateUpdateRequiresAction(RequiresActionStateUpdate):
     state: Literal["requires_action"]
 
 
-class TerminalCapabilities(BaseModel):
+class TerminalCapabilities(WireModel):
     """
     Client-initiated controls a terminal currently supports.
 
@@ -4323,7 +4324,7 @@ class TerminalCapabilities(BaseModel):
     """
 
 
-class TerminalUpdate(BaseModel):
+class TerminalUpdate(WireModel):
     """
     An upsert for the stored state of an agent-owned terminal.
 
@@ -4385,7 +4386,7 @@ class TerminalUpdate(BaseModel):
     """
 
 
-class PlanUpdateContentOther(BaseModel):
+class PlanUpdateContentOther(WireModel):
     """
     Custom or future plan update content.
 
@@ -4417,7 +4418,7 @@ class PlanUpdateContentOther(BaseModel):
     """
 
 
-class PlanEntry(BaseModel):
+class PlanEntry(WireModel):
     """
     A single entry in the execution plan.
 
@@ -4459,7 +4460,7 @@ class PlanEntry(BaseModel):
     """
 
 
-class PlanItems(BaseModel):
+class PlanItems(WireModel):
     """
     A plan represented as structured entries.
     """
@@ -4489,7 +4490,7 @@ class PlanItems(BaseModel):
     """
 
 
-class ClientAuthCapabilities(BaseModel):
+class ClientAuthCapabilities(WireModel):
     """
     Authentication capabilities supported by the client.
 
@@ -4521,7 +4522,7 @@ class ClientAuthCapabilities(BaseModel):
     """
 
 
-class ElicitationCapabilities(BaseModel):
+class ElicitationCapabilities(WireModel):
     """
     Elicitation capabilities supported by the client.
     """
@@ -4651,7 +4652,7 @@ class CreateElicitationResponseAccept(ElicitationAcceptAction):
 
 
 class CreateElicitationResponse(
-    RootModel[
+    WireRootModel[
         Annotated[
             CreateElicitationResponseAccept
             | CreateElicitationResponseDecline
@@ -4673,7 +4674,7 @@ class CreateElicitationResponse(
     """
 
 
-class ClientNotification(BaseModel):
+class ClientNotification(WireModel):
     """
     A JSON-RPC notification object.
     """
@@ -4793,7 +4794,7 @@ class ContentBlockResource(EmbeddedResource):
     type: Literal["resource"]
 
 
-class Content(BaseModel):
+class Content(WireModel):
     """
     Standard content block (text, images, resources).
     """
@@ -4836,7 +4837,7 @@ class ElicitationPropertySchemaArray(MultiSelectPropertySchema):
     type: Literal["array"]
 
 
-class SessionCapabilities(BaseModel):
+class SessionCapabilities(WireModel):
     """
     Session capabilities supported by the agent.
 
@@ -4900,14 +4901,14 @@ class SessionCapabilities(BaseModel):
     """
 
 
-class Grouped(RootModel[list[SessionConfigSelectGroup]]):
+class Grouped(WireRootModel[list[SessionConfigSelectGroup]]):
     root: Annotated[list[SessionConfigSelectGroup], Field(min_length=1, title="Grouped")]
     """
     A list of options grouped under headers.
     """
 
 
-class SessionConfigSelect(BaseModel):
+class SessionConfigSelect(WireModel):
     """
     A single-value selector (dropdown) session configuration option payload.
     """
@@ -4939,7 +4940,7 @@ class AvailableCommandCommand(Command):
     type: Literal["command"]
 
 
-class Error(BaseModel):
+class Error(WireModel):
     """
     JSON-RPC error object.
 
@@ -5021,7 +5022,7 @@ class SessionUpdateTerminalUpdate(TerminalUpdate):
     session_update: Annotated[Literal["terminal_update"], Field(alias="sessionUpdate")]
 
 
-class ContentChunk(BaseModel):
+class ContentChunk(WireModel):
     """
     A streamed item of message content.
     """
@@ -5060,7 +5061,7 @@ class ContentChunk(BaseModel):
     """
 
 
-class UserMessage(BaseModel):
+class UserMessage(WireModel):
     """
     A user message upsert.
 
@@ -5115,7 +5116,7 @@ class UserMessage(BaseModel):
     """
 
 
-class AgentMessage(BaseModel):
+class AgentMessage(WireModel):
     """
     An agent message upsert.
 
@@ -5170,7 +5171,7 @@ class AgentMessage(BaseModel):
     """
 
 
-class AgentThought(BaseModel):
+class AgentThought(WireModel):
     """
     An agent thought or reasoning message upsert.
 
@@ -5225,7 +5226,7 @@ class AgentThought(BaseModel):
     """
 
 
-class ErrorStopReason(BaseModel):
+class ErrorStopReason(WireModel):
     """
     Details of a failure that ended active work.
     """
@@ -5243,7 +5244,7 @@ class ErrorStopReason(BaseModel):
     """
 
 
-class IdleStateUpdate(BaseModel):
+class IdleStateUpdate(WireModel):
     """
     No foreground work is active. Background activity may continue.
 
@@ -5310,7 +5311,9 @@ class StateUpdateIdle(IdleStateUpdate):
 
 
 class StateUpdate(
-    RootModel[StateUpdateRunning | StateUpdateIdle | StateUpdateRequiresAction | StateUpdateOther]
+    WireRootModel[
+        StateUpdateRunning | StateUpdateIdle | StateUpdateRequiresAction | StateUpdateOther
+    ]
 ):
     root: Annotated[
         StateUpdateRunning | StateUpdateIdle | StateUpdateRequiresAction | StateUpdateOther,
@@ -5372,7 +5375,7 @@ class PlanUpdateContentItems(PlanItems):
     type: Literal["items"]
 
 
-class PlanUpdate(BaseModel):
+class PlanUpdate(WireModel):
     """
     A content update for a plan identified by ID.
     """
@@ -5397,7 +5400,7 @@ class PlanUpdate(BaseModel):
     """
 
 
-class AvailableCommandsUpdate(BaseModel):
+class AvailableCommandsUpdate(WireModel):
     """
     Available commands are ready or have changed
     """
@@ -5422,7 +5425,7 @@ class AvailableCommandsUpdate(BaseModel):
     """
 
 
-class CompactionUpdate(BaseModel):
+class CompactionUpdate(WireModel):
     """
     A context compaction upsert. The first notification fixes the compaction's
     timeline position. Later updates with the same ID patch that entity in place.
@@ -5485,7 +5488,7 @@ class CompactionUpdate(BaseModel):
     """
 
 
-class CompactionSummaryChunk(BaseModel):
+class CompactionSummaryChunk(WireModel):
     """
     A content block appended to a compaction's summary. A first-seen ID creates
     an in-progress compaction. Chunks append in receive order.
@@ -5522,7 +5525,7 @@ class CompactionSummaryChunk(BaseModel):
     """
 
 
-class ClientCapabilities(BaseModel):
+class ClientCapabilities(WireModel):
     """
     Capabilities supported by the client.
 
@@ -5563,7 +5566,7 @@ class ClientCapabilities(BaseModel):
     """
 
 
-class NewSessionRequest(BaseModel):
+class NewSessionRequest(WireModel):
     """
     Request parameters for creating a new session.
 
@@ -5603,7 +5606,7 @@ class NewSessionRequest(BaseModel):
     """
 
 
-class ResumeSessionRequest(BaseModel):
+class ResumeSessionRequest(WireModel):
     """
     Request parameters for resuming an existing session.
 
@@ -5671,7 +5674,7 @@ class ResumeSessionRequest(BaseModel):
     """
 
 
-class PromptRequest(BaseModel):
+class PromptRequest(WireModel):
     """
     Request parameters for sending a user prompt to the agent.
 
@@ -5734,7 +5737,7 @@ class PromptRequest(BaseModel):
     """
 
 
-class ClientResponseError1(BaseModel):
+class ClientResponseError1(WireModel):
     """
     A failed JSON-RPC response.
     """
@@ -5756,7 +5759,7 @@ class ClientResponseError1(BaseModel):
     """
 
 
-class RequestPermissionResponse(BaseModel):
+class RequestPermissionResponse(WireModel):
     """
     Response to a permission request.
     """
@@ -5784,7 +5787,7 @@ class RequestPermissionResponse(BaseModel):
     """
 
 
-class AgentResponseError(BaseModel):
+class AgentResponseError(WireModel):
     """
     A failed JSON-RPC response.
     """
@@ -5821,7 +5824,7 @@ class Response3(AgentResponseError, Response1):
     jsonrpc: Literal["2.0"]
 
 
-class ClientResponseResult(BaseModel):
+class ClientResponseResult(WireModel):
     """
     A successful JSON-RPC response.
     """
@@ -5847,7 +5850,7 @@ class ClientResponseResult(BaseModel):
     """
 
 
-class ClientResponseError(BaseModel):
+class ClientResponseError(WireModel):
     """
     A failed JSON-RPC response.
     """
@@ -5911,7 +5914,7 @@ class ToolCallContentContent(Content):
     type: Literal["content"]
 
 
-class ElicitationSchema(BaseModel):
+class ElicitationSchema(WireModel):
     """
     Type-safe elicitation schema for requesting structured user input.
 
@@ -6001,14 +6004,14 @@ class Request5(ElicitationRequestScope):
     """
 
 
-class ElicitationFormMode(RootModel[Session3 | Request5]):
+class ElicitationFormMode(WireRootModel[Session3 | Request5]):
     root: Session3 | Request5
     """
     Form-based elicitation mode where the client renders a form from the provided schema.
     """
 
 
-class AgentResponseError1(BaseModel):
+class AgentResponseError1(WireModel):
     """
     A failed JSON-RPC response.
     """
@@ -6030,7 +6033,7 @@ class AgentResponseError1(BaseModel):
     """
 
 
-class AgentCapabilities(BaseModel):
+class AgentCapabilities(WireModel):
     """
     Capabilities supported by the agent.
 
@@ -6120,7 +6123,7 @@ class SessionConfigOptionSelect(SessionConfigSelect):
     type: Literal["select"]
 
 
-class ResumeSessionResponse(BaseModel):
+class ResumeSessionResponse(WireModel):
     """
     Response from resuming an existing session.
 
@@ -6168,7 +6171,7 @@ class ResumeSessionResponse(BaseModel):
     """
 
 
-class SetSessionConfigOptionResponse(BaseModel):
+class SetSessionConfigOptionResponse(WireModel):
     """
     Response to `session/set_config_option` method.
     """
@@ -6339,7 +6342,7 @@ class SessionUpdateCompactionSummaryChunk(CompactionSummaryChunk):
     session_update: Annotated[Literal["compaction_summary_chunk"], Field(alias="sessionUpdate")]
 
 
-class ToolCallContentChunk(BaseModel):
+class ToolCallContentChunk(WireModel):
     """
     A streamed item of tool-call content.
 
@@ -6378,7 +6381,7 @@ class ToolCallContentChunk(BaseModel):
     """
 
 
-class ConfigOptionUpdate(BaseModel):
+class ConfigOptionUpdate(WireModel):
     """
     Session configuration options have been updated.
     """
@@ -6404,7 +6407,7 @@ class ConfigOptionUpdate(BaseModel):
     """
 
 
-class InitializeRequest(BaseModel):
+class InitializeRequest(WireModel):
     """
     Request parameters for the initialize method.
 
@@ -6439,14 +6442,14 @@ class InitializeRequest(BaseModel):
     """
 
 
-class ClientResponse(RootModel[ClientResponseResult | ClientResponseError1]):
+class ClientResponse(WireRootModel[ClientResponseResult | ClientResponseError1]):
     root: ClientResponseResult | ClientResponseError1
     """
     A JSON-RPC response object.
     """
 
 
-class ToolCallUpdate(BaseModel):
+class ToolCallUpdate(WireModel):
     """
     Represents an upsert for a tool call that the language model has requested.
 
@@ -6573,7 +6576,7 @@ class ToolCallUpdate(BaseModel):
     """
 
 
-class ToolCallPermissionSubject(BaseModel):
+class ToolCallPermissionSubject(WireModel):
     """
     Permission request details for a tool call.
     """
@@ -6648,7 +6651,7 @@ class CreateElicitationRequestForm3(Request5, CreateElicitationRequestForm1):
     mode: Literal["form"]
 
 
-class InitializeResponse(BaseModel):
+class InitializeResponse(WireModel):
     """
     Response to the `initialize` method.
 
@@ -6699,7 +6702,7 @@ class InitializeResponse(BaseModel):
     """
 
 
-class NewSessionResponse(BaseModel):
+class NewSessionResponse(WireModel):
     """
     Response from creating a new session.
 
@@ -6789,7 +6792,7 @@ class SessionUpdateConfigOptionUpdate(ConfigOptionUpdate):
     session_update: Annotated[Literal["config_option_update"], Field(alias="sessionUpdate")]
 
 
-class ClientRequest(BaseModel):
+class ClientRequest(WireModel):
     """
     A JSON-RPC request object.
     """
@@ -6829,7 +6832,7 @@ class ClientRequest(BaseModel):
     """
 
 
-class AgentResponseResult(BaseModel):
+class AgentResponseResult(WireModel):
     """
     A successful JSON-RPC response.
     """
@@ -6904,14 +6907,14 @@ class RequestPermissionSubjectToolCall(ToolCallPermissionSubject):
     type: Literal["tool_call"]
 
 
-class AgentResponse(RootModel[AgentResponseResult | AgentResponseError1]):
+class AgentResponse(WireRootModel[AgentResponseResult | AgentResponseError1]):
     root: AgentResponseResult | AgentResponseError1
     """
     A JSON-RPC response object.
     """
 
 
-class UpdateSessionNotification(BaseModel):
+class UpdateSessionNotification(WireModel):
     """
     Notification containing a session update from the agent.
 
@@ -6966,7 +6969,7 @@ class UpdateSessionNotification(BaseModel):
     """
 
 
-class RequestPermissionRequest(BaseModel):
+class RequestPermissionRequest(WireModel):
     """
     Request for user permission to proceed with an operation.
 
@@ -7024,7 +7027,7 @@ class RequestPermissionRequest(BaseModel):
     """
 
 
-class AgentNotification(BaseModel):
+class AgentNotification(WireModel):
     """
     A JSON-RPC notification object.
     """
@@ -7058,7 +7061,7 @@ class Notification(AgentNotification):
     jsonrpc: Literal["2.0"]
 
 
-class AgentRequest(BaseModel):
+class AgentRequest(WireModel):
     """
     A JSON-RPC request object.
     """
@@ -7107,7 +7110,7 @@ class Request(AgentRequest):
 
 
 class AgentClientProtocol(
-    RootModel[
+    WireRootModel[
         ProtocolLevel
         | Request
         | Notification

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 from acp_once.protocol.keys import IdempotencyKey
-from pydantic import AnyUrl, AwareDatetime, BaseModel, ConfigDict, Field, RootModel
+from acp_once.protocol._base import WireModel, WireRootModel
+from pydantic import AnyUrl, AwareDatetime, ConfigDict, Field
 
 
-class Response1(BaseModel):
+class Response1(WireModel):
     """
     A message (request, response, or notification) with `"jsonrpc": "2.0"` specified as
     [required by JSON-RPC 2.0 Specification][1].
@@ -23,7 +24,7 @@ class Response1(BaseModel):
     jsonrpc: Literal["2.0"]
 
 
-class RequestId(RootModel[int | str]):
+class RequestId(WireRootModel[int | str]):
     root: int | str
     """
     A JSON-RPC request ID: a string or an integer. Unlike base JSON-RPC, it MUST NOT be `null`.
@@ -34,7 +35,7 @@ class RequestId(RootModel[int | str]):
     """
 
 
-class RequestPermissionSubjectOther(BaseModel):
+class RequestPermissionSubjectOther(WireModel):
     """
     Custom or future permission subject.
 
@@ -62,7 +63,7 @@ class RequestPermissionSubjectOther(BaseModel):
     """
 
 
-class ToolCallContentOther(BaseModel):
+class ToolCallContentOther(WireModel):
     """
     Custom or future tool call content.
 
@@ -89,7 +90,7 @@ class ToolCallContentOther(BaseModel):
     """
 
 
-class ContentBlockOther(BaseModel):
+class ContentBlockOther(WireModel):
     """
     Custom or future content block.
 
@@ -118,7 +119,7 @@ class ContentBlockOther(BaseModel):
     """
 
 
-class TextResourceContents(BaseModel):
+class TextResourceContents(WireModel):
     """
     Text-based resource contents.
     """
@@ -151,7 +152,7 @@ class TextResourceContents(BaseModel):
     """
 
 
-class BlobResourceContents(BaseModel):
+class BlobResourceContents(WireModel):
     """
     Binary resource contents.
     """
@@ -184,7 +185,7 @@ class BlobResourceContents(BaseModel):
     """
 
 
-class DiffPathChange(BaseModel):
+class DiffPathChange(WireModel):
     """
     Operation metadata for add, delete, and modify changes.
     """
@@ -199,7 +200,7 @@ class DiffPathChange(BaseModel):
     """
 
 
-class DiffPathPairChange(BaseModel):
+class DiffPathPairChange(WireModel):
     """
     Operation metadata for move and copy changes.
     """
@@ -218,7 +219,7 @@ class DiffPathPairChange(BaseModel):
     """
 
 
-class Terminal(BaseModel):
+class Terminal(WireModel):
     """
     A display-only reference to an agent-owned terminal.
 
@@ -244,7 +245,7 @@ class Terminal(BaseModel):
     """
 
 
-class ToolCallLocation(BaseModel):
+class ToolCallLocation(WireModel):
     """
     A file location being accessed or modified by a tool.
 
@@ -277,7 +278,7 @@ class ToolCallLocation(BaseModel):
     """
 
 
-class ToolCallCancelCapabilities(BaseModel):
+class ToolCallCancelCapabilities(WireModel):
     """
     Capability to cancel a tool call with `tool_call/cancel`.
 
@@ -298,7 +299,7 @@ class ToolCallCancelCapabilities(BaseModel):
     """
 
 
-class CommandPermissionSubject(BaseModel):
+class CommandPermissionSubject(WireModel):
     """
     Permission request details for a command.
     """
@@ -333,7 +334,7 @@ class CommandPermissionSubject(BaseModel):
     """
 
 
-class CreateElicitationRequestForm1(BaseModel):
+class CreateElicitationRequestForm1(WireModel):
     """
     Form-based elicitation where the client renders a form from the provided schema.
     """
@@ -357,7 +358,7 @@ class CreateElicitationRequestForm1(BaseModel):
     mode: Literal["form"]
 
 
-class CreateElicitationRequestUrl1(BaseModel):
+class CreateElicitationRequestUrl1(WireModel):
     """
     URL-based elicitation where the client directs the user to a URL.
     """
@@ -381,7 +382,7 @@ class CreateElicitationRequestUrl1(BaseModel):
     mode: Literal["url"]
 
 
-class ElicitationSessionScope(BaseModel):
+class ElicitationSessionScope(WireModel):
     """
     Session-scoped elicitation, optionally tied to a specific tool call.
 
@@ -407,7 +408,7 @@ class ElicitationSessionScope(BaseModel):
     """
 
 
-class ElicitationRequestScope(BaseModel):
+class ElicitationRequestScope(WireModel):
     """
     Request-scoped elicitation, tied to a specific JSON-RPC request outside of a session
     (e.g., during auth/configuration phases before any session is started).
@@ -423,7 +424,7 @@ class ElicitationRequestScope(BaseModel):
     """
 
 
-class ElicitationPropertySchemaOther(BaseModel):
+class ElicitationPropertySchemaOther(WireModel):
     """
     Custom or future elicitation property schema.
 
@@ -450,7 +451,7 @@ class ElicitationPropertySchemaOther(BaseModel):
     """
 
 
-class EnumOption(BaseModel):
+class EnumOption(WireModel):
     """
     A titled enum option with a const value, human-readable title, and optional description.
     """
@@ -483,7 +484,7 @@ class EnumOption(BaseModel):
     """
 
 
-class StringPropertySchema(BaseModel):
+class StringPropertySchema(WireModel):
     """
     Schema for string properties in an elicitation form.
 
@@ -563,7 +564,7 @@ class StringPropertySchema(BaseModel):
     """
 
 
-class NumberPropertySchema(BaseModel):
+class NumberPropertySchema(WireModel):
     """
     Schema for number (floating-point) properties in an elicitation form.
     """
@@ -612,7 +613,7 @@ class NumberPropertySchema(BaseModel):
     """
 
 
-class IntegerPropertySchema(BaseModel):
+class IntegerPropertySchema(WireModel):
     """
     Schema for integer properties in an elicitation form.
     """
@@ -661,7 +662,7 @@ class IntegerPropertySchema(BaseModel):
     """
 
 
-class BooleanPropertySchema(BaseModel):
+class BooleanPropertySchema(WireModel):
     """
     Schema for boolean properties in an elicitation form.
     """
@@ -698,7 +699,7 @@ class BooleanPropertySchema(BaseModel):
     """
 
 
-class MultiSelectItemsOther(BaseModel):
+class MultiSelectItemsOther(WireModel):
     """
     Custom or future typed multi-select items.
     """
@@ -717,7 +718,7 @@ class MultiSelectItemsOther(BaseModel):
     """
 
 
-class StringMultiSelectItems(BaseModel):
+class StringMultiSelectItems(WireModel):
     """
     String item schema for multi-select enum properties.
     """
@@ -740,7 +741,7 @@ class StringMultiSelectItems(BaseModel):
     """
 
 
-class TitledMultiSelectItems(BaseModel):
+class TitledMultiSelectItems(WireModel):
     """
     Items definition for titled multi-select enum properties.
     """
@@ -763,7 +764,7 @@ class TitledMultiSelectItems(BaseModel):
     """
 
 
-class ElicitationId(RootModel[str]):
+class ElicitationId(WireRootModel[str]):
     root: str
     """
     Unique identifier for an elicitation.
@@ -809,14 +810,14 @@ class Request7(ElicitationRequestScope):
     """
 
 
-class ElicitationUrlMode(RootModel[Session | Request7]):
+class ElicitationUrlMode(WireRootModel[Session | Request7]):
     root: Session | Request7
     """
     URL-based elicitation mode where the client directs the user to a URL.
     """
 
 
-class ProtocolVersion(RootModel[int]):
+class ProtocolVersion(WireRootModel[int]):
     root: Annotated[int, Field(ge=0, le=65535)]
     """
     Protocol version identifier.
@@ -826,7 +827,7 @@ class ProtocolVersion(RootModel[int]):
     """
 
 
-class Implementation(BaseModel):
+class Implementation(WireModel):
     """
     Metadata about the implementation of the client or agent.
     Describes the name and version of an ACP implementation, with an optional
@@ -866,7 +867,7 @@ class Implementation(BaseModel):
     """
 
 
-class PromptImageCapabilities(BaseModel):
+class PromptImageCapabilities(WireModel):
     """
     Capabilities for image content in prompt requests.
 
@@ -887,7 +888,7 @@ class PromptImageCapabilities(BaseModel):
     """
 
 
-class PromptAudioCapabilities(BaseModel):
+class PromptAudioCapabilities(WireModel):
     """
     Capabilities for audio content in prompt requests.
 
@@ -908,7 +909,7 @@ class PromptAudioCapabilities(BaseModel):
     """
 
 
-class PromptEmbeddedContextCapabilities(BaseModel):
+class PromptEmbeddedContextCapabilities(WireModel):
     """
     Capabilities for embedded context in prompt requests.
 
@@ -929,7 +930,7 @@ class PromptEmbeddedContextCapabilities(BaseModel):
     """
 
 
-class McpStdioCapabilities(BaseModel):
+class McpStdioCapabilities(WireModel):
     """
     Capabilities for stdio MCP server transports.
 
@@ -950,7 +951,7 @@ class McpStdioCapabilities(BaseModel):
     """
 
 
-class McpHttpCapabilities(BaseModel):
+class McpHttpCapabilities(WireModel):
     """
     Capabilities for HTTP MCP server transports.
 
@@ -971,7 +972,7 @@ class McpHttpCapabilities(BaseModel):
     """
 
 
-class McpAcpCapabilities(BaseModel):
+class McpAcpCapabilities(WireModel):
     """
     **UNSTABLE**
 
@@ -996,7 +997,7 @@ class McpAcpCapabilities(BaseModel):
     """
 
 
-class SessionDeleteCapabilities(BaseModel):
+class SessionDeleteCapabilities(WireModel):
     """
     Capabilities for the `session/delete` method.
 
@@ -1017,7 +1018,7 @@ class SessionDeleteCapabilities(BaseModel):
     """
 
 
-class SessionAdditionalDirectoriesCapabilities(BaseModel):
+class SessionAdditionalDirectoriesCapabilities(WireModel):
     """
     Capabilities for additional session directories support.
 
@@ -1041,7 +1042,7 @@ class SessionAdditionalDirectoriesCapabilities(BaseModel):
     """
 
 
-class SessionSystemPromptOverrideCapabilities(BaseModel):
+class SessionSystemPromptOverrideCapabilities(WireModel):
     """
     **UNSTABLE**
 
@@ -1067,7 +1068,7 @@ class SessionSystemPromptOverrideCapabilities(BaseModel):
     """
 
 
-class SessionForkCapabilities(BaseModel):
+class SessionForkCapabilities(WireModel):
     """
     **UNSTABLE**
 
@@ -1092,7 +1093,7 @@ class SessionForkCapabilities(BaseModel):
     """
 
 
-class SessionArchiveCapabilities(BaseModel):
+class SessionArchiveCapabilities(WireModel):
     """
     **UNSTABLE**
 
@@ -1118,7 +1119,7 @@ class SessionArchiveCapabilities(BaseModel):
     """
 
 
-class SessionStatusCapabilities(BaseModel):
+class SessionStatusCapabilities(WireModel):
     """
     **UNSTABLE**
 
@@ -1143,7 +1144,7 @@ class SessionStatusCapabilities(BaseModel):
     """
 
 
-class SessionTitleCapabilities(BaseModel):
+class SessionTitleCapabilities(WireModel):
     """
     **UNSTABLE**
 
@@ -1169,7 +1170,7 @@ class SessionTitleCapabilities(BaseModel):
     """
 
 
-class AuthStatusCapabilities(BaseModel):
+class AuthStatusCapabilities(WireModel):
     """
     **UNSTABLE**
 
@@ -1194,7 +1195,7 @@ class AuthStatusCapabilities(BaseModel):
     """
 
 
-class ProvidersCapabilities(BaseModel):
+class ProvidersCapabilities(WireModel):
     """
     **UNSTABLE**
 
@@ -1219,7 +1220,7 @@ class ProvidersCapabilities(BaseModel):
     """
 
 
-class EnvVariable(BaseModel):
+class EnvVariable(WireModel):
     """
     An environment variable to set when launching a process.
     """
@@ -1246,7 +1247,7 @@ class EnvVariable(BaseModel):
     """
 
 
-class AuthMethodTerminal(BaseModel):
+class AuthMethodTerminal(WireModel):
     """
     Terminal-based authentication method.
 
@@ -1295,7 +1296,7 @@ class AuthMethodTerminal(BaseModel):
     """
 
 
-class AuthMethodAgent(BaseModel):
+class AuthMethodAgent(WireModel):
     """
     Agent handles authentication itself through `auth/login`.
 
@@ -1330,7 +1331,7 @@ class AuthMethodAgent(BaseModel):
     """
 
 
-class LoginAuthResponse(BaseModel):
+class LoginAuthResponse(WireModel):
     """
     Response to the `auth/login` method.
     """
@@ -1349,7 +1350,7 @@ class LoginAuthResponse(BaseModel):
     """
 
 
-class ProviderCurrentConfig(BaseModel):
+class ProviderCurrentConfig(WireModel):
     """
     **UNSTABLE**
 
@@ -1388,7 +1389,7 @@ class ProviderCurrentConfig(BaseModel):
     """
 
 
-class SetProviderResponse(BaseModel):
+class SetProviderResponse(WireModel):
     """
     **UNSTABLE**
 
@@ -1411,7 +1412,7 @@ class SetProviderResponse(BaseModel):
     """
 
 
-class DisableProviderResponse(BaseModel):
+class DisableProviderResponse(WireModel):
     """
     **UNSTABLE**
 
@@ -1434,7 +1435,7 @@ class DisableProviderResponse(BaseModel):
     """
 
 
-class LogoutAuthResponse(BaseModel):
+class LogoutAuthResponse(WireModel):
     """
     Response to the `auth/logout` method.
     """
@@ -1453,7 +1454,7 @@ class LogoutAuthResponse(BaseModel):
     """
 
 
-class AuthAccount(BaseModel):
+class AuthAccount(WireModel):
     """
     **UNSTABLE**
 
@@ -1512,7 +1513,7 @@ class AuthAccount(BaseModel):
     """
 
 
-class SessionConfigSelectOption(BaseModel):
+class SessionConfigSelectOption(WireModel):
     """
     A possible value for a session configuration option.
     """
@@ -1545,7 +1546,7 @@ class SessionConfigSelectOption(BaseModel):
     """
 
 
-class SessionConfigBoolean(BaseModel):
+class SessionConfigBoolean(WireModel):
     """
     A boolean on/off toggle session configuration option payload.
     """
@@ -1560,7 +1561,7 @@ class SessionConfigBoolean(BaseModel):
     """
 
 
-class AvailableCommandOther(BaseModel):
+class AvailableCommandOther(WireModel):
     """
     Custom or future command kind.
 
@@ -1597,7 +1598,7 @@ class AvailableCommandOther(BaseModel):
     """
 
 
-class AvailableCommandInputOther(BaseModel):
+class AvailableCommandInputOther(WireModel):
     """
     Custom or future command input specification.
 
@@ -1625,7 +1626,7 @@ class AvailableCommandInputOther(BaseModel):
     """
 
 
-class TextCommandInput(BaseModel):
+class TextCommandInput(WireModel):
     """
     All text that was typed after the command name is provided as input.
     """
@@ -1648,7 +1649,7 @@ class TextCommandInput(BaseModel):
     """
 
 
-class SessionInfo(BaseModel):
+class SessionInfo(WireModel):
     """
     Information about a session returned by session/list
     """
@@ -1706,7 +1707,7 @@ class SessionInfo(BaseModel):
     """
 
 
-class DeleteSessionResponse(BaseModel):
+class DeleteSessionResponse(WireModel):
     """
     Response from deleting a session.
     """
@@ -1725,7 +1726,7 @@ class DeleteSessionResponse(BaseModel):
     """
 
 
-class ArchiveSessionResponse(BaseModel):
+class ArchiveSessionResponse(WireModel):
     """
     **UNSTABLE**
 
@@ -1748,7 +1749,7 @@ class ArchiveSessionResponse(BaseModel):
     """
 
 
-class UnarchiveSessionResponse(BaseModel):
+class UnarchiveSessionResponse(WireModel):
     """
     **UNSTABLE**
 
@@ -1771,7 +1772,7 @@ class UnarchiveSessionResponse(BaseModel):
     """
 
 
-class StateUpdateOther(BaseModel):
+class StateUpdateOther(WireModel):
     """
     Custom or future session state.
 
@@ -1800,7 +1801,7 @@ class StateUpdateOther(BaseModel):
     """
 
 
-class BackgroundWorkOther(BaseModel):
+class BackgroundWorkOther(WireModel):
     """
     Custom or future background work.
 
@@ -1826,7 +1827,7 @@ class BackgroundWorkOther(BaseModel):
     """
 
 
-class BackgroundTerminal(BaseModel):
+class BackgroundTerminal(WireModel):
     """
     A listed terminal running in the background.
     """
@@ -1849,7 +1850,7 @@ class BackgroundTerminal(BaseModel):
     """
 
 
-class BackgroundToolCall(BaseModel):
+class BackgroundToolCall(WireModel):
     """
     A listed tool call whose work continues in the background.
     """
@@ -1872,7 +1873,7 @@ class BackgroundToolCall(BaseModel):
     """
 
 
-class BackgroundSubagent(BaseModel):
+class BackgroundSubagent(WireModel):
     """
     **UNSTABLE**
 
@@ -1899,7 +1900,7 @@ class BackgroundSubagent(BaseModel):
     """
 
 
-class UnsupportedProtocolVersionErrorData(BaseModel):
+class UnsupportedProtocolVersionErrorData(WireModel):
     """
     Data for the `-32022` (Unsupported protocol version) error.
 
@@ -1928,7 +1929,7 @@ class UnsupportedProtocolVersionErrorData(BaseModel):
     """
 
 
-class SessionNotFoundErrorData(BaseModel):
+class SessionNotFoundErrorData(WireModel):
     """
     Data for the `-32002` (Resource not found) error when a session-scoped request names a
     session that does not exist or is not active.
@@ -1954,7 +1955,7 @@ class SessionNotFoundErrorData(BaseModel):
     """
 
 
-class Usage(BaseModel):
+class Usage(WireModel):
     """
     **UNSTABLE**
 
@@ -2007,7 +2008,7 @@ class Usage(BaseModel):
     """
 
 
-class SetSessionTitleResponse(BaseModel):
+class SetSessionTitleResponse(WireModel):
     """
     **UNSTABLE**
 
@@ -2037,7 +2038,7 @@ class SetSessionTitleResponse(BaseModel):
     """
 
 
-class CloseSessionResponse(BaseModel):
+class CloseSessionResponse(WireModel):
     """
     Response from closing a session.
     """
@@ -2056,7 +2057,7 @@ class CloseSessionResponse(BaseModel):
     """
 
 
-class CancelToolCallResponse(BaseModel):
+class CancelToolCallResponse(WireModel):
     """
     Response from cancelling a tool call.
     """
@@ -2075,7 +2076,7 @@ class CancelToolCallResponse(BaseModel):
     """
 
 
-class CancelTerminalResponse(BaseModel):
+class CancelTerminalResponse(WireModel):
     """
     Response from cancelling a terminal.
     """
@@ -2094,7 +2095,7 @@ class CancelTerminalResponse(BaseModel):
     """
 
 
-class ExtResponse(RootModel[Any]):
+class ExtResponse(WireRootModel[Any]):
     root: Any
     """
     Allows for sending an arbitrary response to an extension request that is not part of the ACP spec.
@@ -2105,7 +2106,7 @@ class ExtResponse(RootModel[Any]):
     """
 
 
-class SessionUpdateStateUpdate1(BaseModel):
+class SessionUpdateStateUpdate1(WireModel):
     """
     A snapshot of the session's aggregate foreground activity.
     """
@@ -2129,7 +2130,7 @@ class SessionUpdateStateUpdate6(StateUpdateOther, SessionUpdateStateUpdate1):
     session_update: Annotated[Literal["state_update"], Field(alias="sessionUpdate")]
 
 
-class SessionUpdateOther(BaseModel):
+class SessionUpdateOther(WireModel):
     """
     Custom or future session update.
 
@@ -2156,7 +2157,7 @@ class SessionUpdateOther(BaseModel):
     """
 
 
-class TerminalOutput(BaseModel):
+class TerminalOutput(WireModel):
     """
     An authoritative replacement snapshot of terminal output bytes.
     """
@@ -2179,7 +2180,7 @@ class TerminalOutput(BaseModel):
     """
 
 
-class TerminalExitStatus(BaseModel):
+class TerminalExitStatus(WireModel):
     """
     Exit information for an agent-owned terminal.
 
@@ -2214,7 +2215,7 @@ class TerminalExitStatus(BaseModel):
     """
 
 
-class TerminalSize(BaseModel):
+class TerminalSize(WireModel):
     """
     The size of an agent-owned terminal in character cells.
     """
@@ -2241,7 +2242,7 @@ class TerminalSize(BaseModel):
     """
 
 
-class TerminalCancelCapabilities(BaseModel):
+class TerminalCancelCapabilities(WireModel):
     """
     Capability to cancel a terminal with `terminal/cancel`.
 
@@ -2262,7 +2263,7 @@ class TerminalCancelCapabilities(BaseModel):
     """
 
 
-class TerminalOutputChunk(BaseModel):
+class TerminalOutputChunk(WireModel):
     """
     A chunk of bytes appended to an agent-owned terminal's output.
     """
@@ -2290,7 +2291,7 @@ class TerminalOutputChunk(BaseModel):
     """
 
 
-class PlanFile(BaseModel):
+class PlanFile(WireModel):
     """
     **UNSTABLE**
 
@@ -2321,7 +2322,7 @@ class PlanFile(BaseModel):
     """
 
 
-class PlanMarkdown(BaseModel):
+class PlanMarkdown(WireModel):
     """
     **UNSTABLE**
 
@@ -2352,7 +2353,7 @@ class PlanMarkdown(BaseModel):
     """
 
 
-class PlanRemoved(BaseModel):
+class PlanRemoved(WireModel):
     """
     **UNSTABLE**
 
@@ -2379,7 +2380,7 @@ class PlanRemoved(BaseModel):
     """
 
 
-class SessionInfoUpdate(BaseModel):
+class SessionInfoUpdate(WireModel):
     """
     Update to session metadata. All fields are optional to support partial updates.
 
@@ -2416,7 +2417,7 @@ class SessionInfoUpdate(BaseModel):
     """
 
 
-class Cost(BaseModel):
+class Cost(WireModel):
     """
     Cost information for a session.
     """
@@ -2444,7 +2445,7 @@ class Cost(BaseModel):
     """
 
 
-class UsageUpdate(BaseModel):
+class UsageUpdate(WireModel):
     """
     Context window and cost update for a session.
     """
@@ -2477,7 +2478,7 @@ class UsageUpdate(BaseModel):
     """
 
 
-class Notice(BaseModel):
+class Notice(WireModel):
     """
     Fire-and-forget information for the user.
 
@@ -2516,7 +2517,7 @@ class Notice(BaseModel):
     """
 
 
-class SessionCancelCapabilities(BaseModel):
+class SessionCancelCapabilities(WireModel):
     """
     **UNSTABLE**
 
@@ -2541,7 +2542,7 @@ class SessionCancelCapabilities(BaseModel):
     """
 
 
-class CompleteElicitationNotification(BaseModel):
+class CompleteElicitationNotification(WireModel):
     """
     Notification sent by the agent when a URL-based elicitation is complete.
 
@@ -2566,7 +2567,7 @@ class CompleteElicitationNotification(BaseModel):
     """
 
 
-class AuthStatusUpdateNotification(BaseModel):
+class AuthStatusUpdateNotification(WireModel):
     """
     **UNSTABLE**
 
@@ -2614,7 +2615,7 @@ class AuthStatusUpdateNotification(BaseModel):
     """
 
 
-class TerminalAuthCapabilities(BaseModel):
+class TerminalAuthCapabilities(WireModel):
     """
     Capabilities for terminal authentication methods.
 
@@ -2637,7 +2638,7 @@ class TerminalAuthCapabilities(BaseModel):
     """
 
 
-class ElicitationFormCapabilities(BaseModel):
+class ElicitationFormCapabilities(WireModel):
     """
     Form-based elicitation capabilities.
 
@@ -2658,7 +2659,7 @@ class ElicitationFormCapabilities(BaseModel):
     """
 
 
-class ElicitationUrlCapabilities(BaseModel):
+class ElicitationUrlCapabilities(WireModel):
     """
     URL-based elicitation capabilities.
 
@@ -2679,7 +2680,7 @@ class ElicitationUrlCapabilities(BaseModel):
     """
 
 
-class LoginAuthRequest(BaseModel):
+class LoginAuthRequest(WireModel):
     """
     Request parameters for the `auth/login` method.
 
@@ -2709,7 +2710,7 @@ class LoginAuthRequest(BaseModel):
     """
 
 
-class ListProvidersRequest(BaseModel):
+class ListProvidersRequest(WireModel):
     """
     **UNSTABLE**
 
@@ -2732,7 +2733,7 @@ class ListProvidersRequest(BaseModel):
     """
 
 
-class SetProviderRequest(BaseModel):
+class SetProviderRequest(WireModel):
     """
     **UNSTABLE**
 
@@ -2782,7 +2783,7 @@ class SetProviderRequest(BaseModel):
     """
 
 
-class DisableProviderRequest(BaseModel):
+class DisableProviderRequest(WireModel):
     """
     **UNSTABLE**
 
@@ -2809,7 +2810,7 @@ class DisableProviderRequest(BaseModel):
     """
 
 
-class LogoutAuthRequest(BaseModel):
+class LogoutAuthRequest(WireModel):
     """
     Request parameters for the `auth/logout` method.
 
@@ -2834,7 +2835,7 @@ class LogoutAuthRequest(BaseModel):
     """
 
 
-class AuthStatusRequest(BaseModel):
+class AuthStatusRequest(WireModel):
     """
     **UNSTABLE**
 
@@ -2862,7 +2863,7 @@ class AuthStatusRequest(BaseModel):
     """
 
 
-class McpServerOther(BaseModel):
+class McpServerOther(WireModel):
     """
     Custom or future MCP server transport configuration.
 
@@ -2890,7 +2891,7 @@ class McpServerOther(BaseModel):
     """
 
 
-class HttpHeader(BaseModel):
+class HttpHeader(WireModel):
     """
     An HTTP header to set when making requests to the MCP server.
     """
@@ -2917,7 +2918,7 @@ class HttpHeader(BaseModel):
     """
 
 
-class McpServerHttp(BaseModel):
+class McpServerHttp(WireModel):
     """
     HTTP transport configuration for MCP.
     """
@@ -2949,7 +2950,7 @@ class McpServerHttp(BaseModel):
     """
 
 
-class McpServerAcp(BaseModel):
+class McpServerAcp(WireModel):
     """
     **UNSTABLE**
 
@@ -2986,7 +2987,7 @@ class McpServerAcp(BaseModel):
     """
 
 
-class McpServerStdio(BaseModel):
+class McpServerStdio(WireModel):
     """
     Stdio transport configuration for MCP.
     """
@@ -3022,7 +3023,7 @@ class McpServerStdio(BaseModel):
     """
 
 
-class DeleteSessionRequest(BaseModel):
+class DeleteSessionRequest(WireModel):
     """
     Request parameters for deleting an existing session from `session/list`.
 
@@ -3047,7 +3048,7 @@ class DeleteSessionRequest(BaseModel):
     """
 
 
-class ArchiveSessionRequest(BaseModel):
+class ArchiveSessionRequest(WireModel):
     """
     **UNSTABLE**
 
@@ -3081,7 +3082,7 @@ class ArchiveSessionRequest(BaseModel):
     """
 
 
-class UnarchiveSessionRequest(BaseModel):
+class UnarchiveSessionRequest(WireModel):
     """
     **UNSTABLE**
 
@@ -3116,7 +3117,7 @@ class UnarchiveSessionRequest(BaseModel):
     """
 
 
-class SessionStatusRequest(BaseModel):
+class SessionStatusRequest(WireModel):
     """
     **UNSTABLE**
 
@@ -3149,7 +3150,7 @@ class SessionStatusRequest(BaseModel):
     """
 
 
-class SetSessionTitleRequest(BaseModel):
+class SetSessionTitleRequest(WireModel):
     """
     **UNSTABLE**
 
@@ -3193,7 +3194,7 @@ class SetSessionTitleRequest(BaseModel):
     """
 
 
-class ReplayFromOther(BaseModel):
+class ReplayFromOther(WireModel):
     """
     Custom or future replay cursor.
 
@@ -3221,7 +3222,7 @@ class ReplayFromOther(BaseModel):
     """
 
 
-class ReplayFromStart(BaseModel):
+class ReplayFromStart(WireModel):
     """
     Inclusive replay cursor requesting replay from the start of retained conversation history.
     """
@@ -3240,7 +3241,7 @@ class ReplayFromStart(BaseModel):
     """
 
 
-class CloseSessionRequest(BaseModel):
+class CloseSessionRequest(WireModel):
     """
     Request parameters for closing an active session.
 
@@ -3282,7 +3283,7 @@ class CloseSessionRequest(BaseModel):
     """
 
 
-class CancelToolCallRequest(BaseModel):
+class CancelToolCallRequest(WireModel):
     """
     Request parameters for cancelling one tool call.
 
@@ -3320,7 +3321,7 @@ class CancelToolCallRequest(BaseModel):
     """
 
 
-class CancelTerminalRequest(BaseModel):
+class CancelTerminalRequest(WireModel):
     """
     Request parameters for cancelling one terminal.
 
@@ -3359,7 +3360,7 @@ class CancelTerminalRequest(BaseModel):
     """
 
 
-class SetSessionConfigOptionRequestId(BaseModel):
+class SetSessionConfigOptionRequestId(WireModel):
     """
     A `SessionConfigValueId` string value (`type: "id"`).
     """
@@ -3391,7 +3392,7 @@ class SetSessionConfigOptionRequestId(BaseModel):
     """
 
 
-class SetSessionConfigOptionRequestBoolean(BaseModel):
+class SetSessionConfigOptionRequestBoolean(WireModel):
     """
     A boolean value (`type: "boolean"`).
     """
@@ -3423,7 +3424,7 @@ class SetSessionConfigOptionRequestBoolean(BaseModel):
     """
 
 
-class SetSessionConfigOptionRequestOther(BaseModel):
+class SetSessionConfigOptionRequestOther(WireModel):
     """
     Custom or future session configuration option value payload.
 
@@ -3469,7 +3470,7 @@ class SetSessionConfigOptionRequestOther(BaseModel):
     """
 
 
-class RequestPermissionOutcomeOther(BaseModel):
+class RequestPermissionOutcomeOther(WireModel):
     """
     Custom or future permission outcome.
 
@@ -3497,7 +3498,7 @@ class RequestPermissionOutcomeOther(BaseModel):
     """
 
 
-class CancelledPermissionOutcome(BaseModel):
+class CancelledPermissionOutcome(WireModel):
     """
     The request was not approved and no option was selected.
     """
@@ -3516,7 +3517,7 @@ class CancelledPermissionOutcome(BaseModel):
     """
 
 
-class SelectedPermissionOutcome(BaseModel):
+class SelectedPermissionOutcome(WireModel):
     """
     The user selected one of the provided options.
     """
@@ -3539,7 +3540,7 @@ class SelectedPermissionOutcome(BaseModel):
     """
 
 
-class CreateElicitationResponseDecline(BaseModel):
+class CreateElicitationResponseDecline(WireModel):
     """
     The user declined the elicitation.
     """
@@ -3559,7 +3560,7 @@ class CreateElicitationResponseDecline(BaseModel):
     action: Literal["decline"]
 
 
-class CreateElicitationResponseCancel(BaseModel):
+class CreateElicitationResponseCancel(WireModel):
     """
     The elicitation was cancelled.
     """
@@ -3579,7 +3580,7 @@ class CreateElicitationResponseCancel(BaseModel):
     action: Literal["cancel"]
 
 
-class CreateElicitationResponseOther(BaseModel):
+class CreateElicitationResponseOther(WireModel):
     """
     Custom or future elicitation action.
 
@@ -3614,14 +3615,14 @@ class CreateElicitationResponseOther(BaseModel):
     """
 
 
-class ElicitationContentValue(RootModel[Any | str | int | float | bool | list[str]]):
+class ElicitationContentValue(WireRootModel[Any | str | int | float | bool | list[str]]):
     root: Any | str | int | float | bool | list[str]
     """
     Allowed wire representations for `ElicitationContentValue`.
     """
 
 
-class ElicitationAcceptAction(BaseModel):
+class ElicitationAcceptAction(WireModel):
     """
     The user accepted the elicitation and provided content.
     """
@@ -3638,7 +3639,7 @@ class ElicitationAcceptAction(BaseModel):
     """
 
 
-class MessageMcpResponseResult(BaseModel):
+class MessageMcpResponseResult(WireModel):
     """
     An opaque inner MCP result.
     """
@@ -3662,7 +3663,7 @@ class MessageMcpResponseResult(BaseModel):
     """
 
 
-class McpError(BaseModel):
+class McpError(WireModel):
     """
     **UNSTABLE**
 
@@ -3690,7 +3691,7 @@ class McpError(BaseModel):
     """
 
 
-class CancelSessionNotification(BaseModel):
+class CancelSessionNotification(WireModel):
     """
     Notification to cancel a session's foreground work and its prompts not yet inserted.
 
@@ -3715,7 +3716,7 @@ class CancelSessionNotification(BaseModel):
     """
 
 
-class MessageMcpNotification(BaseModel):
+class MessageMcpNotification(WireModel):
     """
     **UNSTABLE**
 
@@ -3754,7 +3755,7 @@ class MessageMcpNotification(BaseModel):
     """
 
 
-class CancelRequestNotification(BaseModel):
+class CancelRequestNotification(WireModel):
     """
     Notification to cancel an ongoing request.
 
@@ -3780,7 +3781,7 @@ class CancelRequestNotification(BaseModel):
     """
 
 
-class ProxySuccessorRequest(BaseModel):
+class ProxySuccessorRequest(WireModel):
     """
     **UNSTABLE**
 
@@ -3832,7 +3833,7 @@ class ProxySuccessorRequest(BaseModel):
     """
 
 
-class ProxySuccessorResponse(RootModel[Any]):
+class ProxySuccessorResponse(WireRootModel[Any]):
     root: Any
     """
     **UNSTABLE**
@@ -3843,7 +3844,7 @@ class ProxySuccessorResponse(RootModel[Any]):
     """
 
 
-class ProxySuccessorNotification(BaseModel):
+class ProxySuccessorNotification(WireModel):
     """
     **UNSTABLE**
 
@@ -3888,7 +3889,7 @@ class ProxySuccessorNotification(BaseModel):
     """
 
 
-class ProtocolLevel(BaseModel):
+class ProtocolLevel(WireModel):
     """
     A message (request, response, or notification) with `"jsonrpc": "2.0"` specified as
     [required by JSON-RPC 2.0 Specification][1].
@@ -3935,7 +3936,7 @@ class ToolCallContentTerminal(Terminal):
     type: Literal["terminal"]
 
 
-class Annotations(BaseModel):
+class Annotations(WireModel):
     """
     Optional annotations for the client. The client can use annotations to inform how objects are used or displayed
     """
@@ -3975,7 +3976,7 @@ class Annotations(BaseModel):
     """
 
 
-class TextContent(BaseModel):
+class TextContent(WireModel):
     """
     Text provided to or from an LLM.
     """
@@ -4004,7 +4005,7 @@ class TextContent(BaseModel):
     """
 
 
-class ImageContent(BaseModel):
+class ImageContent(WireModel):
     """
     An image provided to or from an LLM.
     """
@@ -4043,7 +4044,7 @@ class ImageContent(BaseModel):
     """
 
 
-class AudioContent(BaseModel):
+class AudioContent(WireModel):
     """
     Audio provided to or from an LLM.
     """
@@ -4076,7 +4077,7 @@ class AudioContent(BaseModel):
     """
 
 
-class Icon(BaseModel):
+class Icon(WireModel):
     """
     An optionally-sized icon that can be displayed in a user interface.
     """
@@ -4123,7 +4124,7 @@ class Icon(BaseModel):
     """
 
 
-class ResourceLink(BaseModel):
+class ResourceLink(WireModel):
     """
     A link to a resource that the receiver may be able to read, included in a prompt or tool call result.
     """
@@ -4186,7 +4187,7 @@ class ResourceLink(BaseModel):
     """
 
 
-class EmbeddedResource(BaseModel):
+class EmbeddedResource(WireModel):
     """
     The contents of a resource, embedded into a prompt or tool call result.
     """
@@ -4415,7 +4416,7 @@ class DiffChangeCopy(DiffPathPairChange):
     operation: Literal["copy"]
 
 
-class DiffChangeOther(BaseModel):
+class DiffChangeOther(WireModel):
     """
     Custom or future file operation.
 
@@ -4466,7 +4467,7 @@ class DiffChangeOther(BaseModel):
     """
 
 
-class DiffPatch(BaseModel):
+class DiffPatch(WireModel):
     """
     Renderable patch text and its format.
     """
@@ -4493,7 +4494,7 @@ class DiffPatch(BaseModel):
     """
 
 
-class Diff(BaseModel):
+class Diff(WireModel):
     """
     File changes produced by a tool call.
 
@@ -4542,7 +4543,7 @@ class Diff(BaseModel):
     """
 
 
-class ToolCallCapabilities(BaseModel):
+class ToolCallCapabilities(WireModel):
     """
     Client-initiated controls a tool call currently supports.
 
@@ -4573,7 +4574,7 @@ class ToolCallCapabilities(BaseModel):
     """
 
 
-class PermissionOption(BaseModel):
+class PermissionOption(WireModel):
     """
     An option presented to the user when requesting permission.
     """
@@ -4781,7 +4782,7 @@ class MultiSelectItemsString(StringMultiSelectItems):
     type: Literal["string"]
 
 
-class MultiSelectPropertySchema(BaseModel):
+class MultiSelectPropertySchema(WireModel):
     """
     Schema for multi-select (array) properties in an elicitation form.
     """
@@ -4834,7 +4835,7 @@ class MultiSelectPropertySchema(BaseModel):
     """
 
 
-class MessageMcpRequest(BaseModel):
+class MessageMcpRequest(WireModel):
     """
     **UNSTABLE**
 
@@ -4872,7 +4873,7 @@ class MessageMcpRequest(BaseModel):
     """
 
 
-class PromptCapabilities(BaseModel):
+class PromptCapabilities(WireModel):
     """
     Prompt capabilities supported by the agent in `session/prompt` requests.
 
@@ -4928,7 +4929,7 @@ class PromptCapabilities(BaseModel):
     """
 
 
-class McpCapabilities(BaseModel):
+class McpCapabilities(WireModel):
     """
     MCP capabilities supported by the agent for session lifecycle requests.
     """
@@ -4972,7 +4973,7 @@ class McpCapabilities(BaseModel):
     """
 
 
-class SessionSystemPromptModeCapabilities(BaseModel):
+class SessionSystemPromptModeCapabilities(WireModel):
     """
     **UNSTABLE**
 
@@ -5006,7 +5007,7 @@ class SessionSystemPromptModeCapabilities(BaseModel):
     """
 
 
-class AgentAuthCapabilities(BaseModel):
+class AgentAuthCapabilities(WireModel):
     """
     Authentication-related extension capabilities supported by the agent.
 
@@ -5067,7 +5068,7 @@ class AuthMethodAgentModel(AuthMethodAgent):
     type: Literal["agent"]
 
 
-class AuthMethodOther(BaseModel):
+class AuthMethodOther(WireModel):
     """
     Custom or future authentication method.
 
@@ -5102,7 +5103,7 @@ class AuthMethodOther(BaseModel):
     """
 
 
-class ProviderInfo(BaseModel):
+class ProviderInfo(WireModel):
     """
     **UNSTABLE**
 
@@ -5150,7 +5151,7 @@ class ProviderInfo(BaseModel):
     """
 
 
-class AuthStatusResponse(BaseModel):
+class AuthStatusResponse(WireModel):
     """
     **UNSTABLE**
 
@@ -5241,7 +5242,7 @@ class SessionConfigOptionBoolean(SessionConfigBoolean):
     type: Literal["boolean"]
 
 
-class SessionConfigOptionOther(BaseModel):
+class SessionConfigOptionOther(WireModel):
     """
     Custom or future session configuration option payload.
 
@@ -5303,14 +5304,14 @@ class SessionConfigOptionOther(BaseModel):
     """
 
 
-class Ungrouped(RootModel[list[SessionConfigSelectOption]]):
+class Ungrouped(WireRootModel[list[SessionConfigSelectOption]]):
     root: Annotated[list[SessionConfigSelectOption], Field(min_length=1, title="Ungrouped")]
     """
     A flat list of options with no grouping.
     """
 
 
-class SessionConfigSelectGroup(BaseModel):
+class SessionConfigSelectGroup(WireModel):
     """
     A group of possible values for a session configuration option.
     """
@@ -5353,7 +5354,7 @@ class AvailableCommandInputText(TextCommandInput):
     type: Literal["text"]
 
 
-class Command(BaseModel):
+class Command(WireModel):
     """
     A slash command the user can invoke by including it in a prompt.
 
@@ -5390,7 +5391,7 @@ class Command(BaseModel):
     """
 
 
-class ListSessionsResponse(BaseModel):
+class ListSessionsResponse(WireModel):
     """
     Response from listing sessions.
     """
@@ -5463,7 +5464,7 @@ class BackgroundWorkSubagent(BackgroundSubagent):
     type: Literal["subagent"]
 
 
-class RunningStateUpdate(BaseModel):
+class RunningStateUpdate(WireModel):
     """
     Foreground work is in progress.
     """
@@ -5504,7 +5505,7 @@ class RunningStateUpdate(BaseModel):
     """
 
 
-class RequiresActionStateUpdate(BaseModel):
+class RequiresActionStateUpdate(WireModel):
     """
     The foreground workflow as a whole is blocked on user action.
 
@@ -5552,7 +5553,7 @@ class RequiresActionStateUpdate(BaseModel):
     """
 
 
-class UnknownStateUpdate(BaseModel):
+class UnknownStateUpdate(WireModel):
     """
     **UNSTABLE**
 
@@ -5605,7 +5606,7 @@ class UnknownStateUpdate(BaseModel):
     """
 
 
-class PromptResponse(BaseModel):
+class PromptResponse(WireModel):
     """
     Response acknowledging that a user prompt was inserted into the ACP conversation.
 
@@ -5787,7 +5788,7 @@ class SessionUpdateNotice(Notice):
     session_update: Annotated[Literal["notice"], Field(alias="sessionUpdate")]
 
 
-class TerminalCapabilities(BaseModel):
+class TerminalCapabilities(WireModel):
     """
     Client-initiated controls a terminal currently supports.
 
@@ -5818,7 +5819,7 @@ class TerminalCapabilities(BaseModel):
     """
 
 
-class TerminalUpdate(BaseModel):
+class TerminalUpdate(WireModel):
     """
     An upsert for the stored state of an agent-owned terminal.
 
@@ -5912,7 +5913,7 @@ class PlanUpdateContentMarkdown(PlanMarkdown):
     type: Literal["markdown"]
 
 
-class PlanUpdateContentOther(BaseModel):
+class PlanUpdateContentOther(WireModel):
     """
     Custom or future plan update content.
 
@@ -5944,7 +5945,7 @@ class PlanUpdateContentOther(BaseModel):
     """
 
 
-class PlanEntry(BaseModel):
+class PlanEntry(WireModel):
     """
     A single entry in the execution plan.
 
@@ -5986,7 +5987,7 @@ class PlanEntry(BaseModel):
     """
 
 
-class PlanItems(BaseModel):
+class PlanItems(WireModel):
     """
     A plan represented as structured entries.
     """
@@ -6016,7 +6017,7 @@ class PlanItems(BaseModel):
     """
 
 
-class SubagentSessionCapabilities(BaseModel):
+class SubagentSessionCapabilities(WireModel):
     """
     **UNSTABLE**
 
@@ -6048,7 +6049,7 @@ class SubagentSessionCapabilities(BaseModel):
     """
 
 
-class ClientAuthCapabilities(BaseModel):
+class ClientAuthCapabilities(WireModel):
     """
     Authentication capabilities supported by the client.
 
@@ -6080,7 +6081,7 @@ class ClientAuthCapabilities(BaseModel):
     """
 
 
-class ElicitationCapabilities(BaseModel):
+class ElicitationCapabilities(WireModel):
     """
     Elicitation capabilities supported by the client.
     """
@@ -6160,7 +6161,7 @@ class McpServerStdioModel(McpServerStdio):
     type: Literal["stdio"]
 
 
-class ListSessionsRequest(BaseModel):
+class ListSessionsRequest(WireModel):
     """
     Request parameters for listing existing sessions.
     """
@@ -6275,7 +6276,7 @@ class CreateElicitationResponseAccept(ElicitationAcceptAction):
 
 
 class CreateElicitationResponse(
-    RootModel[
+    WireRootModel[
         Annotated[
             CreateElicitationResponseAccept
             | CreateElicitationResponseDecline
@@ -6297,7 +6298,7 @@ class CreateElicitationResponse(
     """
 
 
-class MessageMcpResponseError(BaseModel):
+class MessageMcpResponseError(WireModel):
     """
     A structured inner MCP error.
     """
@@ -6321,7 +6322,7 @@ class MessageMcpResponseError(BaseModel):
     """
 
 
-class MessageMcpResponse(RootModel[MessageMcpResponseResult | MessageMcpResponseError]):
+class MessageMcpResponse(WireRootModel[MessageMcpResponseResult | MessageMcpResponseError]):
     root: MessageMcpResponseResult | MessageMcpResponseError
     """
     **UNSTABLE**
@@ -6337,7 +6338,7 @@ class MessageMcpResponse(RootModel[MessageMcpResponseResult | MessageMcpResponse
     """
 
 
-class ClientNotification(BaseModel):
+class ClientNotification(WireModel):
     """
     A JSON-RPC notification object.
     """
@@ -6356,7 +6357,7 @@ class ClientNotification(BaseModel):
     """
 
 
-class ProxyNotification(BaseModel):
+class ProxyNotification(WireModel):
     """
     A JSON-RPC notification object.
     """
@@ -6491,7 +6492,7 @@ class ContentBlockResource(EmbeddedResource):
     type: Literal["resource"]
 
 
-class Content(BaseModel):
+class Content(WireModel):
     """
     Standard content block (text, images, resources).
     """
@@ -6534,7 +6535,7 @@ class ElicitationPropertySchemaArray(MultiSelectPropertySchema):
     type: Literal["array"]
 
 
-class SessionSystemPromptCapabilities(BaseModel):
+class SessionSystemPromptCapabilities(WireModel):
     """
     **UNSTABLE**
 
@@ -6566,7 +6567,7 @@ class SessionSystemPromptCapabilities(BaseModel):
     """
 
 
-class ListProvidersResponse(BaseModel):
+class ListProvidersResponse(WireModel):
     """
     **UNSTABLE**
 
@@ -6593,14 +6594,14 @@ class ListProvidersResponse(BaseModel):
     """
 
 
-class Grouped(RootModel[list[SessionConfigSelectGroup]]):
+class Grouped(WireRootModel[list[SessionConfigSelectGroup]]):
     root: Annotated[list[SessionConfigSelectGroup], Field(min_length=1, title="Grouped")]
     """
     A list of options grouped under headers.
     """
 
 
-class SessionConfigSelect(BaseModel):
+class SessionConfigSelect(WireModel):
     """
     A single-value selector (dropdown) session configuration option payload.
     """
@@ -6632,7 +6633,7 @@ class AvailableCommandCommand(Command):
     type: Literal["command"]
 
 
-class Error(BaseModel):
+class Error(WireModel):
     """
     JSON-RPC error object.
 
@@ -6678,7 +6679,7 @@ class Error(BaseModel):
     """
 
 
-class ErrorStopReason(BaseModel):
+class ErrorStopReason(WireModel):
     """
     Details of a failure that ended active work.
     """
@@ -6696,7 +6697,7 @@ class ErrorStopReason(BaseModel):
     """
 
 
-class IdleStateUpdate(BaseModel):
+class IdleStateUpdate(WireModel):
     """
     No foreground work is active. Background activity may continue.
 
@@ -6806,7 +6807,7 @@ class SessionUpdateTerminalUpdate(TerminalUpdate):
     session_update: Annotated[Literal["terminal_update"], Field(alias="sessionUpdate")]
 
 
-class ContentChunk(BaseModel):
+class ContentChunk(WireModel):
     """
     A streamed item of message content.
     """
@@ -6845,7 +6846,7 @@ class ContentChunk(BaseModel):
     """
 
 
-class UserMessage(BaseModel):
+class UserMessage(WireModel):
     """
     A user message upsert.
 
@@ -6900,7 +6901,7 @@ class UserMessage(BaseModel):
     """
 
 
-class AgentMessage(BaseModel):
+class AgentMessage(WireModel):
     """
     An agent message upsert.
 
@@ -6955,7 +6956,7 @@ class AgentMessage(BaseModel):
     """
 
 
-class AgentThought(BaseModel):
+class AgentThought(WireModel):
     """
     An agent thought or reasoning message upsert.
 
@@ -7022,7 +7023,7 @@ class PlanUpdateContentItems(PlanItems):
     type: Literal["items"]
 
 
-class PlanUpdate(BaseModel):
+class PlanUpdate(WireModel):
     """
     A content update for a plan identified by ID.
     """
@@ -7051,7 +7052,7 @@ class PlanUpdate(BaseModel):
     """
 
 
-class AvailableCommandsUpdate(BaseModel):
+class AvailableCommandsUpdate(WireModel):
     """
     Available commands are ready or have changed
     """
@@ -7076,7 +7077,7 @@ class AvailableCommandsUpdate(BaseModel):
     """
 
 
-class CompactionUpdate(BaseModel):
+class CompactionUpdate(WireModel):
     """
     A context compaction upsert. The first notification fixes the compaction's
     timeline position. Later updates with the same ID patch that entity in place.
@@ -7139,7 +7140,7 @@ class CompactionUpdate(BaseModel):
     """
 
 
-class CompactionSummaryChunk(BaseModel):
+class CompactionSummaryChunk(WireModel):
     """
     A content block appended to a compaction's summary. A first-seen ID creates
     an in-progress compaction. Chunks append in receive order.
@@ -7176,7 +7177,7 @@ class CompactionSummaryChunk(BaseModel):
     """
 
 
-class SessionMessage(BaseModel):
+class SessionMessage(WireModel):
     """
     **UNSTABLE**
 
@@ -7252,7 +7253,7 @@ class SessionMessage(BaseModel):
     """
 
 
-class SessionMessageChunk(BaseModel):
+class SessionMessageChunk(WireModel):
     """
     **UNSTABLE**
 
@@ -7295,7 +7296,7 @@ class SessionMessageChunk(BaseModel):
     """
 
 
-class ClientCapabilities(BaseModel):
+class ClientCapabilities(WireModel):
     """
     Capabilities supported by the client.
 
@@ -7336,7 +7337,7 @@ class ClientCapabilities(BaseModel):
     """
 
 
-class SystemPrompt(BaseModel):
+class SystemPrompt(WireModel):
     """
     **UNSTABLE**
 
@@ -7393,7 +7394,7 @@ class SystemPrompt(BaseModel):
     """
 
 
-class ForkSessionRequest(BaseModel):
+class ForkSessionRequest(WireModel):
     """
     **UNSTABLE**
 
@@ -7458,7 +7459,7 @@ class ForkSessionRequest(BaseModel):
     """
 
 
-class ResumeSessionRequest(BaseModel):
+class ResumeSessionRequest(WireModel):
     """
     Request parameters for resuming an existing session.
 
@@ -7540,7 +7541,7 @@ class ResumeSessionRequest(BaseModel):
     """
 
 
-class PromptRequest(BaseModel):
+class PromptRequest(WireModel):
     """
     Request parameters for sending a user prompt to the agent.
 
@@ -7603,7 +7604,7 @@ class PromptRequest(BaseModel):
     """
 
 
-class ClientResponseError1(BaseModel):
+class ClientResponseError1(WireModel):
     """
     A failed JSON-RPC response.
     """
@@ -7625,7 +7626,7 @@ class ClientResponseError1(BaseModel):
     """
 
 
-class RequestPermissionResponse(BaseModel):
+class RequestPermissionResponse(WireModel):
     """
     Response to a permission request.
     """
@@ -7653,7 +7654,7 @@ class RequestPermissionResponse(BaseModel):
     """
 
 
-class ProxyResponseError1(BaseModel):
+class ProxyResponseError1(WireModel):
     """
     A failed JSON-RPC response.
     """
@@ -7675,7 +7676,7 @@ class ProxyResponseError1(BaseModel):
     """
 
 
-class AgentResponseError(BaseModel):
+class AgentResponseError(WireModel):
     """
     A failed JSON-RPC response.
     """
@@ -7712,7 +7713,7 @@ class Response3(AgentResponseError, Response1):
     jsonrpc: Literal["2.0"]
 
 
-class ClientResponseResult(BaseModel):
+class ClientResponseResult(WireModel):
     """
     A successful JSON-RPC response.
     """
@@ -7740,7 +7741,7 @@ class ClientResponseResult(BaseModel):
     """
 
 
-class ClientResponseError(BaseModel):
+class ClientResponseError(WireModel):
     """
     A failed JSON-RPC response.
     """
@@ -7792,7 +7793,7 @@ class Response7(ClientResponseError, Response1):
     jsonrpc: Literal["2.0"]
 
 
-class ProxyResponseError(BaseModel):
+class ProxyResponseError(WireModel):
     """
     A failed JSON-RPC response.
     """
@@ -7841,7 +7842,7 @@ class ToolCallContentContent(Content):
     type: Literal["content"]
 
 
-class ElicitationSchema(BaseModel):
+class ElicitationSchema(WireModel):
     """
     Type-safe elicitation schema for requesting structured user input.
 
@@ -7931,14 +7932,14 @@ class Request6(ElicitationRequestScope):
     """
 
 
-class ElicitationFormMode(RootModel[Session3 | Request6]):
+class ElicitationFormMode(WireRootModel[Session3 | Request6]):
     root: Session3 | Request6
     """
     Form-based elicitation mode where the client renders a form from the provided schema.
     """
 
 
-class AgentResponseError1(BaseModel):
+class AgentResponseError1(WireModel):
     """
     A failed JSON-RPC response.
     """
@@ -7960,7 +7961,7 @@ class AgentResponseError1(BaseModel):
     """
 
 
-class SessionCapabilities(BaseModel):
+class SessionCapabilities(WireModel):
     """
     Session capabilities supported by the agent.
 
@@ -8132,7 +8133,7 @@ class SessionConfigOptionSelect(SessionConfigSelect):
     type: Literal["select"]
 
 
-class ForkSessionResponse(BaseModel):
+class ForkSessionResponse(WireModel):
     """
     **UNSTABLE**
 
@@ -8182,7 +8183,7 @@ class ForkSessionResponse(BaseModel):
     """
 
 
-class ResumeSessionResponse(BaseModel):
+class ResumeSessionResponse(WireModel):
     """
     Response from resuming an existing session.
 
@@ -8230,7 +8231,7 @@ class ResumeSessionResponse(BaseModel):
     """
 
 
-class SetSessionConfigOptionResponse(BaseModel):
+class SetSessionConfigOptionResponse(WireModel):
     """
     Response to `session/set_config_option` method.
     """
@@ -8422,7 +8423,7 @@ class SessionUpdateSessionMessageChunk(SessionMessageChunk):
     session_update: Annotated[Literal["session_message_chunk"], Field(alias="sessionUpdate")]
 
 
-class ToolCallContentChunk(BaseModel):
+class ToolCallContentChunk(WireModel):
     """
     A streamed item of tool-call content.
 
@@ -8461,7 +8462,7 @@ class ToolCallContentChunk(BaseModel):
     """
 
 
-class ConfigOptionUpdate(BaseModel):
+class ConfigOptionUpdate(WireModel):
     """
     Session configuration options have been updated.
     """
@@ -8487,7 +8488,7 @@ class ConfigOptionUpdate(BaseModel):
     """
 
 
-class SubagentUpdate(BaseModel):
+class SubagentUpdate(WireModel):
     """
     **UNSTABLE**
 
@@ -8601,7 +8602,7 @@ class SubagentUpdate(BaseModel):
     """
 
 
-class InitializeRequest(BaseModel):
+class InitializeRequest(WireModel):
     """
     Request parameters for the initialize method.
 
@@ -8636,7 +8637,7 @@ class InitializeRequest(BaseModel):
     """
 
 
-class NewSessionRequest(BaseModel):
+class NewSessionRequest(WireModel):
     """
     Request parameters for creating a new session.
 
@@ -8688,7 +8689,7 @@ class NewSessionRequest(BaseModel):
     """
 
 
-class ClientResponse(RootModel[ClientResponseResult | ClientResponseError1]):
+class ClientResponse(WireRootModel[ClientResponseResult | ClientResponseError1]):
     root: ClientResponseResult | ClientResponseError1
     """
     A JSON-RPC response object.
@@ -8720,7 +8721,7 @@ class InitializeProxyRequest(InitializeRequest):
     )
 
 
-class ToolCallUpdate(BaseModel):
+class ToolCallUpdate(WireModel):
     """
     Represents an upsert for a tool call that the language model has requested.
 
@@ -8847,7 +8848,7 @@ class ToolCallUpdate(BaseModel):
     """
 
 
-class ToolCallPermissionSubject(BaseModel):
+class ToolCallPermissionSubject(WireModel):
     """
     Permission request details for a tool call.
     """
@@ -8922,7 +8923,7 @@ class CreateElicitationRequestForm3(Request6, CreateElicitationRequestForm1):
     mode: Literal["form"]
 
 
-class AgentCapabilities(BaseModel):
+class AgentCapabilities(WireModel):
     """
     Capabilities supported by the agent.
 
@@ -8976,7 +8977,7 @@ class AgentCapabilities(BaseModel):
     """
 
 
-class NewSessionResponse(BaseModel):
+class NewSessionResponse(WireModel):
     """
     Response from creating a new session.
 
@@ -9030,7 +9031,7 @@ class NewSessionResponse(BaseModel):
     """
 
 
-class SessionStatusResponse(BaseModel):
+class SessionStatusResponse(WireModel):
     """
     **UNSTABLE**
 
@@ -9132,7 +9133,7 @@ class SessionUpdateSubagentUpdate(SubagentUpdate):
     session_update: Annotated[Literal["subagent_update"], Field(alias="sessionUpdate")]
 
 
-class ClientRequest(BaseModel):
+class ClientRequest(WireModel):
     """
     A JSON-RPC request object.
     """
@@ -9181,7 +9182,7 @@ class ClientRequest(BaseModel):
     """
 
 
-class ProxyRequest(BaseModel):
+class ProxyRequest(WireModel):
     """
     A JSON-RPC request object.
     """
@@ -9246,7 +9247,7 @@ class RequestPermissionSubjectToolCall(ToolCallPermissionSubject):
     type: Literal["tool_call"]
 
 
-class InitializeResponse(BaseModel):
+class InitializeResponse(WireModel):
     """
     Response to the `initialize` method.
 
@@ -9297,7 +9298,7 @@ class InitializeResponse(BaseModel):
     """
 
 
-class UpdateSessionNotification(BaseModel):
+class UpdateSessionNotification(WireModel):
     """
     Notification containing a session update from the agent.
 
@@ -9376,7 +9377,7 @@ class InitializeProxyResponse(InitializeResponse):
     )
 
 
-class AgentResponseResult(BaseModel):
+class AgentResponseResult(WireModel):
     """
     A successful JSON-RPC response.
     """
@@ -9433,7 +9434,7 @@ class Response2(AgentResponseResult, Response1):
     jsonrpc: Literal["2.0"]
 
 
-class ProxyResponseResult(BaseModel):
+class ProxyResponseResult(WireModel):
     """
     A successful JSON-RPC response.
     """
@@ -9467,7 +9468,7 @@ class Response10(ProxyResponseResult, Response1):
     jsonrpc: Literal["2.0"]
 
 
-class RequestPermissionRequest(BaseModel):
+class RequestPermissionRequest(WireModel):
     """
     Request for user permission to proceed with an operation.
 
@@ -9525,14 +9526,14 @@ class RequestPermissionRequest(BaseModel):
     """
 
 
-class AgentResponse(RootModel[AgentResponseResult | AgentResponseError1]):
+class AgentResponse(WireRootModel[AgentResponseResult | AgentResponseError1]):
     root: AgentResponseResult | AgentResponseError1
     """
     A JSON-RPC response object.
     """
 
 
-class AgentNotification(BaseModel):
+class AgentNotification(WireModel):
     """
     A JSON-RPC notification object.
     """
@@ -9557,7 +9558,7 @@ class AgentNotification(BaseModel):
     """
 
 
-class ProxyResponse(RootModel[ProxyResponseResult | ProxyResponseError1]):
+class ProxyResponse(WireRootModel[ProxyResponseResult | ProxyResponseError1]):
     root: ProxyResponseResult | ProxyResponseError1
     """
     A JSON-RPC response object.
@@ -9579,7 +9580,7 @@ class Notification(AgentNotification):
     jsonrpc: Literal["2.0"]
 
 
-class AgentRequest(BaseModel):
+class AgentRequest(WireModel):
     """
     A JSON-RPC request object.
     """
@@ -9629,7 +9630,7 @@ class Request(AgentRequest):
 
 
 class AgentClientProtocol(
-    RootModel[
+    WireRootModel[
         ProtocolLevel
         | Request
         | Notification
