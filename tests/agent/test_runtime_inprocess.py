@@ -7,20 +7,27 @@ connections, held prompts whose connection ends.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import anyio
+import orjson
 import pytest
 
 from acp_once.agent import runtime
 from acp_once.agent.reference import ReferenceAgent
-from acp_once.agent.runtime import Turn, TurnContext
+from acp_once.agent.runtime import Turn, TurnContext, prompt_digest
 from acp_once.client import Client, ClientSideConnection
 from acp_once.protocol import schema as s
-from acp_once.protocol.errors import REQUEST_CANCELLED, RESOURCE_NOT_FOUND, AcpError
+from acp_once.protocol.errors import (
+    INVALID_PARAMS,
+    REQUEST_CANCELLED,
+    RESOURCE_NOT_FOUND,
+    AcpError,
+)
 from acp_once.storage import MemoryStore, SessionStore
 from acp_once.testing import connected
 from tests.helpers import CutConnection, UpdateRecorder, initialize_request
@@ -277,3 +284,41 @@ async def test_turn_failure_after_insertion_is_an_error_stop_not_an_error_answer
             await rec.wait_for(lambda ups: any(u.get("stopReason") == "error" for u in ups))
             errors = [u for u in rec.updates if u.get("stopReason") == "error"]
             assert errors[0]["error"]["code"] == -32603
+
+
+async def test_a_key_recorded_with_an_earlier_versions_sha256_digest_still_matches(
+    tmp_path: Path,
+) -> None:
+    """Stores written before the BLAKE2s digest hold SHA-256 ones: a retry of such a prompt is
+    still answered with its id, at once or while held, and a different prompt still refused."""
+    blocks = [{"type": "text", "text": "deploy [tool]"}]
+    legacy = hashlib.sha256(orjson.dumps(blocks, option=orjson.OPT_SORT_KEYS)).digest()
+    assert prompt_digest(blocks) != legacy and len(prompt_digest(blocks)) == 16
+    with anyio.fail_after(10):
+        async with (
+            MemoryStore() as store,
+            reference(tmp_path, store) as agent,
+            client(agent) as conn,
+        ):
+            sid = (await conn.agent.new_session(s.NewSessionRequest(cwd="/w"))).session_id
+            old = {"sessionUpdate": "user_message", "messageId": "msg_user_old", "content": blocks}
+            await store.insert_user_message(
+                sid,
+                message_id="msg_user_old",
+                update=orjson.dumps(old),
+                idempotency_key=KEY,
+                prompt_digest=legacy,
+            )
+            assert await prompt(conn, sid, "deploy [tool]") == "msg_user_old"  # at once
+            with pytest.raises(AcpError) as info:
+                await prompt(conn, sid, "deploy [tool] twice")
+            assert info.value.code == INVALID_PARAMS
+            # while a turn runs (hold policy), a retry is looked up instead of inserted
+            await prompt(conn, sid, "busy [work:30]", key=None)
+            assert await prompt(conn, sid, "deploy [tool]") == "msg_user_old"
+            with pytest.raises(AcpError) as info:
+                await prompt(conn, sid, "something else")
+            assert info.value.code == INVALID_PARAMS
+            await conn.agent.cancel(s.CancelSessionNotification(session_id=sid))
+            assert await store.count_user_messages(sid) == 2  # the old one and the busy one
+            assert await store.count_user_messages(sid, idempotency_key=KEY) == 1

@@ -77,6 +77,7 @@ __all__ = [
     "TurnContext",
     "new_id",
     "prompt_digest",
+    "same_prompt",
 ]
 
 logger = logging.getLogger("acp_once.agent")
@@ -94,10 +95,13 @@ _SUPPORTED_BLOCKS = (s.ContentBlockText, s.ContentBlockResourceLink)
 
 
 def prompt_digest(prompt: Sequence[Any]) -> bytes:
-    """SHA-256 of the canonical JSON of a prompt's content blocks (sorted keys, no spaces).
+    """The 16-byte BLAKE2s digest of the canonical JSON of a prompt's content blocks (sorted
+    keys, no spaces).
 
     Stored with the key so that a recorded key sent with a different prompt can be refused
-    (digest D4); the request's `_meta` and the key itself are not part of it.
+    (digest D4); the request's `_meta` and the key itself are not part of it. Compare a
+    recorded digest with `same_prompt`: it also knows the SHA-256 digests that stores written
+    by earlier versions hold.
     """
     blocks = [
         b.model_dump(by_alias=True, exclude_unset=True) if hasattr(b, "model_dump") else b
@@ -108,7 +112,27 @@ def prompt_digest(prompt: Sequence[Any]) -> bytes:
 
 def _wire_digest(blocks: list[dict[str, Any]]) -> bytes:
     """`prompt_digest` of content blocks already dumped to their wire form."""
-    return hashlib.sha256(orjson.dumps(blocks, option=orjson.OPT_SORT_KEYS)).digest()
+    # BLAKE2s (CPython's own) costs ~3,200 instructions here, OpenSSL's SHA-256 ~7,900: most of
+    # it is setting up the hash, not hashing a prompt of a few hundred bytes.
+    return hashlib.blake2s(
+        orjson.dumps(blocks, option=orjson.OPT_SORT_KEYS), digest_size=16
+    ).digest()
+
+
+_LEGACY_DIGEST_SIZE = 32  # SHA-256, stored by versions before the BLAKE2s digest
+
+
+def same_prompt(recorded: bytes, digest: bytes, blocks: list[dict[str, Any]]) -> bool:
+    """Whether `recorded`, a digest stored with a key, is that of the prompt whose digest is
+    `digest` and whose wire content blocks are `blocks`. A 32-byte `recorded` is the SHA-256
+    digest that earlier versions stored (its length tells it apart): it is recomputed from
+    `blocks`, so a key recorded before an upgrade still answers its retries."""
+    if recorded == digest:
+        return True
+    return (
+        len(recorded) == _LEGACY_DIGEST_SIZE
+        and recorded == hashlib.sha256(orjson.dumps(blocks, option=orjson.OPT_SORT_KEYS)).digest()
+    )
 
 
 def new_id(prefix: str) -> str:
@@ -169,6 +193,10 @@ class _Pending:
             if self.state == "done":
                 self._done.set()
         return self._done
+
+    def same_prompt(self, recorded: bytes) -> bool:
+        """Whether `recorded` (a digest stored or queued with this key) is this prompt's."""
+        return same_prompt(recorded, self.digest, self.wire)
 
     def finish(self, *, message_id: str | None = None, error: AcpError | None = None) -> None:
         if self.state == "done":
@@ -531,14 +559,14 @@ class SessionAgent(Agent):
                     # once needs no lookup: the store's insert answers for a recorded key.
                     found = await self.store.find_key(session.id, key)
                     if found is not None:
-                        self._check_digest(found.prompt_digest, digest)
+                        self._check_digest(found.prompt_digest, digest, wire)
                         return s.PromptResponse(message_id=found.message_id)
                     pending = session.pending_by_key.get(key)  # the lookup awaited
                 # no await from this check to the queueing below: a session/cancel or close
                 # that ran during the lookup is seen here (D33)
                 self._check_cancel_mark(session.id, ctx)
                 if pending is not None:
-                    self._check_digest(pending.digest, digest)
+                    self._check_digest(pending.digest, digest, wire)
                     pending.waiters.append((conn_id, ctx.request))
             if pending is None:
                 self._check_cancel_mark(session.id, ctx)
@@ -580,8 +608,14 @@ class SessionAgent(Agent):
             # a session/cancel or session/close that arrived after this prompt covers it
             raise RequestCancelled("The prompt was cancelled before insertion")
 
-    def _check_digest(self, recorded: bytes | None, digest: bytes) -> None:
-        if self.compare_prompts and recorded is not None and recorded != digest:
+    def _check_digest(
+        self, recorded: bytes | None, digest: bytes, blocks: list[dict[str, Any]]
+    ) -> None:
+        if (
+            self.compare_prompts
+            and recorded is not None
+            and not same_prompt(recorded, digest, blocks)
+        ):
             raise InvalidParams(_REUSED_KEY)
 
     def _on_cancel_request(self, session: _Session, pending: _Pending) -> None:
@@ -643,7 +677,8 @@ class SessionAgent(Agent):
         if not inserted:
             # The key was recorded already (by an earlier attempt, or another process): answer
             # as a retry, or refuse a different prompt; nothing new was inserted (R19, R23).
-            if self.compare_prompts and outcome.prompt_digest not in (None, pending.digest):
+            recorded = outcome.prompt_digest
+            if self.compare_prompts and recorded is not None and not pending.same_prompt(recorded):
                 pending.finish(error=InvalidParams(_REUSED_KEY))
             else:
                 pending.finish(message_id=message_id)
