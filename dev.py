@@ -3,6 +3,7 @@
 
     python3 dev.py demo          # the main job: `acp-once demo`
     python3 dev.py test          # lint, format check, types, import layering, tests
+                                 # (extra arguments go to pytest, e.g. -k NAME -n 0)
     python3 dev.py run CMD ...   # any command inside the environment (e.g. `acp-once agent`)
 
 The first call installs uv into `.tools/` (a private virtual environment) and creates `.venv`
@@ -64,7 +65,9 @@ def main(argv: list[str]) -> None:
             ["ruff", "format", "--check", "."],
             ["mypy"],
             ["lint-imports"],
-            ["pytest", *argv[1:]],
+            # one worker per CPU (at most 4): most tests wait on subprocesses and sockets;
+            # `python3 dev.py test -n 0` runs them in this process, one at a time
+            ["pytest", "-n", "auto", "--maxprocesses", "4", *argv[1:]],
         ):
             print(f"dev.py: {' '.join(step)}", file=sys.stderr, flush=True)
             _run(str(uv), "run", "--frozen", "--no-sync", *step)
