@@ -145,6 +145,7 @@ def generate(name: str, module: str) -> None:
                 "--use-double-quotes",
                 "--use-title-as-name",
                 "--disable-timestamp",
+                "--disable-future-imports",
                 "--custom-file-header",
                 HEADER.format(name=name),
                 "--formatters",
