@@ -546,14 +546,16 @@ class SessionAgent(Agent):
         conn_id = ctx.connection.id
         pending: _Pending | None = None
         async with session.lock:
+            # No await from this check to the queueing below, but for the lookup, which checks
+            # again: a session/cancel or close that arrived meanwhile is seen (D33).
+            self._check_cancel_mark(session.id, ctx)
+            hold = self._would_hold(session)
             if key is not None:
                 recorded = session.live_keys.get(key)
                 if recorded is not None:
                     return s.PromptResponse(message_id=recorded)
                 pending = session.pending_by_key.get(key)
-                if pending is None and (
-                    self._would_hold(session) or self._is_live_only(params.prompt)
-                ):
+                if pending is None and (hold or self._is_live_only(params.prompt)):
                     # It would be held (or not stored): look for an inserted message first, so
                     # a retry of it is answered now instead of queued. A prompt inserted at
                     # once needs no lookup: the store's insert answers for a recorded key.
@@ -561,22 +563,21 @@ class SessionAgent(Agent):
                     if found is not None:
                         self._check_digest(found.prompt_digest, digest, wire)
                         return s.PromptResponse(message_id=found.message_id)
-                    pending = session.pending_by_key.get(key)  # the lookup awaited
-                # no await from this check to the queueing below: a session/cancel or close
-                # that ran during the lookup is seen here (D33)
-                self._check_cancel_mark(session.id, ctx)
+                    # the lookup awaited
+                    self._check_cancel_mark(session.id, ctx)
+                    pending = session.pending_by_key.get(key)
+                    hold = self._would_hold(session)
                 if pending is not None:
                     self._check_digest(pending.digest, digest, wire)
                     pending.waiters.append((conn_id, ctx.request))
             if pending is None:
-                self._check_cancel_mark(session.id, ctx)
                 pending = _Pending(session.id, list(params.prompt), key, digest, wire)
                 pending.waiters.append((conn_id, ctx.request))
                 if key is not None:
                     session.pending_by_key[key] = pending
                 if self._cluster is not None:
                     await self._cluster.admit(self, session, pending)
-                elif self._would_hold(session):
+                elif hold:
                     session.held.append(pending)
                 else:
                     await self._insert(session, pending)

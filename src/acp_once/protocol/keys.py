@@ -12,7 +12,7 @@ import re
 import uuid
 from typing import Annotated
 
-from pydantic import AfterValidator, StringConstraints
+from pydantic import StringConstraints
 
 __all__ = ["MAX_KEY_LENGTH", "IdempotencyKey", "check_key", "new_key"]
 
@@ -36,8 +36,13 @@ def check_key(value: str) -> str:
     return value
 
 
-IdempotencyKey = Annotated[str, StringConstraints(strict=True), AfterValidator(check_key)]
-"""A validated key: strict `str` (numbers, booleans, objects and arrays are refused)."""
+IdempotencyKey = Annotated[
+    str, StringConstraints(strict=True, min_length=1, max_length=MAX_KEY_LENGTH)
+]
+"""A validated key: strict `str` (numbers, booleans, objects and arrays are refused) of 1 to
+255 code points. pydantic-core checks all of `check_key` itself, without calling back into
+Python: it counts code points, and it refuses a string holding a lone surrogate
+(`string_unicode`) because it cannot read it as Unicode."""
 
 
 def new_key() -> str:
