@@ -546,9 +546,6 @@ class SessionAgent(Agent):
         conn_id = ctx.connection.id
         pending: _Pending | None = None
         async with session.lock:
-            # No await from this check to the queueing below, but for the lookup, which checks
-            # again: a session/cancel or close that arrived meanwhile is seen (D33).
-            self._check_cancel_mark(session.id, ctx)
             hold = self._would_hold(session)
             if key is not None:
                 recorded = session.live_keys.get(key)
@@ -563,14 +560,15 @@ class SessionAgent(Agent):
                     if found is not None:
                         self._check_digest(found.prompt_digest, digest, wire)
                         return s.PromptResponse(message_id=found.message_id)
-                    # the lookup awaited
-                    self._check_cancel_mark(session.id, ctx)
-                    pending = session.pending_by_key.get(key)
+                    pending = session.pending_by_key.get(key)  # the lookup awaited
                     hold = self._would_hold(session)
-                if pending is not None:
-                    self._check_digest(pending.digest, digest, wire)
-                    pending.waiters.append((conn_id, ctx.request))
-            if pending is None:
+            # no await from this check to the queueing below: a session/cancel or close that
+            # ran while this waited for the lock or the lookup is seen here (D33)
+            self._check_cancel_mark(session.id, ctx)
+            if pending is not None:
+                self._check_digest(pending.digest, digest, wire)
+                pending.waiters.append((conn_id, ctx.request))
+            else:
                 pending = _Pending(session.id, list(params.prompt), key, digest, wire)
                 pending.waiters.append((conn_id, ctx.request))
                 if key is not None:
