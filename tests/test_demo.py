@@ -3,6 +3,8 @@ faults that make the keyless run duplicate."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -57,3 +59,19 @@ async def test_over_streamable_http_with_keys_every_submission_is_inserted_exact
     assert result.duplicate_side_effects == 0
     assert result.missing_side_effects == 0
     assert result.cut_answers > 0, "no answer was cut"
+
+
+def test_the_demo_command_prints_the_table_and_no_warning_for_its_own_faults() -> None:
+    shown = subprocess.run(
+        [sys.executable, "-m", "acp_once", "demo", "--submissions", "40", "--seed", "3"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert "With keys every submission was inserted exactly once." in shown.stdout
+    assert "with keys" in shown.stdout and "no keys" in shown.stdout
+    # the kills and cut answers are the demo's own, counted in the table: not warnings
+    assert "connection to the agent failed" not in shown.stderr
+    assert "Traceback" not in shown.stderr
