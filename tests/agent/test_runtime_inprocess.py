@@ -23,12 +23,13 @@ from acp_once.agent.runtime import Turn, TurnContext, prompt_digest
 from acp_once.client import Client, ClientSideConnection
 from acp_once.protocol import schema as s
 from acp_once.protocol.errors import (
+    INTERNAL_ERROR,
     INVALID_PARAMS,
     REQUEST_CANCELLED,
     RESOURCE_NOT_FOUND,
     AcpError,
 )
-from acp_once.storage import MemoryStore, SessionStore
+from acp_once.storage import InsertOutcome, MemoryStore, SessionStore, StorageError
 from acp_once.testing import connected
 from tests.helpers import CutConnection, UpdateRecorder, initialize_request
 
@@ -322,3 +323,60 @@ async def test_a_key_recorded_with_an_earlier_versions_sha256_digest_still_match
             await conn.agent.cancel(s.CancelSessionNotification(session_id=sid))
             assert await store.count_user_messages(sid) == 2  # the old one and the busy one
             assert await store.count_user_messages(sid, idempotency_key=KEY) == 1
+
+
+class LostAnswerStore(MemoryStore):
+    """Stores the next user message, then fails as if its commit's answer was lost (PostgreSQL's
+    connection cut at COMMIT): the message is stored, the caller hears an error."""
+
+    lose_next = False
+
+    async def insert_user_message(
+        self,
+        session_id: str,
+        *,
+        message_id: str,
+        update: bytes,
+        idempotency_key: str | None,
+        prompt_digest: bytes | None,
+    ) -> InsertOutcome:
+        outcome = await super().insert_user_message(
+            session_id,
+            message_id=message_id,
+            update=update,
+            idempotency_key=idempotency_key,
+            prompt_digest=prompt_digest,
+        )
+        if self.lose_next:
+            self.lose_next = False
+            raise StorageError("connection lost at COMMIT: it may or may not have been stored")
+        return outcome
+
+
+async def test_a_keyed_insert_whose_commit_answer_was_lost_is_answered_and_its_turn_runs(
+    tmp_path: Path,
+) -> None:
+    """The store raised, but the message was stored: the runtime finds the key, answers the
+    prompt with its id and runs its turn now, rather than answering an error and leaving the
+    stored message's turn to the next recovery (its retry would get the id meanwhile)."""
+    rec = UpdateRecorder()
+    with anyio.fail_after(10):
+        async with (
+            LostAnswerStore() as store,
+            reference(tmp_path, store) as agent,
+            client(agent, rec) as conn,
+        ):
+            sid = (await conn.agent.new_session(s.NewSessionRequest(cwd="/w"))).session_id
+            store.lose_next = True
+            mid = await prompt(conn, sid, "deploy [tool]")
+            stored = await store.find_key(sid, KEY)
+            assert stored is not None and stored.message_id == mid
+            await rec.wait_for(lambda ups: any(u.get("stopReason") == "end_turn" for u in ups))
+            assert (tmp_path / "effects" / f"{sid}.log").read_text().split() == [mid]
+            assert await prompt(conn, sid, "deploy [tool]") == mid  # a retry: nothing new
+            assert await store.count_user_messages(sid) == 1
+            # unkeyed, it cannot be looked up: the error stands (its turn waits for recovery)
+            store.lose_next = True
+            with pytest.raises(AcpError) as info:
+                await prompt(conn, sid, "no key [tool]", key=None)
+            assert info.value.code == INTERNAL_ERROR

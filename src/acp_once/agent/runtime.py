@@ -59,7 +59,9 @@ from acp_once.rpc.errors import ConnectionClosed
 from acp_once.rpc.tasks import TaskPool, cancel_scope_factory
 from acp_once.storage.base import (
     FencingError,
+    InsertOutcome,
     InvalidCursor,
+    KeyRecord,
     SessionMissing,
     SessionRecord,
     SessionStore,
@@ -86,6 +88,7 @@ HeldPolicy = Literal["hold", "steer"]
 
 _STOP_TIMEOUT = 10.0
 _RECOVER_TIMEOUT = 60.0  # seconds: dealing with a loaded session's interrupted turns, shielded
+_LANDED_TIMEOUT = 10.0  # seconds: looking up whether a failed insert was stored, shielded
 _REUSED_KEY = "idempotencyKey was already used with a different prompt"
 _TURN_MARKER = "_acp_once_turn"  # retained, never replayed: did each message's turn finish?
 _RECOVERY_WINDOW = 500  # timeline entries read after a restart to find unfinished turns
@@ -663,14 +666,22 @@ class SessionAgent(Agent):
                 inserted = outcome.inserted
                 message_id = outcome.message_id
         except Exception as exc:
+            found: KeyRecord | None = None
             if isinstance(exc, FencingError):  # a cluster race (lease moved, row withdrawn)
                 logger.debug("session %s: insert refused (%s)", session.id, exc)
             else:
                 logger.exception("session %s: storing a user message failed", session.id)
-            if pending.key is not None and session.pending_by_key.get(pending.key) is pending:
-                del session.pending_by_key[pending.key]
-            pending.finish(error=InternalError("The message could not be stored"))
-            return
+                found = await self._find_after_failure(session, pending)
+            if found is None:
+                if pending.key is not None and session.pending_by_key.get(pending.key) is pending:
+                    del session.pending_by_key[pending.key]
+                pending.finish(error=InternalError("The message could not be stored"))
+                return
+            # The store failed but the key is recorded: the commit landed and only its answer
+            # was lost (a connection cut at COMMIT), or another process inserted this key.
+            inserted = found.message_id == message_id
+            outcome = InsertOutcome(found.message_id, inserted, found.prompt_digest)
+            message_id = found.message_id
         if pending.key is not None and session.pending_by_key.get(pending.key) is pending:
             del session.pending_by_key[pending.key]
         if not inserted:
@@ -697,6 +708,29 @@ class SessionAgent(Agent):
             pending.finish(message_id=message_id)
             session.turns.append(Turn(session.id, message_id, pending.prompt, live_only))
             self._ensure_worker(session)
+
+    async def _find_after_failure(self, session: _Session, pending: _Pending) -> KeyRecord | None:
+        """After an insert that raised: the key's record if the store has it after all, else
+        None (no key, not stored, or the lookup failed too).
+
+        A failed insert may have committed (PostgreSQL's connection lost at COMMIT, an insert
+        past its bound). Answering it with an error would leave a stored message whose turn
+        runs only at the session's next recovery, while the client's keyed retry is answered
+        with its id as if all was well. Only a keyed message can be found by what the runtime
+        knows. Shielded and bounded, as the insert itself: a cut connection must not stop it.
+        """
+        if pending.key is None:
+            return None
+        with anyio.move_on_after(_LANDED_TIMEOUT, shield=True):
+            try:
+                return await self.store.find_key(session.id, pending.key)
+            except Exception as exc:  # its text could quote the key: only its type is logged
+                logger.warning(
+                    "session %s: after a failed insert, looking its key up failed too (%s)",
+                    session.id,
+                    type(exc).__name__,
+                )
+        return None
 
     def _is_live_only(self, prompt: list[Any]) -> bool:
         first = prompt[0] if prompt else None
