@@ -135,6 +135,11 @@ class FdReceiveStream(ByteReceiveStream):
         self._error: OSError | None = None
         self._watching = False
         self._waiter: asyncio.Future[None] | None = None
+        # Reads land here and are copied out at their size: `os.read(fd, 256 KiB)` allocates
+        # 256 KiB, which glibc maps afresh, shrinks and unmaps for every read (three system
+        # calls and a page fault per incoming frame, measured with strace).
+        self._buffer = bytearray(_READ_SIZE) if self._poll else bytearray()
+        self._view = memoryview(self._buffer)
 
     async def receive(self, max_bytes: int = 65536) -> bytes:
         if self._closed:
@@ -188,7 +193,7 @@ class FdReceiveStream(ByteReceiveStream):
     def _readable(self) -> None:
         # the loop's reader callback: take what arrived, wake the receiver
         try:
-            data = os.read(self._fd, _READ_SIZE)
+            data = bytes(self._view[: os.readv(self._fd, (self._buffer,))])
         except BlockingIOError:
             return
         except OSError as exc:
