@@ -331,22 +331,8 @@ class LostAnswerStore(MemoryStore):
 
     lose_next = False
 
-    async def insert_user_message(
-        self,
-        session_id: str,
-        *,
-        message_id: str,
-        update: bytes,
-        idempotency_key: str | None,
-        prompt_digest: bytes | None,
-    ) -> InsertOutcome:
-        outcome = await super().insert_user_message(
-            session_id,
-            message_id=message_id,
-            update=update,
-            idempotency_key=idempotency_key,
-            prompt_digest=prompt_digest,
-        )
+    async def insert_user_message(self, session_id: str, **fields: Any) -> InsertOutcome:
+        outcome = await super().insert_user_message(session_id, **fields)
         if self.lose_next:
             self.lose_next = False
             raise StorageError("connection lost at COMMIT: it may or may not have been stored")
