@@ -342,9 +342,10 @@ class LostAnswerStore(MemoryStore):
 async def test_a_keyed_insert_whose_commit_answer_was_lost_is_answered_and_its_turn_runs(
     tmp_path: Path,
 ) -> None:
-    """The store raised, but the message was stored: the runtime finds the key, answers the
-    prompt with its id and runs its turn now, rather than answering an error and leaving the
-    stored message's turn to the next recovery (its retry would get the id meanwhile)."""
+    """The store raised, but the message was stored: the runtime finds it (by its key, or
+    unkeyed at the end of the timeline), answers the prompt with its id and runs its turn now,
+    rather than answering an error and leaving the stored message's turn to the next recovery
+    (a keyed retry would get the id meanwhile)."""
     rec = UpdateRecorder()
     with anyio.fail_after(10):
         async with (
@@ -361,8 +362,31 @@ async def test_a_keyed_insert_whose_commit_answer_was_lost_is_answered_and_its_t
             assert (tmp_path / "effects" / f"{sid}.log").read_text().split() == [mid]
             assert await prompt(conn, sid, "deploy [tool]") == mid  # a retry: nothing new
             assert await store.count_user_messages(sid) == 1
-            # unkeyed, it cannot be looked up: the error stands (its turn waits for recovery)
+            # unkeyed, it is found at the end of the timeline
             store.lose_next = True
-            with pytest.raises(AcpError) as info:
-                await prompt(conn, sid, "no key [tool]", key=None)
-            assert info.value.code == INTERNAL_ERROR
+            other = await prompt(conn, sid, "no key [tool]", key=None)
+            await rec.wait_for(lambda ups: sum(u.get("stopReason") == "end_turn" for u in ups) == 2)
+            assert (tmp_path / "effects" / f"{sid}.log").read_text().split() == [mid, other]
+            assert await store.count_user_messages(sid) == 2
+
+
+async def test_an_insert_that_raised_and_stored_nothing_is_answered_with_an_error(
+    tmp_path: Path,
+) -> None:
+    class Failing(MemoryStore):
+        async def insert_user_message(self, session_id: str, **fields: Any) -> InsertOutcome:
+            raise StorageError("the database is gone")
+
+    with anyio.fail_after(10):
+        async with (
+            Failing() as store,
+            reference(tmp_path, store) as agent,
+            client(agent) as conn,
+        ):
+            sid = (await conn.agent.new_session(s.NewSessionRequest(cwd="/w"))).session_id
+            for key in (KEY, None):
+                with pytest.raises(AcpError) as info:
+                    await prompt(conn, sid, "deploy [tool]", key=key)
+                assert info.value.code == INTERNAL_ERROR
+            assert await store.count_user_messages(sid) == 0
+            assert not (tmp_path / "effects" / f"{sid}.log").exists()

@@ -89,6 +89,7 @@ HeldPolicy = Literal["hold", "steer"]
 _STOP_TIMEOUT = 10.0
 _RECOVER_TIMEOUT = 60.0  # seconds: dealing with a loaded session's interrupted turns, shielded
 _LANDED_TIMEOUT = 10.0  # seconds: looking up whether a failed insert was stored, shielded
+_LANDED_WINDOW = 100  # timeline entries searched for an unkeyed message after a failed insert
 _REUSED_KEY = "idempotencyKey was already used with a different prompt"
 _TURN_MARKER = "_acp_once_turn"  # retained, never replayed: did each message's turn finish?
 _RECOVERY_WINDOW = 500  # timeline entries read after a restart to find unfinished turns
@@ -671,13 +672,13 @@ class SessionAgent(Agent):
                 logger.debug("session %s: insert refused (%s)", session.id, exc)
             else:
                 logger.exception("session %s: storing a user message failed", session.id)
-                found = await self._find_after_failure(session, pending)
+                found = await self._find_after_failure(session, pending, message_id)
             if found is None:
                 if pending.key is not None and session.pending_by_key.get(pending.key) is pending:
                     del session.pending_by_key[pending.key]
                 pending.finish(error=InternalError("The message could not be stored"))
                 return
-            # The store failed but the key is recorded: the commit landed and only its answer
+            # The store failed but the message is there: the commit landed and only its answer
             # was lost (a connection cut at COMMIT), or another process inserted this key.
             inserted = found.message_id == message_id
             outcome = InsertOutcome(found.message_id, inserted, found.prompt_digest)
@@ -709,27 +710,34 @@ class SessionAgent(Agent):
             session.turns.append(Turn(session.id, message_id, pending.prompt, live_only))
             self._ensure_worker(session)
 
-    async def _find_after_failure(self, session: _Session, pending: _Pending) -> KeyRecord | None:
-        """After an insert that raised: the key's record if the store has it after all, else
-        None (no key, not stored, or the lookup failed too).
+    async def _find_after_failure(
+        self, session: _Session, pending: _Pending, message_id: str
+    ) -> KeyRecord | None:
+        """After an insert that raised: where the store has the message after all, its key's
+        record (or, unkeyed, `message_id` itself); None if it is not stored or the lookup
+        failed too.
 
         A failed insert may have committed (PostgreSQL's connection lost at COMMIT, an insert
         past its bound). Answering it with an error would leave a stored message whose turn
-        runs only at the session's next recovery, while the client's keyed retry is answered
-        with its id as if all was well. Only a keyed message can be found by what the runtime
-        knows. Shielded and bounded, as the insert itself: a cut connection must not stop it.
+        runs only at the session's next recovery, while a keyed retry is answered with its id
+        as if all was well. A keyed message is looked up by its key; an unkeyed one among the
+        last entries of the timeline (this node holds the session lock: it is near the end).
+        Shielded and bounded, as the insert itself: a cut connection must not stop it.
         """
-        if pending.key is None:
-            return None
         with anyio.move_on_after(_LANDED_TIMEOUT, shield=True):
             try:
-                return await self.store.find_key(session.id, pending.key)
+                if pending.key is not None:
+                    return await self.store.find_key(session.id, pending.key)
+                tail = await self.store.read_timeline_tail(session.id, limit=_LANDED_WINDOW)
             except Exception as exc:  # its text could quote the key: only its type is logged
                 logger.warning(
-                    "session %s: after a failed insert, looking its key up failed too (%s)",
+                    "session %s: after a failed insert, looking it up failed too (%s)",
                     session.id,
                     type(exc).__name__,
                 )
+                return None
+            if any(entry.message_id == message_id for entry in tail):
+                return KeyRecord(message_id, None)
         return None
 
     def _is_live_only(self, prompt: list[Any]) -> bool:
