@@ -58,6 +58,15 @@ async def client(
         yield conn
 
 
+@asynccontextmanager
+async def session_on(
+    tmp_path: Path, store: SessionStore, recorder: Client | None = None
+) -> AsyncIterator[tuple[ClientSideConnection, str]]:
+    """A reference agent on `store`, a client connection to it and a new session's id."""
+    async with reference(tmp_path, store) as agent, client(agent, recorder) as conn:
+        yield conn, (await conn.agent.new_session(s.NewSessionRequest(cwd="/w"))).session_id
+
+
 def params(sid: str, text: str, key: str | None = KEY) -> dict[str, Any]:
     p: dict[str, Any] = {"sessionId": sid, "prompt": [{"type": "text", "text": text}]}
     if key is not None:
@@ -296,12 +305,7 @@ async def test_a_key_recorded_with_an_earlier_versions_sha256_digest_still_match
     legacy = hashlib.sha256(orjson.dumps(blocks, option=orjson.OPT_SORT_KEYS)).digest()
     assert prompt_digest(blocks) != legacy and len(prompt_digest(blocks)) == 16
     with anyio.fail_after(10):
-        async with (
-            MemoryStore() as store,
-            reference(tmp_path, store) as agent,
-            client(agent) as conn,
-        ):
-            sid = (await conn.agent.new_session(s.NewSessionRequest(cwd="/w"))).session_id
+        async with MemoryStore() as store, session_on(tmp_path, store) as (conn, sid):
             old = {"sessionUpdate": "user_message", "messageId": "msg_user_old", "content": blocks}
             await store.insert_user_message(
                 sid,
@@ -348,12 +352,7 @@ async def test_a_keyed_insert_whose_commit_answer_was_lost_is_answered_and_its_t
     (a keyed retry would get the id meanwhile)."""
     rec = UpdateRecorder()
     with anyio.fail_after(10):
-        async with (
-            LostAnswerStore() as store,
-            reference(tmp_path, store) as agent,
-            client(agent, rec) as conn,
-        ):
-            sid = (await conn.agent.new_session(s.NewSessionRequest(cwd="/w"))).session_id
+        async with LostAnswerStore() as store, session_on(tmp_path, store, rec) as (conn, sid):
             store.lose_next = True
             mid = await prompt(conn, sid, "deploy [tool]")
             stored = await store.find_key(sid, KEY)
@@ -378,12 +377,7 @@ async def test_an_insert_that_raised_and_stored_nothing_is_answered_with_an_erro
             raise StorageError("the database is gone")
 
     with anyio.fail_after(10):
-        async with (
-            Failing() as store,
-            reference(tmp_path, store) as agent,
-            client(agent) as conn,
-        ):
-            sid = (await conn.agent.new_session(s.NewSessionRequest(cwd="/w"))).session_id
+        async with Failing() as store, session_on(tmp_path, store) as (conn, sid):
             for key in (KEY, None):
                 with pytest.raises(AcpError) as info:
                     await prompt(conn, sid, "deploy [tool]", key=key)
