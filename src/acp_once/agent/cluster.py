@@ -459,7 +459,7 @@ class PostgresCoordinator:
     ) -> None:
         if isinstance(admission, Attached):
             self.counters["dedup_hits"] += 1
-            if agent.compare_prompts and not pending.same_prompt(admission.digest):
+            if agent._reuses_key(admission.digest, pending.digest, pending.wire):
                 self._spawn(self.pg.detach, admission.row)
                 self._finish(session, pending, error=InvalidParams(_REUSED_KEY))
                 return
@@ -593,7 +593,7 @@ class PostgresCoordinator:
         message_id: str,
         digest: bytes | None,
     ) -> None:
-        if agent.compare_prompts and digest is not None and not pending.same_prompt(digest):
+        if agent._reuses_key(digest, pending.digest, pending.wire):
             self._finish(session, pending, error=InvalidParams(_REUSED_KEY))
         else:
             self._finish(session, pending, message_id=message_id)

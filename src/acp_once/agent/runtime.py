@@ -198,10 +198,6 @@ class _Pending:
                 self._done.set()
         return self._done
 
-    def same_prompt(self, recorded: bytes) -> bool:
-        """Whether `recorded` (a digest stored or queued with this key) is this prompt's."""
-        return same_prompt(recorded, self.digest, self.wire)
-
     def finish(self, *, message_id: str | None = None, error: AcpError | None = None) -> None:
         if self.state == "done":
             return
@@ -611,14 +607,22 @@ class SessionAgent(Agent):
             # a session/cancel or session/close that arrived after this prompt covers it
             raise RequestCancelled("The prompt was cancelled before insertion")
 
-    def _check_digest(
+    def _reuses_key(
         self, recorded: bytes | None, digest: bytes, blocks: list[dict[str, Any]]
-    ) -> None:
-        if (
+    ) -> bool:
+        """Whether a prompt (its `digest` and wire `blocks`) must be refused because its key
+        is recorded (or queued) with the digest `recorded` of another prompt (R23, when
+        `compare_prompts` is on; None: no digest to compare)."""
+        return (
             self.compare_prompts
             and recorded is not None
             and not same_prompt(recorded, digest, blocks)
-        ):
+        )
+
+    def _check_digest(
+        self, recorded: bytes | None, digest: bytes, blocks: list[dict[str, Any]]
+    ) -> None:
+        if self._reuses_key(recorded, digest, blocks):
             raise InvalidParams(_REUSED_KEY)
 
     def _on_cancel_request(self, session: _Session, pending: _Pending) -> None:
@@ -688,8 +692,7 @@ class SessionAgent(Agent):
         if not inserted:
             # The key was recorded already (by an earlier attempt, or another process): answer
             # as a retry, or refuse a different prompt; nothing new was inserted (R19, R23).
-            recorded = outcome.prompt_digest
-            if self.compare_prompts and recorded is not None and not pending.same_prompt(recorded):
+            if self._reuses_key(outcome.prompt_digest, pending.digest, pending.wire):
                 pending.finish(error=InvalidParams(_REUSED_KEY))
             else:
                 pending.finish(message_id=message_id)
