@@ -8,10 +8,12 @@ a single node would give.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from pathlib import Path
 
 import anyio
+import orjson
 import psycopg
 import pytest
 from psycopg import sql
@@ -181,3 +183,64 @@ async def test_a_withdrawal_during_the_owners_insert_waits_and_insertion_wins(
             assert found is not None and found.message_id == results[0]
             assert await a.store.count_user_messages(sid, idempotency_key="k2") == 1
     assert not errors_logged(caplog)
+
+
+async def test_a_key_an_earlier_version_recorded_while_the_prompt_was_queued(
+    postgres_dsn: str, schema: str, tmp_path: Path
+) -> None:
+    """A node of an earlier version (rolling upgrade) records the key, with its SHA-256 prompt
+    digest, after the prompt was queued on another node and before the owner inserts it: the
+    owner's insert finds the key recorded, and the request that waits on the other node is
+    answered with the recorded id when the prompt is the same, and -32602 when it is not."""
+    fx = tmp_path / "fx"
+    with anyio.fail_after(TIMEOUT):
+        async with (
+            node(postgres_dsn, schema, "a", fx) as a,
+            node(postgres_dsn, schema, "b", fx) as b,
+            connected(a.agent) as conn_a,
+            connected(b.agent) as conn_b,
+        ):
+            original = a.coordinator.pg.next_prompt
+            picked, go = anyio.Event(), anyio.Event()
+
+            async def next_prompt(session_id: str) -> QueuedPrompt | None:
+                found = await original(session_id)
+                if found is not None:
+                    picked.set()  # read, not inserted yet: hold the owner here
+                    await go.wait()
+                return found
+
+            a.coordinator.pg.next_prompt = next_prompt  # type: ignore[method-assign]
+            await initialize(conn_a)
+            await initialize(conn_b)
+            sid = await new_session(conn_a)
+            await resume(conn_b, sid)
+            cases = [("kL1", "deploy", "deploy"), ("kL2", "deploy", "deploy twice")]
+            for key, recorded_text, sent_text in cases:
+                picked, go = anyio.Event(), anyio.Event()
+                await prompt(conn_a, sid, "[work:0.2] busy", None)  # A owns the session now
+                request = await conn_b.rpc.start_request(
+                    "session/prompt", prompt_params(sid, sent_text, key)
+                )
+                await picked.wait()  # A's turn ended and it read B's queued prompt
+                blocks = [{"type": "text", "text": recorded_text}]
+                old_id = f"old_{key}"
+                old = {"sessionUpdate": "user_message", "messageId": old_id, "content": blocks}
+                await a.store.insert_user_message(
+                    sid,
+                    message_id=old_id,
+                    update=orjson.dumps(old),
+                    idempotency_key=key,
+                    prompt_digest=hashlib.sha256(
+                        orjson.dumps(blocks, option=orjson.OPT_SORT_KEYS)
+                    ).digest(),
+                )
+                go.set()
+                if recorded_text == sent_text:
+                    assert (await request.result())["messageId"] == old_id
+                else:
+                    with pytest.raises(AcpError) as caught:
+                        await request.result()
+                    assert caught.value.code == -32602
+                assert await a.store.count_user_messages(sid, idempotency_key=key) == 1
+            assert await a.store.count_user_messages(sid) == 4  # two busy, two recorded

@@ -101,7 +101,8 @@ __all__ = ["Coordinator", "LocalCoordinator", "PostgresCoordinator", "default_no
 logger = logging.getLogger("acp_once.cluster")
 
 _REUSED_KEY = "idempotencyKey was already used with a different prompt"
-_QUEUE_ROW: contextvars.ContextVar[int | None] = contextvars.ContextVar(
+# the queued prompt being inserted: its row and its legacy (SHA-256) digest
+_QUEUE_ROW: contextvars.ContextVar[tuple[int, bytes] | None] = contextvars.ContextVar(
     "acp_once_queue_row", default=None
 )
 _STOP_TIMEOUT = 5.0
@@ -488,7 +489,7 @@ class PostgresCoordinator:
     async def _insert_queued(
         self, agent: SessionAgent, session: _Session, queued: QueuedPrompt
     ) -> None:
-        from acp_once.agent.runtime import _Pending
+        from acp_once.agent.runtime import _Pending, legacy_digest
 
         wire = orjson.loads(queued.content)
         prompt = s.PromptRequest.model_validate(
@@ -496,7 +497,9 @@ class PostgresCoordinator:
         ).prompt
         # a stand-in without waiters: the requests (on any node) learn the outcome from the row
         stand_in = _Pending(session.id, list(prompt), queued.key, queued.digest, wire)
-        token = _QUEUE_ROW.set(queued.row)
+        # A key recorded meanwhile by a node of an earlier version carries its SHA-256 digest:
+        # the insert's statement settles the row, so it must know that digest too.
+        token = _QUEUE_ROW.set((queued.row, legacy_digest(wire)))
         try:
             await agent._insert(session, stand_in)
         finally:
@@ -831,10 +834,13 @@ class FencedStore:
     ) -> InsertOutcome:
         """Insert under the session's lease (fenced); settles the queued row being inserted."""
         fence = self._c.fence(session_id)
-        row = _QUEUE_ROW.get()
+        queued = _QUEUE_ROW.get()
         _QUEUE_ROW.set(None)  # one insert per queued row, never inherited by another write
-        if row is not None:  # it must still be queued; the insert settles it (one statement)
-            fence = dataclasses.replace(fence, row=row, channel=self._c.pg.channel)
+        if queued is not None:  # it must still be queued; the insert settles it (one statement)
+            row, legacy = queued
+            fence = dataclasses.replace(
+                fence, row=row, channel=self._c.pg.channel, legacy_digest=legacy
+            )
         try:
             outcome = await self._store.insert_user_message(
                 session_id,

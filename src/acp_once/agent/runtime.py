@@ -77,6 +77,7 @@ __all__ = [
     "SessionAgent",
     "Turn",
     "TurnContext",
+    "legacy_digest",
     "new_id",
     "prompt_digest",
     "same_prompt",
@@ -133,10 +134,14 @@ def same_prompt(recorded: bytes, digest: bytes, blocks: list[dict[str, Any]]) ->
     `blocks`, so a key recorded before an upgrade still answers its retries."""
     if recorded == digest:
         return True
-    return (
-        len(recorded) == _LEGACY_DIGEST_SIZE
-        and recorded == hashlib.sha256(orjson.dumps(blocks, option=orjson.OPT_SORT_KEYS)).digest()
-    )
+    return len(recorded) == _LEGACY_DIGEST_SIZE and recorded == legacy_digest(blocks)
+
+
+def legacy_digest(blocks: list[dict[str, Any]]) -> bytes:
+    """The SHA-256 prompt digest that versions before the BLAKE2s one stored with a key, of
+    wire content blocks `blocks` (for comparisons made elsewhere than `same_prompt`, such as
+    in SQL)."""
+    return hashlib.sha256(orjson.dumps(blocks, option=orjson.OPT_SORT_KEYS)).digest()
 
 
 def new_id(prefix: str) -> str:

@@ -137,6 +137,10 @@ class Fence:
     """With `row`: the insert also marks the row `inserted` (or `recorded`,
     when the key was) with the message id, and announces that on this NOTIFY channel as
     `{"k": "o", "r": row, "st": state, "m": message_id, "p": same_prompt}`."""
+    legacy_digest: bytes | None = None
+    """With `row`: the prompt's digest as earlier versions computed it (SHA-256), so that a key
+    one of them recorded for the same prompt is settled as the same prompt (`same_prompt` in
+    `acp_once.agent.runtime`)."""
 
 
 class QueueRowGone(FencingError):
@@ -452,7 +456,7 @@ def _statements(schema: str) -> _Statements:
             "  state = CASE WHEN res.seq IS NULL THEN 'recorded' ELSE 'inserted' END,"
             "  message_id = COALESCE(res.mid, %(mid)s),"
             "  same_prompt = res.seq IS NOT NULL OR res.digest IS NULL"
-            "   OR res.digest = %(digest)s::bytea"
+            "   OR res.digest = %(digest)s::bytea OR res.digest = %(legacy)s::bytea"
             "  FROM res WHERE q.id = %(row)s::bigint AND EXISTS (SELECT 1 FROM l)"
             "  AND (res.seq IS NOT NULL OR res.mid IS NOT NULL)"
             "  RETURNING pg_notify(%(channel)s::text, json_build_object('k', 'o', 'r', q.id,"
@@ -953,6 +957,7 @@ class PostgresStore:
                 "payload": update,
                 "key": key,
                 "digest": prompt_digest,
+                "legacy": fence.legacy_digest,
                 "now": now,
             }
             found = await _one(conn, statements.insert_fenced, params)
