@@ -3,7 +3,11 @@ SQLite checkpointer; the key cache's history reads, counted in-process; the thre
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import functools
 import os
+import sqlite3
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -14,6 +18,7 @@ from typing import Any
 import anyio
 import orjson
 import pytest
+from langgraph.store.sqlite.aio import AsyncSqliteStore
 
 from acp_once.adapters.langgraph import EXTRA_HINT, LangGraphAgent, LangGraphStore
 from acp_once.agent.adapter import derive_message_id
@@ -498,3 +503,75 @@ async def test_the_timeline_interleaves_messages_and_events_in_order(
     assert orjson.loads(timeline[0].update)["content"] == [{"type": "text", "text": "one"}]
     assert [e.seq for e in page] == [3]
     assert record is not None and record.updated_at > 1.0  # every write bumps it
+
+
+async def test_a_directory_read_and_write_that_meet_never_fail_on_sqlites_write_lock(
+    tmp_path: Path,
+) -> None:
+    """LangGraph's store runs operations that callers start together as one transaction, reads
+    first. When another connection to the file committed after those reads, the transaction
+    could not become a writer and failed at once with "database is locked" (a -32603 seen in
+    CI). Each directory operation is now its own transaction, and a write starts as a writer."""
+    db = tmp_path / "threads.sqlite3"
+    record = SessionRecord("s1", "/w", (), None, 1.0, 1.0, None)
+    with anyio.fail_after(TIMEOUT):
+        async with LangGraphStore.open(f"sqlite:{db}") as threads:
+            await threads.create_session(record)
+            await threads.create_session(dataclasses.replace(record, session_id="s2"))
+            # another writer (the checkpointer's connection, say) has written, not committed
+            other = sqlite3.connect(db, isolation_level=None, check_same_thread=False)
+            other.execute("BEGIN IMMEDIATE")
+            other.execute("CREATE TABLE other_writer (x)")
+
+            def commit_at_first_write(statement: str) -> None:
+                # called on the store's connection as a statement starts: the other writer
+                # commits just before the directory's first write
+                if other.in_transaction and statement.lstrip().upper().startswith("INSERT"):
+                    other.execute("COMMIT")
+
+            assert isinstance(threads.directory, AsyncSqliteStore)
+            await threads.directory.conn.set_trace_callback(commit_at_first_write)
+            seen: list[str | None] = []
+
+            async def reads() -> None:
+                for _ in range(2):  # the second starts together with update_session's write
+                    found = await threads.get_session("s2")
+                    seen.append(None if found is None else found.session_id)
+
+            try:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(functools.partial(threads.update_session, "s1", title="t"))
+                    tg.start_soon(reads)
+            finally:
+                other.close()
+            assert seen == ["s2", "s2"]
+            updated = await threads.get_session("s1")
+            assert updated is not None and updated.title == "t"
+
+
+async def test_a_directory_operation_whose_caller_is_cancelled_leaves_the_store_usable(
+    tmp_path: Path,
+) -> None:
+    """A caller cancelled just as its directory read began its transaction (a turn cancelled
+    mid-step): the read completes, so the connection is not left inside a transaction that
+    fails every later operation ("cannot start a transaction within a transaction")."""
+    db = tmp_path / "threads.sqlite3"
+    with anyio.fail_after(TIMEOUT):
+        async with LangGraphStore.open(f"sqlite:{db}") as threads:
+            await threads.create_session(SessionRecord("s1", "/w", (), None, 1.0, 1.0, None))
+            assert isinstance(threads.directory, AsyncSqliteStore)
+            loop = asyncio.get_running_loop()
+            with anyio.CancelScope() as scope:
+
+                def cancel_at_begin(statement: str) -> None:
+                    if statement.strip().upper() == "BEGIN":  # on the store's own thread
+                        loop.call_soon_threadsafe(scope.cancel)
+
+                await threads.directory.conn.set_trace_callback(cancel_at_begin)
+                await threads.get_session("s1")
+                await anyio.sleep_forever()  # the cancel reaches us at the latest here
+            await threads.directory.conn.set_trace_callback(lambda statement: None)
+            assert scope.cancel_called
+            await threads.update_session("s1", title="t")
+            updated = await threads.get_session("s1")
+            assert updated is not None and updated.title == "t"

@@ -384,3 +384,49 @@ async def test_an_insert_that_raised_and_stored_nothing_is_answered_with_an_erro
                 assert info.value.code == INTERNAL_ERROR
             assert await store.count_user_messages(sid) == 0
             assert not (tmp_path / "effects" / f"{sid}.log").exists()
+
+
+class MarkerFailsStore(MemoryStore):
+    """Fails every write of a turn's end marker (the retained "idle" one)."""
+
+    async def append_update(
+        self, session_id: str, update: bytes, *, message_id: str | None = None
+    ) -> int:
+        if b'"_acp_once_turn"' in update and b'"idle"' in update:
+            raise StorageError("disk full")
+        return await super().append_update(session_id, update, message_id=message_id)
+
+
+async def test_a_store_failing_to_mark_a_turn_ended_does_not_stop_the_agent(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The marker is written by the session's worker after the turn: its failure is logged and
+    the turn left unmarked (a restart reports it interrupted); the agent, its connections and
+    the session go on (it took the whole agent down)."""
+
+    class Failing(ReferenceAgent):
+        async def run_turn(self, turn: Any, emit: Any) -> str:
+            raise RuntimeError("model unavailable")  # no final emit: the worker marks the turn
+
+    rec = UpdateRecorder()
+
+    def stops(updates: list[dict[str, Any]]) -> int:
+        return sum(1 for u in updates if u.get("stopReason") == "error")
+
+    with anyio.fail_after(10):
+        async with (
+            MarkerFailsStore() as store,
+            Failing(store, side_effects=tmp_path) as agent,
+            client(agent, rec) as conn,
+        ):
+            sid = (await conn.agent.new_session(s.NewSessionRequest(cwd="/w"))).session_id
+            first = await prompt(conn, sid, "hello")
+            await rec.wait_for(lambda ups: stops(ups) == 1)
+            second = await prompt(conn, sid, "again", key="k2")
+            await rec.wait_for(lambda ups: stops(ups) == 2)
+            assert first != second
+            assert await store.count_user_messages(sid) == 2
+            tail = await store.read_timeline_tail(sid, limit=100)
+            assert [t.message_id for t in runtime._unfinished_turns(sid, tail)] == [first, second]
+    logged = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert f"session {sid}: the end of the turn of {first} was not stored (StorageError)" in logged

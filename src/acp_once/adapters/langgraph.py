@@ -79,7 +79,7 @@ try:
     from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
     from langgraph.graph import END, START, StateGraph
     from langgraph.graph.message import add_messages
-    from langgraph.store.base import BaseStore
+    from langgraph.store.base import BaseStore, GetOp, Item, Op, PutOp, Result, SearchOp
     from langgraph.store.memory import InMemoryStore
     from langgraph.store.sqlite.aio import AsyncSqliteStore
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
@@ -94,7 +94,7 @@ __all__ = ["EXTRA_HINT", "LangGraphAgent", "LangGraphStore", "ThreadState"]
 
 _SESSIONS = ("acp_once", "sessions")  # the session directory's namespace in LangGraph's store
 _PAGE = 1000
-_INSERT_TIMEOUT = 60.0  # seconds: a user message written to its thread, shielded
+_INSERT_TIMEOUT = 60.0  # seconds: a user message written to its thread (or the directory), shielded
 _WORK = re.compile(r"\[work:(\d+(?:\.\d+)?)\]")  # as in the reference agent
 
 
@@ -177,6 +177,44 @@ def _value_of(record: SessionRecord) -> dict[str, Any]:
     }
 
 
+class _Directory:
+    """The session directory in LangGraph's key-value store, one operation per transaction.
+
+    LangGraph's stores merge the operations that callers start at the same time into one batch,
+    and `AsyncSqliteStore` runs a batch as one deferred transaction: its reads, then its writes.
+    Such a transaction that read before another connection to the file (the checkpointer's)
+    committed cannot become a writer: SQLite answers "database is locked" at once, without
+    waiting out its busy timeout. Sent alone (`abatch` of one operation), a read is a read-only
+    transaction and a write starts as a writer, which waits for the lock instead.
+
+    Each operation is shielded (bounded): `AsyncSqliteStore` ends its transaction in a
+    `finally`, which a cancelled caller would skip, leaving the connection inside a transaction
+    that fails every later operation.
+    """
+
+    def __init__(self, store: BaseStore) -> None:
+        self.store = store
+
+    async def get(self, key: str) -> Item | None:
+        (item,) = await self._run(GetOp(_SESSIONS, key, refresh_ttl=False))
+        assert item is None or isinstance(item, Item)
+        return item
+
+    async def put(self, key: str, value: dict[str, Any] | None) -> None:
+        """Store `value` under `key` (None: delete it)."""
+        await self._run(PutOp(_SESSIONS, key, value))
+
+    async def search(self, *, filter: dict[str, Any] | None, offset: int) -> list[Item]:
+        (items,) = await self._run(SearchOp(_SESSIONS, filter, _PAGE, offset, refresh_ttl=False))
+        assert isinstance(items, list)
+        return [item for item in items if isinstance(item, Item)]
+
+    async def _run(self, op: Op) -> list[Result]:
+        with anyio.move_on_after(_INSERT_TIMEOUT, shield=True):
+            return await self.store.abatch([op])
+        raise StorageError(f"the session directory took over {_INSERT_TIMEOUT:.0f} s")
+
+
 def _config(session_id: str) -> RunnableConfig:
     return {"configurable": {"thread_id": session_id}}
 
@@ -203,6 +241,7 @@ class LangGraphStore:
     ) -> None:
         self.checkpointer = checkpointer
         self.directory = directory
+        self._sessions = _Directory(directory)
         self.graph: CompiledStateGraph[ThreadState] = _build_graph(
             model or ParrotFakeChatModel()
         ).compile(checkpointer=checkpointer)
@@ -278,13 +317,13 @@ class LangGraphStore:
 
     async def create_session(self, record: SessionRecord) -> None:
         self._check_open()
-        if await self.directory.aget(_SESSIONS, record.session_id) is not None:
+        if await self._sessions.get(record.session_id) is not None:
             raise SessionExists(record.session_id)
-        await self.directory.aput(_SESSIONS, record.session_id, _value_of(record))
+        await self._sessions.put(record.session_id, _value_of(record))
 
     async def get_session(self, session_id: str) -> SessionRecord | None:
         self._check_open()
-        item = await self.directory.aget(_SESSIONS, session_id)
+        item = await self._sessions.get(session_id)
         return None if item is None else _record_of(session_id, item.value)
 
     async def list_sessions(
@@ -296,11 +335,8 @@ class LangGraphStore:
         records: list[SessionRecord] = []
         offset = 0
         while True:  # LangGraph's store pages by offset and sorts by none of our fields
-            items = await self.directory.asearch(
-                _SESSIONS,
-                filter={"cwd": cwd} if cwd is not None else None,
-                limit=_PAGE,
-                offset=offset,
+            items = await self._sessions.search(
+                filter={"cwd": cwd} if cwd is not None else None, offset=offset
             )
             records.extend(_record_of(item.key, item.value) for item in items)
             if len(items) < _PAGE:
@@ -317,8 +353,8 @@ class LangGraphStore:
     async def delete_session(self, session_id: str) -> bool:
         self._check_open()
         async with self._locks[session_id]:
-            existed = await self.directory.aget(_SESSIONS, session_id) is not None
-            await self.directory.adelete(_SESSIONS, session_id)
+            existed = await self._sessions.get(session_id) is not None
+            await self._sessions.put(session_id, None)
             await self.checkpointer.adelete_thread(session_id)
         self.keys.forget_session(session_id)
         return existed
@@ -331,7 +367,7 @@ class LangGraphStore:
         updated_at: float | Unchanged = UNCHANGED,
     ) -> SessionRecord:
         self._check_open()
-        item = await self.directory.aget(_SESSIONS, session_id)
+        item = await self._sessions.get(session_id)
         if item is None:
             raise SessionMissing(session_id)
         value = dict(item.value)
@@ -339,13 +375,13 @@ class LangGraphStore:
             value["title"] = title
         if not isinstance(updated_at, Unchanged):
             value["updated_at"] = updated_at
-        await self.directory.aput(_SESSIONS, session_id, value)
+        await self._sessions.put(session_id, value)
         return _record_of(session_id, value)
 
     async def fork_session(self, source_id: str, new_record: SessionRecord) -> None:
         self._check_open()
         await self._require(source_id)
-        if await self.directory.aget(_SESSIONS, new_record.session_id) is not None:
+        if await self._sessions.get(new_record.session_id) is not None:
             raise SessionExists(new_record.session_id)
         values = await self._values(source_id)
         copy: dict[str, Any] = {
@@ -359,7 +395,7 @@ class LangGraphStore:
                 await self.graph.aupdate_state(
                     _config(new_record.session_id), copy, as_node="record"
                 )
-        await self.directory.aput(_SESSIONS, new_record.session_id, _value_of(new_record))
+        await self._sessions.put(new_record.session_id, _value_of(new_record))
 
     # -- messages and keys -------------------------------------------------------------------
 
@@ -408,7 +444,7 @@ class LangGraphStore:
 
     async def find_key(self, session_id: str, key: str) -> KeyRecord | None:
         self._check_open()
-        if await self.directory.aget(_SESSIONS, session_id) is None:
+        if await self._sessions.get(session_id) is None:
             return None
         found = await self.keys.lookup(session_id, key, load_history_ids=self._history_ids)
         return None if found is None else KeyRecord(message_id=found, prompt_digest=None)
@@ -449,7 +485,7 @@ class LangGraphStore:
         self._check_open()
         async with self._locks[session_id]:
             values = await self._values_locked(session_id)
-            if after_seq == 0 and await self.directory.aget(_SESSIONS, session_id) is not None:
+            if after_seq == 0 and await self._sessions.get(session_id) is not None:
                 # a replay from the start reads every stored user message: fill the key cache
                 # (under the thread lock, so no submit can slip between the read and the note)
                 self.keys.note_history(session_id, _user_ids(values))
@@ -485,15 +521,15 @@ class LangGraphStore:
 
     async def _require(self, session_id: str) -> None:
         self._check_open()
-        if await self.directory.aget(_SESSIONS, session_id) is None:
+        if await self._sessions.get(session_id) is None:
             raise SessionMissing(session_id)
 
     async def _touch(self, session_id: str) -> None:
-        item = await self.directory.aget(_SESSIONS, session_id)
+        item = await self._sessions.get(session_id)
         if item is not None:
             value = dict(item.value)
             value["updated_at"] = max(time.time(), float(value["updated_at"]))
-            await self.directory.aput(_SESSIONS, session_id, value)
+            await self._sessions.put(session_id, value)
 
     def _check_open(self) -> None:
         if self._closed:

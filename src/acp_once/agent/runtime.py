@@ -823,7 +823,18 @@ class SessionAgent(Agent):
             idle["stopReason"] = "cancelled"
         if not turn.live_only and not context._marked:  # not written with a `final` emit
             with anyio.CancelScope(shield=True):
-                await self._mark_turn(session, "idle", turn.message_id)
+                try:
+                    await self._mark_turn(session, "idle", turn.message_id)
+                except Exception as exc:
+                    # The session's worker (and with it the agent) must outlive its store's
+                    # failure: the turn stays unmarked, so a restart reports it interrupted.
+                    # Only the type is logged: a store's error text could quote a key.
+                    logger.error(
+                        "session %s: the end of the turn of %s was not stored (%s)",
+                        session.id,
+                        turn.message_id,
+                        type(exc).__name__,
+                    )
         return idle
 
     async def _mark_turn(self, session: _Session, state: str, message_id: str) -> None:
