@@ -201,13 +201,14 @@ async def test_a_key_an_earlier_version_recorded_while_the_prompt_was_queued(
             connected(b.agent) as conn_b,
         ):
             original = a.coordinator.pg.next_prompt
-            picked, go = anyio.Event(), anyio.Event()
+            read: dict[str, anyio.Event] = {}  # by key: A read the queued row
+            go: dict[str, anyio.Event] = {}  # by key: A may insert it now
 
             async def next_prompt(session_id: str) -> QueuedPrompt | None:
                 found = await original(session_id)
-                if found is not None:
-                    picked.set()  # read, not inserted yet: hold the owner here
-                    await go.wait()
+                if found is not None and found.key in read:
+                    read[found.key].set()  # read, not inserted yet: hold the owner here
+                    await go[found.key].wait()
                 return found
 
             a.coordinator.pg.next_prompt = next_prompt  # type: ignore[method-assign]
@@ -217,12 +218,12 @@ async def test_a_key_an_earlier_version_recorded_while_the_prompt_was_queued(
             await resume(conn_b, sid)
             cases = [("kL1", "deploy", "deploy"), ("kL2", "deploy", "deploy twice")]
             for key, recorded_text, sent_text in cases:
-                picked, go = anyio.Event(), anyio.Event()
+                read[key], go[key] = anyio.Event(), anyio.Event()  # held: this key's row only
                 await prompt(conn_a, sid, "[work:0.2] busy", None)  # A owns the session now
                 request = await conn_b.rpc.start_request(
                     "session/prompt", prompt_params(sid, sent_text, key)
                 )
-                await picked.wait()  # A's turn ended and it read B's queued prompt
+                await read[key].wait()  # A's turn ended and it read B's queued prompt
                 blocks = [{"type": "text", "text": recorded_text}]
                 old_id = f"old_{key}"
                 old = {"sessionUpdate": "user_message", "messageId": old_id, "content": blocks}
@@ -235,7 +236,7 @@ async def test_a_key_an_earlier_version_recorded_while_the_prompt_was_queued(
                         orjson.dumps(blocks, option=orjson.OPT_SORT_KEYS)
                     ).digest(),
                 )
-                go.set()
+                go[key].set()
                 if recorded_text == sent_text:
                     assert (await request.result())["messageId"] == old_id
                 else:
