@@ -12,6 +12,7 @@ from acp_once.client.interface import Client
 from acp_once.protocol import methods as m
 from acp_once.protocol import schema as s
 from acp_once.protocol.methods import SetSessionConfigOptionParams, to_wire
+from acp_once.protocol.updates import validate_update_notification
 from acp_once.rpc.connection import Connection, PendingCall, RequestContext
 from acp_once.rpc.streams import FrameStream
 
@@ -149,8 +150,6 @@ class ClientSideConnection:
 
     async def _on_notification(self, method: str, params: dict[str, Any] | None) -> None:
         if method == m.SESSION_UPDATE:
-            await self.client.session_update(
-                s.UpdateSessionNotification.model_validate(params or {})
-            )
+            await self.client.session_update(validate_update_notification(params))
         elif method != m.CANCEL_REQUEST:
             await self.client.ext_notification(method, params)
