@@ -274,18 +274,21 @@ async def test_turns_dropped_by_a_close_whose_connection_closes_are_still_marked
             assert not set(queued) & set(unfinished)
 
 
+class FailingTurns(ReferenceAgent):
+    """Every turn fails (no final emit: the worker ends it and marks it)."""
+
+    async def run_turn(self, turn: Any, emit: Any) -> str:
+        raise RuntimeError("model unavailable")
+
+
 async def test_turn_failure_after_insertion_is_an_error_stop_not_an_error_answer(
     tmp_path: Path,
 ) -> None:
-    class Failing(ReferenceAgent):
-        async def run_turn(self, turn: Any, emit: Any) -> str:
-            raise RuntimeError("model unavailable")
-
     rec = UpdateRecorder()
     with anyio.fail_after(10):
         async with (
             MemoryStore() as store,
-            Failing(store, side_effects=tmp_path) as agent,
+            FailingTurns(store, side_effects=tmp_path) as agent,
             client(agent, rec) as conn,
         ):
             sid = (await conn.agent.new_session(s.NewSessionRequest(cwd="/w"))).session_id
@@ -403,11 +406,6 @@ async def test_a_store_failing_to_mark_a_turn_ended_does_not_stop_the_agent(
     """The marker is written by the session's worker after the turn: its failure is logged and
     the turn left unmarked (a restart reports it interrupted); the agent, its connections and
     the session go on (it took the whole agent down)."""
-
-    class Failing(ReferenceAgent):
-        async def run_turn(self, turn: Any, emit: Any) -> str:
-            raise RuntimeError("model unavailable")  # no final emit: the worker marks the turn
-
     rec = UpdateRecorder()
 
     def stops(updates: list[dict[str, Any]]) -> int:
@@ -416,7 +414,7 @@ async def test_a_store_failing_to_mark_a_turn_ended_does_not_stop_the_agent(
     with anyio.fail_after(10):
         async with (
             MarkerFailsStore() as store,
-            Failing(store, side_effects=tmp_path) as agent,
+            FailingTurns(store, side_effects=tmp_path) as agent,
             client(agent, rec) as conn,
         ):
             sid = (await conn.agent.new_session(s.NewSessionRequest(cwd="/w"))).session_id

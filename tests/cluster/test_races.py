@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import anyio
@@ -23,6 +25,7 @@ from acp_once.protocol.errors import AcpError
 from acp_once.storage.pg_cluster import QueuedPrompt
 from acp_once.testing import connected
 from tests.cluster.harness import (
+    Node,
     initialize,
     new_session,
     node,
@@ -42,6 +45,35 @@ def errors_logged(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
     return [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
 
 
+@asynccontextmanager
+async def two_nodes_on_a_session(
+    postgres_dsn: str, schema: str, fx: Path, hold: Callable[[QueuedPrompt], Awaitable[None]]
+) -> AsyncIterator[tuple[Node, Node, ClientSideConnection, ClientSideConnection, str]]:
+    """Nodes A and B with a client each, on one session (created on A, resumed on B). A has
+    read each queued prompt it is about to insert when it calls `hold` with it, which may
+    wait: the race happens there."""
+    async with (
+        node(postgres_dsn, schema, "a", fx) as a,
+        node(postgres_dsn, schema, "b", fx) as b,
+        connected(a.agent) as conn_a,
+        connected(b.agent) as conn_b,
+    ):
+        original = a.coordinator.pg.next_prompt
+
+        async def next_prompt(session_id: str) -> QueuedPrompt | None:
+            found = await original(session_id)
+            if found is not None:
+                await hold(found)
+            return found
+
+        a.coordinator.pg.next_prompt = next_prompt  # type: ignore[method-assign]
+        await initialize(conn_a)
+        await initialize(conn_b)
+        sid = await new_session(conn_a)
+        await resume(conn_b, sid)
+        yield a, b, conn_a, conn_b, sid
+
+
 async def test_withdrawn_then_resent_while_the_owner_picks_it_up(
     postgres_dsn: str, schema: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -53,27 +85,20 @@ async def test_withdrawn_then_resent_while_the_owner_picks_it_up(
     fx = tmp_path / "fx"
     picked = anyio.Event()
     go = anyio.Event()
+
+    async def hold(found: QueuedPrompt) -> None:
+        if not picked.is_set():
+            picked.set()  # read, not inserted yet: hold the owner here
+            await go.wait()
+
     with anyio.fail_after(TIMEOUT):
-        async with (
-            node(postgres_dsn, schema, "a", fx) as a,
-            node(postgres_dsn, schema, "b", fx) as b,
-            connected(a.agent) as conn_a,
-            connected(b.agent) as conn_b,
+        async with two_nodes_on_a_session(postgres_dsn, schema, fx, hold) as (
+            a,
+            b,
+            conn_a,
+            conn_b,
+            sid,
         ):
-            original = a.coordinator.pg.next_prompt
-
-            async def next_prompt(session_id: str) -> QueuedPrompt | None:
-                found = await original(session_id)
-                if found is not None and not picked.is_set():
-                    picked.set()  # read, not inserted yet: hold the owner here
-                    await go.wait()
-                return found
-
-            a.coordinator.pg.next_prompt = next_prompt  # type: ignore[method-assign]
-            await initialize(conn_a)
-            await initialize(conn_b)
-            sid = await new_session(conn_a)
-            await resume(conn_b, sid)
             await prompt(conn_a, sid, "[work:0.2] busy", "k1")  # A owns the session now
             first = await conn_b.rpc.start_request(
                 "session/prompt", prompt_params(sid, "second", "k2")
@@ -126,29 +151,18 @@ async def test_a_withdrawal_during_the_owners_insert_waits_and_insertion_wins(
     caplog.set_level(logging.DEBUG, logger="acp_once")
     fx = tmp_path / "fx"
     picked = anyio.Event()
+    go = anyio.Event()
+
+    async def hold(found: QueuedPrompt) -> None:
+        if not picked.is_set():
+            picked.set()
+            await go.wait()  # until the test holds the session row
+
     with anyio.fail_after(TIMEOUT):
         async with (
-            node(postgres_dsn, schema, "a", fx) as a,
-            node(postgres_dsn, schema, "b", fx) as b,
-            connected(a.agent) as conn_a,
-            connected(b.agent) as conn_b,
+            two_nodes_on_a_session(postgres_dsn, schema, fx, hold) as (a, b, conn_a, conn_b, sid),
             await psycopg.AsyncConnection.connect(postgres_dsn) as blocker,
         ):
-            original = a.coordinator.pg.next_prompt
-            go = anyio.Event()
-
-            async def next_prompt(session_id: str) -> QueuedPrompt | None:
-                found = await original(session_id)
-                if found is not None and not picked.is_set():
-                    picked.set()
-                    await go.wait()  # until the test holds the session row
-                return found
-
-            a.coordinator.pg.next_prompt = next_prompt  # type: ignore[method-assign]
-            await initialize(conn_a)
-            await initialize(conn_b)
-            sid = await new_session(conn_a)
-            await resume(conn_b, sid)
             await prompt(conn_a, sid, "[work:0.2] busy", "k1")
             first = await conn_b.rpc.start_request(
                 "session/prompt", prompt_params(sid, "second", "k2")
@@ -193,29 +207,22 @@ async def test_a_key_an_earlier_version_recorded_while_the_prompt_was_queued(
     owner's insert finds the key recorded, and the request that waits on the other node is
     answered with the recorded id when the prompt is the same, and -32602 when it is not."""
     fx = tmp_path / "fx"
+    read: dict[str, anyio.Event] = {}  # by key: A read the queued row
+    go: dict[str, anyio.Event] = {}  # by key: A may insert it now
+
+    async def hold(found: QueuedPrompt) -> None:
+        if found.key in read:  # this key's row only: not the next round's busy prompt
+            read[found.key].set()  # read, not inserted yet: hold the owner here
+            await go[found.key].wait()
+
     with anyio.fail_after(TIMEOUT):
-        async with (
-            node(postgres_dsn, schema, "a", fx) as a,
-            node(postgres_dsn, schema, "b", fx) as b,
-            connected(a.agent) as conn_a,
-            connected(b.agent) as conn_b,
+        async with two_nodes_on_a_session(postgres_dsn, schema, fx, hold) as (
+            a,
+            _,
+            conn_a,
+            conn_b,
+            sid,
         ):
-            original = a.coordinator.pg.next_prompt
-            read: dict[str, anyio.Event] = {}  # by key: A read the queued row
-            go: dict[str, anyio.Event] = {}  # by key: A may insert it now
-
-            async def next_prompt(session_id: str) -> QueuedPrompt | None:
-                found = await original(session_id)
-                if found is not None and found.key in read:
-                    read[found.key].set()  # read, not inserted yet: hold the owner here
-                    await go[found.key].wait()
-                return found
-
-            a.coordinator.pg.next_prompt = next_prompt  # type: ignore[method-assign]
-            await initialize(conn_a)
-            await initialize(conn_b)
-            sid = await new_session(conn_a)
-            await resume(conn_b, sid)
             cases = [("kL1", "deploy", "deploy"), ("kL2", "deploy", "deploy twice")]
             for key, recorded_text, sent_text in cases:
                 read[key], go[key] = anyio.Event(), anyio.Event()  # held: this key's row only
