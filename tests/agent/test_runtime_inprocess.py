@@ -40,11 +40,14 @@ KEY = "retry-key-1"
 
 @asynccontextmanager
 async def reference(
-    tmp_path: Path, store: SessionStore | None = None, **kw: Any
+    tmp_path: Path,
+    store: SessionStore | None = None,
+    agent_class: type[ReferenceAgent] = ReferenceAgent,
+    **kw: Any,
 ) -> AsyncIterator[ReferenceAgent]:
     async with (
         MemoryStore() as memory,
-        ReferenceAgent(store or memory, side_effects=tmp_path / "effects", **kw) as agent,
+        agent_class(store or memory, side_effects=tmp_path / "effects", **kw) as agent,
     ):
         yield agent
 
@@ -60,10 +63,17 @@ async def client(
 
 @asynccontextmanager
 async def session_on(
-    tmp_path: Path, store: SessionStore, recorder: Client | None = None
+    tmp_path: Path,
+    store: SessionStore,
+    recorder: Client | None = None,
+    agent_class: type[ReferenceAgent] = ReferenceAgent,
 ) -> AsyncIterator[tuple[ClientSideConnection, str]]:
-    """A reference agent on `store`, a client connection to it and a new session's id."""
-    async with reference(tmp_path, store) as agent, client(agent, recorder) as conn:
+    """A reference agent (or `agent_class`) on `store`, a client connection to it and a new
+    session's id."""
+    async with (
+        reference(tmp_path, store, agent_class) as agent,
+        client(agent, recorder) as conn,
+    ):
         yield conn, (await conn.agent.new_session(s.NewSessionRequest(cwd="/w"))).session_id
 
 
@@ -288,10 +298,8 @@ async def test_turn_failure_after_insertion_is_an_error_stop_not_an_error_answer
     with anyio.fail_after(10):
         async with (
             MemoryStore() as store,
-            FailingTurns(store, side_effects=tmp_path) as agent,
-            client(agent, rec) as conn,
+            session_on(tmp_path, store, rec, FailingTurns) as (conn, sid),
         ):
-            sid = (await conn.agent.new_session(s.NewSessionRequest(cwd="/w"))).session_id
             message_id = await prompt(conn, sid, "hello")
             assert message_id.startswith("msg_user_")
             await rec.wait_for(lambda ups: any(u.get("stopReason") == "error" for u in ups))
@@ -414,10 +422,8 @@ async def test_a_store_failing_to_mark_a_turn_ended_does_not_stop_the_agent(
     with anyio.fail_after(10):
         async with (
             MarkerFailsStore() as store,
-            FailingTurns(store, side_effects=tmp_path) as agent,
-            client(agent, rec) as conn,
+            session_on(tmp_path, store, rec, FailingTurns) as (conn, sid),
         ):
-            sid = (await conn.agent.new_session(s.NewSessionRequest(cwd="/w"))).session_id
             first = await prompt(conn, sid, "hello")
             await rec.wait_for(lambda ups: stops(ups) == 1)
             second = await prompt(conn, sid, "again", key="k2")
