@@ -33,11 +33,10 @@ def _candidates() -> tuple[dict[str, TypeAdapter[Any]], TypeAdapter[Any] | None]
     order = {kind: i for i, kind in enumerate(kinds)}
     for kind in kinds:
         field = kind.model_fields.get("session_update")
-        tags = typing.get_args(field.annotation) if field is not None else ()
         if field is None or typing.get_origin(field.annotation) is not typing.Literal:
             catch_all.append(kind)  # any tag (SessionUpdateOther)
             continue
-        for tag in tags:
+        for tag in typing.get_args(field.annotation):
             by_tag.setdefault(tag, []).append(kind)
 
     def adapter(members: list[Any]) -> TypeAdapter[Any]:
