@@ -101,8 +101,8 @@ __all__ = ["Coordinator", "LocalCoordinator", "PostgresCoordinator", "default_no
 logger = logging.getLogger("acp_once.cluster")
 
 _REUSED_KEY = "idempotencyKey was already used with a different prompt"
-# the queued prompt being inserted: its row and its legacy (SHA-256) digest
-_QUEUE_ROW: contextvars.ContextVar[tuple[int, bytes] | None] = contextvars.ContextVar(
+# the queued prompt being inserted: its row and, keyed, its legacy (SHA-256) digest
+_QUEUE_ROW: contextvars.ContextVar[tuple[int, bytes | None] | None] = contextvars.ContextVar(
     "acp_once_queue_row", default=None
 )
 _STOP_TIMEOUT = 5.0
@@ -498,8 +498,10 @@ class PostgresCoordinator:
         # a stand-in without waiters: the requests (on any node) learn the outcome from the row
         stand_in = _Pending(session.id, list(prompt), queued.key, queued.digest, wire)
         # A key recorded meanwhile by a node of an earlier version carries its SHA-256 digest:
-        # the insert's statement settles the row, so it must know that digest too.
-        token = _QUEUE_ROW.set((queued.row, legacy_digest(wire)))
+        # the insert's statement settles the row, so it must know that digest too (an unkeyed
+        # prompt has no recorded key to compare with).
+        legacy = legacy_digest(wire) if queued.key is not None else None
+        token = _QUEUE_ROW.set((queued.row, legacy))
         try:
             await agent._insert(session, stand_in)
         finally:
