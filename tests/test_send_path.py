@@ -1,9 +1,10 @@
 """The engine's write path over real pipes: queued frames, partial writes, a stalled reader.
 
-Frames sent in one event loop turn are written together (the outbox); a frame the pipe cannot
-take whole is finished under the send lock before anything else. These tests check the
-promises that matter: frames are never torn or reordered, frames sent before a close are
-written, and a peer that stops reading ends the connection within `send_timeout`.
+Frames sent in one event loop turn are written together (the outbox), except to a peer that
+sent one frame and waits, which gets each frame at once; a frame the pipe cannot take whole is
+finished under the send lock before anything else. These tests check the promises that
+matter: frames are never torn or reordered, frames sent before a close are written, and a peer
+that stops reading ends the connection within `send_timeout`.
 """
 
 from __future__ import annotations
@@ -11,13 +12,15 @@ from __future__ import annotations
 import os
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from typing import Any
 
 import anyio
 import orjson
 import pytest
 
 from acp_once.protocol.framing import LineFramer
-from acp_once.rpc.connection import Connection
+from acp_once.protocol.jsonrpc import encode_notification
+from acp_once.rpc.connection import Connection, RequestContext
 from acp_once.rpc.errors import ConnectionClosed
 from acp_once.rpc.tasks import TaskPool, cancel_scope_factory
 from acp_once.transports.stdio import ByteStreamFrames, FdReceiveStream, FdSendStream
@@ -72,12 +75,15 @@ def drain_available(fd: int) -> bytes:
         data += chunk
 
 
-async def test_frames_from_concurrent_senders_arrive_whole_and_in_order() -> None:
+@pytest.mark.parametrize("burst", [True, False])
+async def test_frames_from_concurrent_senders_arrive_whole_and_in_order(burst: bool) -> None:
     # frames bigger than the pipe's buffer force partial writes and waits for room, while
-    # small frames from other tasks queue behind them
+    # small frames from other tasks queue behind them; frames are queued (a burst) or each
+    # written at once (a peer that waits)
     sizes = {"a": 10, "b": 200_000, "c": 3_000}
     per_sender = 20
     with anyio.fail_after(TIMEOUT), pipes() as (stream, out_r):
+        stream.burst = burst
         async with connection(stream) as conn:
 
             async def sender(name: str) -> None:
@@ -96,6 +102,55 @@ async def test_frames_from_concurrent_senders_arrive_whole_and_in_order() -> Non
         assert len(params["pad"]) == sizes[params["who"]]
         seen[params["who"]].append(params["i"])
     assert seen == {name: list(range(per_sender)) for name in sizes}
+
+
+@contextmanager
+def duplex() -> Iterator[tuple[ByteStreamFrames, int, int]]:
+    """A frame stream over two real pipes; yields it with the write end of its input and the
+    read end of its output."""
+    out_r, out_w = os.pipe()
+    in_r, in_w = os.pipe()
+    try:
+        yield ByteStreamFrames(FdReceiveStream(in_r), FdSendStream(out_w)), in_w, out_r
+    finally:
+        for fd in (out_r, out_w, in_r, in_w):
+            os.close(fd)
+
+
+def _request(request_id: int) -> bytes:
+    return orjson.dumps({"jsonrpc": "2.0", "id": request_id, "method": "t/work"}) + b"\n"
+
+
+@pytest.mark.parametrize("burst", [False, True])
+async def test_a_peer_that_waits_gets_each_frame_at_once_a_burst_gets_them_together(
+    burst: bool,
+) -> None:
+    # In the handler, right after a notification is sent (no await in between, so the same
+    # event loop turn): with one request read, its frame is in the pipe already; with two
+    # requests read at once, it waits in the outbox for the end of the turn.
+    in_pipe: list[bytes] = []
+    with anyio.fail_after(TIMEOUT), duplex() as (stream, in_w, out_r):
+
+        async def handler(method: str, params: dict[str, Any] | None, ctx: RequestContext) -> Any:
+            await conn.notify("t/progress", {"of": ctx.id})
+            in_pipe.append(drain_available(out_r))
+            return {"done": ctx.id}
+
+        async with Connection(stream, on_request=handler) as conn:
+            os.write(in_w, _request(1) + _request(2) if burst else _request(1))
+            expected = 4 if burst else 2
+            data = b""
+            while (b"".join(in_pipe) + data).count(b"\n") < expected:
+                await anyio.wait_readable(out_r)
+                data += drain_available(out_r)
+    if burst:
+        assert in_pipe == [b"", b""]
+    else:
+        assert [orjson.loads(line) for line in in_pipe[0].splitlines()] == [
+            {"jsonrpc": "2.0", "method": "t/progress", "params": {"of": 1}}
+        ]
+    lines = [orjson.loads(line) for line in data.splitlines()]
+    assert {"jsonrpc": "2.0", "id": 1, "result": {"done": 1}} in lines
 
 
 def fill(stream: ByteStreamFrames) -> int:
@@ -130,6 +185,22 @@ async def test_a_frame_sent_while_queued_ones_wait_for_room_goes_after_them() ->
             await conn.notify("t/frame", {"i": 2})  # must go after 0 and 1, which wait for room
     numbers = [orjson.loads(f)["params"]["i"] for f in frames if b"t/frame" in f]
     assert numbers == [0, 1, 2]
+    assert all(b"t/frame" not in f for f in frames[:fillers])
+
+
+async def test_a_frame_written_at_once_into_a_full_pipe_is_finished_before_the_next() -> None:
+    with anyio.fail_after(TIMEOUT), pipes() as (stream, out_r):
+        async with connection(stream) as conn, anyio.create_task_group() as tg:
+            stream.burst = False  # a peer that waits: frames are written at once
+            fillers = fill(stream)
+            frames: list[bytes] = []
+            big = encode_notification("t/frame", {"i": 0, "pad": "x" * 100_000})
+            assert conn.send_encoded_nowait(big)  # taken: its rest is finished by a task
+            assert not conn.send_encoded_nowait(b"{}")  # anything else must wait for it
+            tg.start_soon(conn.notify, "t/frame", {"i": 1})
+            frames.extend(await read_frames(out_r, fillers + 2))
+    numbers = [orjson.loads(f)["params"]["i"] for f in frames if b"t/frame" in f]
+    assert numbers == [0, 1]
     assert all(b"t/frame" not in f for f in frames[:fillers])
 
 

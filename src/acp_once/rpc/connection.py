@@ -325,9 +325,10 @@ class Connection:
         """Write one whole frame, in order with every other frame of this connection.
 
         With a transport that can write without waiting (`NowaitFrameStream`) on asyncio, the
-        frame joins the outbox, which is written with one system call after the current turn
-        of the event loop (see `_flush_outbox`; at most `_OUTBOX_LIMIT` bytes wait, a
-        bigger frame is written at once with those before it). A write that has to wait for the
+        frame is written at once when the peer waits on us, or else joins the outbox, which is
+        written with one system call after the current turn of the event loop (see `_queue`
+        and `_flush_outbox`; at most `_OUTBOX_LIMIT` bytes wait, a bigger frame is written at
+        once with those before it). A write that has to wait for the
         peer is shielded: a frame cancelled half-way would leave a torn line that corrupts the
         stream for everything after it. It is bounded instead: a peer that reads nothing for
         `send_timeout` seconds is treated as gone, and the connection is closed. A frame is
@@ -364,11 +365,27 @@ class Connection:
             raise ConnectionClosed("Connection lost while sending") from exc
 
     def _queue(self, frame: bytes) -> bool:
-        """Add `frame` to the outbox if it has room and this transport has one; True if added.
+        """Send `frame` without waiting if this transport can: write it now, or add it to the
+        outbox if it has room; True if done.
 
         Only when nobody holds the send lock and nothing is half-written (the caller checks).
+        A peer that waits on us (`NowaitFrameStream.burst` is False: it sent one frame) gets
+        each frame at once: it reads and handles one while we make the next, instead of
+        receiving a loop turn's frames together after the last. A peer with many requests in
+        flight gets them together (one system call for many frames).
+
+        Raises:
+            anyio.BrokenResourceError, anyio.ClosedResourceError, OSError: as `send_nowait`.
         """
-        if self._call_soon is None or self._outbox_size + len(frame) > _OUTBOX_LIMIT:
+        if self._call_soon is None:
+            return False
+        assert self._nowait is not None
+        if not self._outbox and not self._nowait.burst:
+            self._rest = self._nowait.send_nowait(frame)
+            if self._rest is not None:
+                self._finish_later()  # the pipe is full: the next frame waits for this one
+            return True
+        if self._outbox_size + len(frame) > _OUTBOX_LIMIT:
             return False
         self._outbox.append(frame)
         self._outbox_size += len(frame)
@@ -393,7 +410,11 @@ class Connection:
             raise ConnectionClosed("Connection is closed")
         if self._call_soon is None or self._rest is not None or self._send_lock.locked():
             return False
-        return self._queue(frame)
+        try:
+            return self._queue(frame)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
+            self._shutdown(ConnectionClosed("Connection lost while sending"))
+            raise ConnectionClosed("Connection lost while sending") from exc
 
     async def send_encoded(self, frame: bytes) -> None:
         """`notify` for a notification already encoded (`jsonrpc.encode_notification`).
@@ -441,12 +462,16 @@ class Connection:
             self._shutdown(ConnectionClosed("Connection lost while sending"))
             return
         if self._rest is not None:
-            # the peer's buffer is full: finish in a task, which may wait (bounded)
-            try:
-                assert self._tg is not None
-                self._tg.start_soon(self._finish_rest, name=f"{self._name}-writer")
-            except RuntimeError:  # the task group has ended: nobody is left to finish it
-                self._shutdown(ConnectionClosed("Connection closed while sending"))
+            self._finish_later()
+
+    def _finish_later(self) -> None:
+        """The peer's buffer is full: finish the half-written chunk in a task, which may wait
+        (bounded); until then, every sender waits for it under the send lock."""
+        try:
+            assert self._tg is not None
+            self._tg.start_soon(self._finish_rest, name=f"{self._name}-writer")
+        except RuntimeError:  # the task group has ended: nobody is left to finish it
+            self._shutdown(ConnectionClosed("Connection closed while sending"))
 
     async def _finish_rest(self) -> None:
         try:

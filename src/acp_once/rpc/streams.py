@@ -42,7 +42,15 @@ class NowaitFrameStream(FrameStream, Protocol):
     `send_nowait(frame)` writes as much of the frame as the peer takes at once, with no await,
     and returns None when all of it went, or else the unwritten rest. The rest must then be
     passed to `send_rest` before any other frame is sent, or the stream is torn.
+
+    `burst` is False when the last read from the peer brought exactly one frame: a peer that
+    sends a request and waits for what it causes. The engine then writes each frame as soon as
+    it is made, so the peer reads one while the next is made; otherwise (several frames per
+    read: a peer with many requests in flight; or nothing read yet) it writes the frames made
+    in one event loop turn together. A hint for speed only: either way is correct.
     """
+
+    burst: bool
 
     def send_nowait(self, frame: bytes) -> memoryview | None:
         """Write what fits now; the unwritten rest, or None. Raises like `send`."""

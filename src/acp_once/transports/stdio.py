@@ -57,6 +57,8 @@ class ByteStreamFrames:
         self._framer = LineFramer(max_frame)
         self._events: collections.deque[FrameEvent] = collections.deque()
         self._eof = False
+        # True until a read brings exactly one frame: see `NowaitFrameStream.burst`
+        self.burst = True
 
     async def receive(self) -> FrameEvent:
         while not self._events:
@@ -68,7 +70,10 @@ class ByteStreamFrames:
                 self._eof = True
                 self._events.extend(self._framer.close())
                 continue
-            self._events.extend(self._framer.feed(chunk))
+            events = self._framer.feed(chunk)
+            if events:  # a chunk that only continues a long frame says nothing
+                self.burst = len(events) > 1
+                self._events.extend(events)
         return self._events.popleft()
 
     async def send(self, frame: bytes) -> None:
