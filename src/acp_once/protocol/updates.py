@@ -7,9 +7,9 @@ against every kind to choose one: ~40-135 us per notification, most of a typed c
 against the kinds that can accept that tag (those whose literal it is, and the catch-all), in
 the schema's order, so the choice is the one the whole union makes. The rest of the
 notification is validated by a copy of the model whose `update` takes anything (handing the
-chosen instance back to the whole union would cost ~1 us per kind before it), and the result
-is built from both. Anything else (no tag, an update no candidate accepts) goes through the
-whole model, so errors read exactly as before.
+chosen instance back to the whole union would cost ~1 us per kind before it), and that copy's
+instance then becomes one of the model. Anything else (no tag, an update no candidate
+accepts) goes through the whole model, so errors read exactly as before.
 """
 
 from __future__ import annotations
@@ -74,7 +74,9 @@ def validate_update_notification(params: dict[str, Any] | None) -> s.UpdateSessi
             except ValidationError:
                 pass  # the whole model reports it, in its own words
             else:
-                return s.UpdateSessionNotification.model_construct(
-                    envelope.model_fields_set, **envelope.__dict__, **(envelope.model_extra or {})
-                )
+                # The envelope holds exactly the whole model's fields, fields set and extras:
+                # it becomes one (the envelope class adds no slots), 1 us against 7 us for a
+                # `model_construct` copy.
+                object.__setattr__(envelope, "__class__", s.UpdateSessionNotification)
+                return envelope
     return s.UpdateSessionNotification.model_validate(params)
