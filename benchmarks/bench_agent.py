@@ -29,9 +29,10 @@ side-by-side with an agent on the official TypeScript SDK (2.4.0, its v2 API).
    `npm install` runs in benchmarks/ts_agent when node_modules is missing; without node or
    npm this part is skipped with a message.
 
-Every figure is the median of R rounds of N prompts; the configurations of one comparison
-alternate round by round, so drift on a busy machine hits both sides alike. Nothing is
-asserted: this prints figures.
+Every figure is the median of R rounds of N prompts (default 9 of 500); the configurations of
+one comparison alternate round by round, so drift on a busy machine hits both sides alike, and
+each ratio (key overhead, SQLite / memory, reference / TypeScript) is the median of the
+per-round ratios. Nothing is asserted: this prints figures.
 
 `--profile FILE [--profile-store memory|sqlite]` instead runs only the reference agent under
 cProfile for N unkeyed then N keyed echo turns, writes FILE, and prints the top entries (the
@@ -54,7 +55,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -339,6 +340,7 @@ class Rate:
     per_second: float
     agent_cpu_us: float | None
     client_cpu_us: float
+    per_round: tuple[float, ...] = ()  # every round's per_second, in round order (median_rate)
 
 
 def _key(keyed: bool) -> str | None:
@@ -369,7 +371,20 @@ async def measure(agent: Driven, session_id: str, n: int, *, keyed: bool, turns:
 
 
 def median_rate(rates: list[Rate]) -> Rate:
-    return sorted(rates, key=lambda r: r.per_second)[len(rates) // 2]
+    middle = sorted(rates, key=lambda r: r.per_second)[len(rates) // 2]
+    return replace(middle, per_round=tuple(r.per_second for r in rates))
+
+
+def speed_ratio(a: Rate, b: Rate) -> float:
+    """How many times faster `a` ran than `b`: the median of their per-round ratios.
+
+    The cases of one round run back to back, so a ratio within a round is taken under one
+    load of the host; on a shared machine whose speed drifts by 20-40% within a minute, the
+    median of those ratios moves far less than the ratio of the two medians.
+    """
+    if len(a.per_round) != len(b.per_round) or not a.per_round:
+        return a.per_second / b.per_second
+    return statistics.median(x / y for x, y in zip(a.per_round, b.per_round, strict=True))
 
 
 async def alternate(
@@ -471,11 +486,11 @@ def print_stores_raw(found: dict[str, Rate], n: int, rounds: int) -> float:
     title = f"1b. Echo turns, raw client (median of {rounds} rounds of {n}): the stores' cost"
     console.print(rate_table(title, "store / key", found))
     ratios = {
-        keyed: found[f"sqlite/{keyed}"].per_second / found[f"memory/{keyed}"].per_second
+        keyed: speed_ratio(found[f"sqlite/{keyed}"], found[f"memory/{keyed}"])
         for keyed in ("unkeyed", "keyed")
     }
     overheads = {
-        store: (found[f"{store}/unkeyed"].per_second / found[f"{store}/keyed"].per_second - 1) * 100
+        store: (speed_ratio(found[f"{store}/unkeyed"], found[f"{store}/keyed"]) - 1) * 100
         for store in ("memory", "sqlite")
     }
     console.print(
@@ -522,18 +537,18 @@ def print_throughput(t: Throughput, n: int, rounds: int) -> tuple[float, float]:
     for store in ("memory", "sqlite"):
         cells = []
         for turns in (False, True):
-            plain_rate = t.rates[(store, False, turns)].per_second
-            keyed_rate = t.rates[(store, True, turns)].per_second
-            overhead = (plain_rate / keyed_rate - 1) * 100  # extra time per prompt with a key
+            plain_rate = t.rates[(store, False, turns)]
+            keyed_rate = t.rates[(store, True, turns)]
+            # extra time per prompt with a key
+            overhead = (speed_ratio(plain_rate, keyed_rate) - 1) * 100
             worst_overhead = max(worst_overhead, overhead)
             cells.append(f"{overhead:+.1f}%")
         derived.add_row(f"key overhead, {store}", *cells, "< 5%")
     for keyed in (False, True):
         cells = []
         for turns in (False, True):
-            ratio = (
-                t.rates[("sqlite", keyed, turns)].per_second
-                / t.rates[("memory", keyed, turns)].per_second
+            ratio = speed_ratio(
+                t.rates[("sqlite", keyed, turns)], t.rates[("memory", keyed, turns)]
             )
             worst_ratio = min(worst_ratio, ratio)
             cells.append(f"{ratio:.2f}")
@@ -814,9 +829,8 @@ async def bench_ts(n: int, rounds: int, tmp: Path, *, lean: bool) -> dict[str, R
 def print_ts(found: dict[str, Rate], n: int, rounds: int, client: str) -> float:
     title = f"3. Echo turns over stdio, {client} (median of {rounds} rounds of {n})"
     console.print(rate_table(title, "agent", found))
-    ts = found[TS_PLAIN].per_second
-    plain = found[REF_PLAIN].per_second / ts
-    keyed = found[REF_KEYED].per_second / ts
+    plain = speed_ratio(found[REF_PLAIN], found[TS_PLAIN])
+    keyed = speed_ratio(found[REF_KEYED], found[TS_PLAIN])
     console.print(
         f"reference / TypeScript, {client}: {plain:.2f}x without a key, {keyed:.2f}x with one"
         " (target >= 1.2x)"
@@ -942,8 +956,8 @@ async def main(args: argparse.Namespace) -> None:
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument("n", nargs="?", type=int, default=1_500, help="prompts per round")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds per figure (median)")
+    parser.add_argument("n", nargs="?", type=int, default=500, help="prompts per round")
+    parser.add_argument("--rounds", type=int, default=9, help="rounds per figure (median)")
     parser.add_argument("--retries", type=int, default=2_000, help="timed retries per session")
     parser.add_argument("--big", type=int, default=100_000, help="messages in the big session")
     parser.add_argument("--no-ts", action="store_true", help="skip the TypeScript comparison")
