@@ -75,8 +75,8 @@ def validate_update_notification(params: dict[str, Any] | None) -> s.UpdateSessi
                 pass  # the whole model reports it, in its own words
             else:
                 # The envelope holds exactly the whole model's fields, fields set and extras:
-                # it becomes one (the envelope class adds no slots), 1 us against 7 us for a
-                # `model_construct` copy.
+                # it becomes one (the envelope class adds no slots). A `model_construct` copy
+                # cost 3-5 us more per notification (12.3 -> 8.9 us for an agent_message).
                 object.__setattr__(envelope, "__class__", s.UpdateSessionNotification)
                 return envelope
     return s.UpdateSessionNotification.model_validate(params)
