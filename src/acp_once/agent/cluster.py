@@ -106,7 +106,6 @@ _QUEUE_ROW: contextvars.ContextVar[tuple[int, bytes | None] | None] = contextvar
     "acp_once_queue_row", default=None
 )
 _STOP_TIMEOUT = 5.0
-_RECOVER_TIMEOUT = 60.0  # seconds: a takeover's recovery of unfinished turns, shielded
 _DELIVERY_BUFFER = 10_000
 
 
@@ -413,6 +412,9 @@ class PostgresCoordinator:
         and a request cancelled half-way (its connection closed) would leave the dead owner's
         turns neither run nor reported while we hold the lease, which nobody else then takes.
         """
+        # the same bound as recovering a session loaded after a restart: the same work
+        from acp_once.agent.runtime import _RECOVER_TIMEOUT
+
         self.counters["leases_taken_over"] += 1
         with anyio.move_on_after(_RECOVER_TIMEOUT, shield=True) as scope:
             await self._recover_now(agent, session)

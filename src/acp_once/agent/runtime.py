@@ -88,7 +88,8 @@ logger = logging.getLogger("acp_once.agent")
 HeldPolicy = Literal["hold", "steer"]
 
 _STOP_TIMEOUT = 10.0
-_RECOVER_TIMEOUT = 60.0  # seconds: dealing with a loaded session's interrupted turns, shielded
+# seconds: dealing with a loaded session's interrupted turns, shielded (also a cluster takeover's)
+_RECOVER_TIMEOUT = 60.0
 _LANDED_TIMEOUT = 10.0  # seconds: looking up whether a failed insert was stored, shielded
 _LANDED_WINDOW = 100  # timeline entries searched for an unkeyed message after a failed insert
 _REUSED_KEY = "idempotencyKey was already used with a different prompt"
