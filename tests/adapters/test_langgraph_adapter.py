@@ -27,7 +27,7 @@ from acp_once.client import ClientSideConnection
 from acp_once.protocol import schema as s
 from acp_once.protocol.errors import INVALID_PARAMS, REQUEST_CANCELLED, AcpError
 from acp_once.rpc.errors import ConnectionClosed
-from acp_once.storage.base import SessionMissing, SessionRecord
+from acp_once.storage.base import SessionMissing, SessionRecord, StorageError
 from acp_once.testing import connected
 from acp_once.transports.stdio import spawn
 from tests.helpers import UpdateRecorder
@@ -575,3 +575,42 @@ async def test_a_directory_operation_whose_caller_is_cancelled_leaves_the_store_
             await threads.update_session("s1", title="t")
             updated = await threads.get_session("s1")
             assert updated is not None and updated.title == "t"
+
+
+async def test_sqlite_failures_reach_callers_as_storage_errors(tmp_path: Path) -> None:
+    """The store interface promises `StorageError`: LangGraph's SQLite parts raise
+    `sqlite3.Error`, which the adapter turns into one, without the values it was given."""
+    db = tmp_path / "threads.sqlite3"
+    with anyio.fail_after(TIMEOUT):
+        async with LangGraphStore.open(f"sqlite:{db}") as threads:
+            await threads.create_session(SessionRecord("s1", "/w", (), None, 1.0, 1.0, None))
+            secret = orjson.dumps({"sessionUpdate": "user_message", "content": []})
+            await threads.insert_user_message(
+                "s1",
+                message_id="m1",
+                update=secret,
+                idempotency_key="private-key-1",
+                prompt_digest=None,
+            )
+            other = sqlite3.connect(db, isolation_level=None)
+            try:
+                other.execute("DROP TABLE checkpoints")  # the thread's history is gone
+                with pytest.raises(StorageError) as lost_thread:
+                    await threads.read_timeline("s1")
+                with pytest.raises(StorageError) as lost_insert:
+                    await threads.insert_user_message(
+                        "s1",
+                        message_id="m2",
+                        update=secret,
+                        idempotency_key="private-key-2",
+                        prompt_digest=None,
+                    )
+                other.execute("DROP TABLE store")  # and the session directory
+                with pytest.raises(StorageError) as lost_directory:
+                    await threads.get_session("s1")
+            finally:
+                other.close()
+    assert "no such table: checkpoints" in str(lost_thread.value)
+    assert "no such table: store" in str(lost_directory.value)
+    assert "s1" not in str(lost_directory.value)  # LangGraph's own error quotes the query's values
+    assert "private-key" not in str(lost_insert.value)

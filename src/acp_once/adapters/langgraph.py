@@ -40,10 +40,11 @@ from __future__ import annotations
 import collections
 import operator
 import re
+import sqlite3
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
-from contextlib import AsyncExitStack, asynccontextmanager
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypedDict
 
@@ -211,8 +212,26 @@ class _Directory:
 
     async def _run(self, op: Op) -> list[Result]:
         with anyio.move_on_after(_INSERT_TIMEOUT, shield=True):
-            return await self.store.abatch([op])
+            with _storage_errors():
+                return await self.store.abatch([op])
         raise StorageError(f"the session directory took over {_INSERT_TIMEOUT:.0f} s")
+
+
+@contextmanager
+def _storage_errors() -> Iterator[None]:
+    """LangGraph's SQLite parts raise `sqlite3.Error` (its store: a `ValueError` caused by one);
+    a `SessionStore` raises `StorageError`.
+
+    Only SQLite's own message is kept: it names tables and columns, never the values, while the
+    store's `ValueError` quotes the query's parameters.
+    """
+    try:
+        yield
+    except (sqlite3.Error, ValueError) as exc:
+        cause = exc if isinstance(exc, sqlite3.Error) else exc.__cause__
+        if not isinstance(cause, sqlite3.Error):
+            raise
+        raise StorageError(f"the LangGraph database: {cause}") from exc
 
 
 def _config(session_id: str) -> RunnableConfig:
@@ -295,9 +314,10 @@ class LangGraphStore:
         """
         await self._require(session_id)
         async with self._locks[session_id]:
-            result = await self.graph.ainvoke(
-                {"reply_to": message_id}, _config(session_id), durability="exit"
-            )
+            with _storage_errors():
+                result = await self.graph.ainvoke(
+                    {"reply_to": message_id}, _config(session_id), durability="exit"
+                )
         await self._touch(session_id)
         reply = result["messages"][-1] if result.get("messages") else None
         if not isinstance(reply, AIMessage):
@@ -355,7 +375,8 @@ class LangGraphStore:
         async with self._locks[session_id]:
             existed = await self._sessions.get(session_id) is not None
             await self._sessions.put(session_id, None)
-            await self.checkpointer.adelete_thread(session_id)
+            with _storage_errors():
+                await self.checkpointer.adelete_thread(session_id)
         self.keys.forget_session(session_id)
         return existed
 
@@ -392,9 +413,10 @@ class LangGraphStore:
             # The copied messages keep their ids: ids derived in the source never match the
             # ids derived for the fork's own session id, so its keys start unused (R32).
             if copy["messages"] or copy["events"]:
-                await self.graph.aupdate_state(
-                    _config(new_record.session_id), copy, as_node="record"
-                )
+                with _storage_errors():
+                    await self.graph.aupdate_state(
+                        _config(new_record.session_id), copy, as_node="record"
+                    )
         await self._sessions.put(new_record.session_id, _value_of(new_record))
 
     # -- messages and keys -------------------------------------------------------------------
@@ -420,9 +442,10 @@ class LangGraphStore:
         async def submit(stored_id: str) -> None:
             async with self._locks[session_id]:
                 message = HumanMessage(id=stored_id, content=content)
-                await self.graph.aupdate_state(
-                    _config(session_id), {"messages": [message]}, as_node="respond"
-                )
+                with _storage_errors():
+                    await self.graph.aupdate_state(
+                        _config(session_id), {"messages": [message]}, as_node="respond"
+                    )
             submitted.append(stored_id)
 
         # Shielded (bounded): a caller cancelled while the thread is written must still learn
@@ -472,9 +495,10 @@ class LangGraphStore:
         else:
             run = {"event": {"update": decoded, "messageId": message_id}}
         async with self._locks[session_id]:
-            values: dict[str, Any] = await self.graph.ainvoke(
-                run, _config(session_id), durability="exit"
-            )
+            with _storage_errors():
+                values: dict[str, Any] = await self.graph.ainvoke(
+                    run, _config(session_id), durability="exit"
+                )
         await self._touch(session_id)
         return _count(values)
 
@@ -514,7 +538,8 @@ class LangGraphStore:
     async def _values_locked(self, session_id: str) -> dict[str, Any]:
         # the latest checkpoint only: cheaper than `graph.aget_state`, which also works out
         # the next tasks
-        found = await self.checkpointer.aget_tuple(_config(session_id))
+        with _storage_errors():
+            found = await self.checkpointer.aget_tuple(_config(session_id))
         if found is None:
             return {}
         return dict(found.checkpoint["channel_values"])
