@@ -97,7 +97,7 @@ class Watcher(Client):
 
     sessions: dict[str, _SessionView] = field(default_factory=dict)
     updates: int = 0
-    _changed: anyio.Event = field(default_factory=anyio.Event)
+    _changed: anyio.Event | None = None  # made by a waiter, set and dropped by the next update
 
     async def session_update(self, params: s.UpdateSessionNotification) -> None:
         update = params.update
@@ -121,8 +121,9 @@ class Watcher(Client):
             view.agent_messages += 1
         elif kind == "state_update":
             view.state = state
-        self._changed.set()
-        self._changed = anyio.Event()
+        if self._changed is not None:  # an event per wake-up, not per update (~8 us each)
+            self._changed.set()
+            self._changed = None
 
     def view(self, session_id: str) -> _SessionView:
         return self.sessions.setdefault(session_id, _SessionView())
@@ -131,6 +132,8 @@ class Watcher(Client):
         """Until the session has sent `agent_messages` agent messages and is idle again."""
         view = self.view(session_id)
         while view.agent_messages < agent_messages or view.state != "idle":
+            if self._changed is None:
+                self._changed = anyio.Event()
             await self._changed.wait()
 
 
