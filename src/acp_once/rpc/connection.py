@@ -65,6 +65,8 @@ __all__ = [
 logger = logging.getLogger("acp_once.rpc")
 
 _SHUTDOWN_WRITE_TIMEOUT = 2.0
+# what a write raises when the peer is gone (or the stream closed under it)
+_SEND_ERRORS = (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError)
 _OUTBOX_LIMIT = 64 * 1024
 
 
@@ -280,9 +282,7 @@ class Connection:
         finally:
             with anyio.CancelScope(shield=True), anyio.move_on_after(_SHUTDOWN_WRITE_TIMEOUT):
                 if self._outbox or self._rest is not None:  # what was sent before the close
-                    with contextlib.suppress(
-                        anyio.BrokenResourceError, anyio.ClosedResourceError, OSError
-                    ):
+                    with contextlib.suppress(*_SEND_ERRORS):
                         async with self._send_lock:
                             await self._drain_locked()
                 await self._stream.aclose()
@@ -328,9 +328,9 @@ class Connection:
         frame is written at once when the peer waits on us, or else joins the outbox, which is
         written with one system call after the current turn of the event loop (see `_queue`
         and `_flush_outbox`; at most `_OUTBOX_LIMIT` bytes wait, a bigger frame is written at
-        once with those before it). A write that has to wait for the
-        peer is shielded: a frame cancelled half-way would leave a torn line that corrupts the
-        stream for everything after it. It is bounded instead: a peer that reads nothing for
+        once with those before it). A write that has to wait for the peer is shielded: a frame
+        cancelled half-way would leave a torn line that corrupts the stream for everything
+        after it. It is bounded instead: a peer that reads nothing for
         `send_timeout` seconds is treated as gone, and the connection is closed. A frame is
         "sent" once it is queued: like bytes in a pipe's buffer, it is lost if the peer dies
         before reading it.
@@ -360,9 +360,8 @@ class Connection:
                         await self._stream.send(frame)
                 if scope.cancelled_caught:
                     raise anyio.BrokenResourceError("the peer stopped reading")
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
-            self._shutdown(ConnectionClosed("Connection lost while sending"))
-            raise ConnectionClosed("Connection lost while sending") from exc
+        except _SEND_ERRORS as exc:
+            raise self._lost_while_sending() from exc
 
     def _queue(self, frame: bytes) -> bool:
         """Send `frame` without waiting if this transport can: write it now, or add it to the
@@ -412,9 +411,8 @@ class Connection:
             return False
         try:
             return self._queue(frame)
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
-            self._shutdown(ConnectionClosed("Connection lost while sending"))
-            raise ConnectionClosed("Connection lost while sending") from exc
+        except _SEND_ERRORS as exc:
+            raise self._lost_while_sending() from exc
 
     async def send_encoded(self, frame: bytes) -> None:
         """`notify` for a notification already encoded (`jsonrpc.encode_notification`).
@@ -458,11 +456,17 @@ class Connection:
             return  # a writer holds the lock and writes the outbox before its own frame
         try:
             self._rest = self._write_outbox(None)
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-            self._shutdown(ConnectionClosed("Connection lost while sending"))
+        except _SEND_ERRORS:
+            self._lost_while_sending()
             return
         if self._rest is not None:
             self._finish_later()
+
+    def _lost_while_sending(self) -> ConnectionClosed:
+        """A write failed (the peer is gone): shut the connection down; returns the error for
+        the sender to raise."""
+        self._shutdown(ConnectionClosed("Connection lost while sending"))
+        return ConnectionClosed("Connection lost while sending")
 
     def _finish_later(self) -> None:
         """The peer's buffer is full: finish the half-written chunk in a task, which may wait
@@ -482,8 +486,8 @@ class Connection:
                     await self._drain_locked()
                 if scope.cancelled_caught:
                     raise anyio.BrokenResourceError("the peer stopped reading")
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-            self._shutdown(ConnectionClosed("Connection lost while sending"))
+        except _SEND_ERRORS:
+            self._lost_while_sending()
 
     async def start_request(self, method: str, params: Any = None) -> PendingCall:
         """Send a request and return its `PendingCall` without waiting for the answer.
