@@ -31,16 +31,24 @@ TIMEOUT = 20
 
 
 @contextmanager
-def pipes() -> Iterator[tuple[ByteStreamFrames, int]]:
-    """A frame stream that writes into a real pipe (and reads from one nobody writes to);
-    yields it with the read end of the first pipe."""
+def duplex() -> Iterator[tuple[ByteStreamFrames, int, int]]:
+    """A frame stream over two real pipes; yields it with the write end of its input and the
+    read end of its output."""
     out_r, out_w = os.pipe()
     in_r, in_w = os.pipe()
     try:
-        yield ByteStreamFrames(FdReceiveStream(in_r), FdSendStream(out_w)), out_r
+        yield ByteStreamFrames(FdReceiveStream(in_r), FdSendStream(out_w)), in_w, out_r
     finally:
         for fd in (out_r, out_w, in_r, in_w):
             os.close(fd)
+
+
+@contextmanager
+def pipes() -> Iterator[tuple[ByteStreamFrames, int]]:
+    """`duplex` for tests that write only: the stream (whose input nobody writes to) and the
+    read end of its output."""
+    with duplex() as (stream, _, out_r):
+        yield stream, out_r
 
 
 @asynccontextmanager
@@ -102,19 +110,6 @@ async def test_frames_from_concurrent_senders_arrive_whole_and_in_order(burst: b
         assert len(params["pad"]) == sizes[params["who"]]
         seen[params["who"]].append(params["i"])
     assert seen == {name: list(range(per_sender)) for name in sizes}
-
-
-@contextmanager
-def duplex() -> Iterator[tuple[ByteStreamFrames, int, int]]:
-    """A frame stream over two real pipes; yields it with the write end of its input and the
-    read end of its output."""
-    out_r, out_w = os.pipe()
-    in_r, in_w = os.pipe()
-    try:
-        yield ByteStreamFrames(FdReceiveStream(in_r), FdSendStream(out_w)), in_w, out_r
-    finally:
-        for fd in (out_r, out_w, in_r, in_w):
-            os.close(fd)
 
 
 def _request(request_id: int) -> bytes:

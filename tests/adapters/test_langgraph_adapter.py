@@ -35,6 +35,7 @@ from tests.helpers import UpdateRecorder
 pytestmark = pytest.mark.anyio
 
 TIMEOUT = 60
+S1 = SessionRecord("s1", "/w", (), None, 1.0, 1.0, None)  # a session of the directory tests
 KEY = "5d0c1b7e-2f4a-4e8b-9c31-7a6e2d4f8b10"
 INIT = {"protocolVersion": 2, "info": {"name": "tests", "version": "1"}}
 
@@ -513,11 +514,10 @@ async def test_a_directory_read_and_write_that_meet_never_fail_on_sqlites_write_
     could not become a writer and failed at once with "database is locked" (a -32603 seen in
     CI). Each directory operation is now its own transaction, and a write starts as a writer."""
     db = tmp_path / "threads.sqlite3"
-    record = SessionRecord("s1", "/w", (), None, 1.0, 1.0, None)
     with anyio.fail_after(TIMEOUT):
         async with LangGraphStore.open(f"sqlite:{db}") as threads:
-            await threads.create_session(record)
-            await threads.create_session(dataclasses.replace(record, session_id="s2"))
+            await threads.create_session(S1)
+            await threads.create_session(dataclasses.replace(S1, session_id="s2"))
             # another writer (the checkpointer's connection, say) has written, not committed
             other = sqlite3.connect(db, isolation_level=None, check_same_thread=False)
             other.execute("BEGIN IMMEDIATE")
@@ -558,7 +558,7 @@ async def test_a_directory_operation_whose_caller_is_cancelled_leaves_the_store_
     db = tmp_path / "threads.sqlite3"
     with anyio.fail_after(TIMEOUT):
         async with LangGraphStore.open(f"sqlite:{db}") as threads:
-            await threads.create_session(SessionRecord("s1", "/w", (), None, 1.0, 1.0, None))
+            await threads.create_session(S1)
             assert isinstance(threads.directory, AsyncSqliteStore)
             loop = asyncio.get_running_loop()
             with anyio.CancelScope() as scope:
@@ -583,7 +583,7 @@ async def test_sqlite_failures_reach_callers_as_storage_errors(tmp_path: Path) -
     db = tmp_path / "threads.sqlite3"
     with anyio.fail_after(TIMEOUT):
         async with LangGraphStore.open(f"sqlite:{db}") as threads:
-            await threads.create_session(SessionRecord("s1", "/w", (), None, 1.0, 1.0, None))
+            await threads.create_session(S1)
             secret = orjson.dumps({"sessionUpdate": "user_message", "content": []})
             await threads.insert_user_message(
                 "s1",
