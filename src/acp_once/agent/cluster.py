@@ -68,7 +68,13 @@ import anyio
 import orjson
 
 from acp_once.protocol import schema as s
-from acp_once.protocol.errors import AcpError, InternalError, InvalidParams, RequestCancelled
+from acp_once.protocol.errors import (
+    AcpError,
+    InternalError,
+    InvalidParams,
+    RequestCancelled,
+    key_reused,
+)
 from acp_once.storage.base import (
     UNCHANGED,
     FencingError,
@@ -100,7 +106,6 @@ __all__ = ["Coordinator", "LocalCoordinator", "PostgresCoordinator", "default_no
 
 logger = logging.getLogger("acp_once.cluster")
 
-_REUSED_KEY = "idempotencyKey was already used with a different prompt"
 # the queued prompt being inserted: its row and, keyed, its legacy (SHA-256) digest
 _QUEUE_ROW: contextvars.ContextVar[tuple[int, bytes | None] | None] = contextvars.ContextVar(
     "acp_once_queue_row", default=None
@@ -464,7 +469,7 @@ class PostgresCoordinator:
             self.counters["dedup_hits"] += 1
             if agent._reuses_key(admission.digest, pending.digest, pending.wire):
                 self._spawn(self.pg.detach, admission.row)
-                self._finish(session, pending, error=InvalidParams(_REUSED_KEY))
+                self._finish(session, pending, error=key_reused())
                 return
             existing = self._waiting.get(admission.row)
             if existing is not None and existing[1] is not pending:
@@ -561,11 +566,11 @@ class PostgresCoordinator:
         if outcome.state == "inserted" or outcome.state == "recorded":
             assert agent is not None
             if outcome.same_prompt is False and agent.compare_prompts:
-                self._finish(session, pending, error=InvalidParams(_REUSED_KEY))
+                self._finish(session, pending, error=key_reused())
             elif outcome.message_id is not None:
                 self._finish(session, pending, message_id=outcome.message_id)
             else:
-                self._finish(session, pending, error=InvalidParams(_REUSED_KEY))
+                self._finish(session, pending, error=key_reused())
         elif outcome.state == "withdrawn":
             self._finish(
                 session,
@@ -601,7 +606,7 @@ class PostgresCoordinator:
         digest: bytes | None,
     ) -> None:
         if agent._reuses_key(digest, pending.digest, pending.wire):
-            self._finish(session, pending, error=InvalidParams(_REUSED_KEY))
+            self._finish(session, pending, error=key_reused())
         else:
             self._finish(session, pending, message_id=message_id)
 

@@ -50,6 +50,7 @@ from acp_once.protocol.errors import (
     InvalidParams,
     RequestCancelled,
     SessionNotFound,
+    key_reused,
 )
 from acp_once.protocol.initialization import PROTOCOL_VERSION, negotiate_version
 from acp_once.protocol.jsonrpc import encode_notification
@@ -92,7 +93,6 @@ _STOP_TIMEOUT = 10.0
 _RECOVER_TIMEOUT = 60.0
 _LANDED_TIMEOUT = 10.0  # seconds: looking up whether a failed insert was stored, shielded
 _LANDED_WINDOW = 100  # timeline entries searched for an unkeyed message after a failed insert
-_REUSED_KEY = "idempotencyKey was already used with a different prompt"
 _TURN_MARKER = "_acp_once_turn"  # retained, never replayed: did each message's turn finish?
 _RECOVERY_WINDOW = 500  # timeline entries read after a restart to find unfinished turns
 INTERRUPTED_MESSAGE = "The agent restarted before the turn finished"
@@ -629,7 +629,7 @@ class SessionAgent(Agent):
         self, recorded: bytes | None, digest: bytes, blocks: list[dict[str, Any]]
     ) -> None:
         if self._reuses_key(recorded, digest, blocks):
-            raise InvalidParams(_REUSED_KEY)
+            raise key_reused()
 
     def _on_cancel_request(self, session: _Session, pending: _Pending) -> None:
         # R25/R26: a cancel for any request of the key withdraws an un-inserted prompt and
@@ -699,7 +699,7 @@ class SessionAgent(Agent):
             # The key was recorded already (by an earlier attempt, or another process): answer
             # as a retry, or refuse a different prompt; nothing new was inserted (R19, R23).
             if self._reuses_key(outcome.prompt_digest, pending.digest, pending.wire):
-                pending.finish(error=InvalidParams(_REUSED_KEY))
+                pending.finish(error=key_reused())
             else:
                 pending.finish(message_id=message_id)
             return

@@ -45,6 +45,7 @@ __all__ = [
     "UnsupportedProtocolVersion",
     "error_from_wire",
     "invalid_params_from_validation",
+    "key_reused",
 ]
 
 PARSE_ERROR = -32700
@@ -112,6 +113,12 @@ class MethodNotFound(AcpError):
 class InvalidParams(AcpError):
     code = INVALID_PARAMS
     default_message = "Invalid params"
+
+
+def key_reused() -> InvalidParams:
+    """The -32602 answer to a recorded `idempotencyKey` sent with a different prompt (RFD;
+    digest R23). Its text never quotes the key (keys are private)."""
+    return InvalidParams("idempotencyKey was already used with a different prompt")
 
 
 class InternalError(AcpError):
