@@ -15,6 +15,11 @@ side-by-side with an agent on the official TypeScript SDK (2.4.0, its v2 API).
    time that the agent process and this client spend per turn (from /proc).
    1b. The echo turns again, memory against SQLite, driven by the raw client (below), which
    shows the stores' own cost instead of diluting it in the typed client's.
+   1c. The key's cost turn by turn: in one agent process per store, a keyed turn and an
+   unkeyed one (two sessions) alternate, each turn timed; the overhead is the median of the
+   paired differences over the median unkeyed turn. Pairs a few hundred microseconds apart
+   see the same host, where blocks of 500 turns seconds apart do not (their key overhead has
+   read anywhere from -10% to +30% on the same build).
 2. Retry latency: a SQLite file holds a session of 10 user messages and one of SIZE (100,000)
    keyed user messages (written with raw INSERTs of the schema's own row shape). The agent is
    started on it, each session is resumed, one keyed prompt is sent, then M retries with the
@@ -315,6 +320,54 @@ class RawDriven:
         return Rate(turns / elapsed, agent_us, (client_cpu1 - client_cpu0) / turns * 1e6)
 
 
+Arm = tuple[RawDriven, str, bool]
+"""One side of a turn-by-turn comparison: an agent, a session of it, keyed or not."""
+
+
+def paired_turns(a: Arm, b: Arm, pairs: int) -> tuple[list[int], list[int]]:
+    """`pairs` echo turns on each arm, one of each per pair, the pair's order alternating
+    (a b, b a, ...): the nanoseconds each turn took, per arm.
+
+    Two turns of one pair run a few hundred microseconds apart, so a change in the host's
+    speed hits both alike; blocks of hundreds of turns, as `alternate` runs, are seconds
+    apart, and on a shared host their speed differs by 20-40%.
+    """
+    arms = (a, b)
+    keys = [[_key(keyed) for _ in range(pairs)] for _, _, keyed in arms]
+    found: tuple[list[int], list[int]] = ([], [])
+    clock = time.perf_counter_ns
+    for i in range(pairs):
+        for side in (0, 1) if i % 2 == 0 else (1, 0):
+            agent, session_id, _ = arms[side]
+            key = keys[side][i]
+            start = clock()
+            agent.turns_at_once([session_id], [key])
+            found[side].append(clock() - start)
+    return found
+
+
+@dataclass
+class Paired:
+    """Turn-by-turn figures of arm `b` against arm `a` (microseconds)."""
+
+    a_us: float  # median turn of a
+    b_us: float  # median turn of b
+    extra_us: float  # median of the paired differences b - a
+
+    @property
+    def extra_pct(self) -> float:
+        return self.extra_us / self.a_us * 100
+
+
+def paired(a: Arm, b: Arm, pairs: int) -> Paired:
+    ta, tb = paired_turns(a, b, pairs)
+    return Paired(
+        statistics.median(ta) / 1e3,
+        statistics.median(tb) / 1e3,
+        statistics.median(y - x for x, y in zip(ta, tb, strict=True)) / 1e3,
+    )
+
+
 @contextmanager
 def raw_driven(
     name: str, command: Sequence[str], *, cwd: Path | None = None
@@ -467,6 +520,38 @@ async def bench_stores_raw(n: int, rounds: int, tmp: Path) -> dict[str, Rate]:
 
                 cases[f"{store}/{'keyed' if keyed else 'unkeyed'}"] = case
         return await alternate(rounds, cases)
+
+
+def bench_key_pairs(pairs: int, tmp: Path) -> dict[str, Paired]:
+    """The key's cost turn by turn (`paired`), raw client: in each store's agent, a keyed
+    session against an unkeyed one of the same process.
+
+    Only arms of one process are paired: two agents alternating turn by turn each wake up
+    cold for every turn (their caches taken by the other), which measures a different thing
+    than the turns per second of an agent kept busy; those comparisons stay with `alternate`.
+    """
+    urls = {"memory": "memory:", "sqlite": f"sqlite:{tmp / 'pairs.sqlite3'}"}
+    found: dict[str, Paired] = {}
+    for store, url in urls.items():
+        with raw_driven(f"reference/{store}", reference_command(url, tmp / f"fp-{store}")) as agent:
+            plain = (agent, agent.new_session(), False)
+            keyed = (agent, agent.new_session(), True)
+            paired_turns(plain, keyed, min(pairs, 300))  # warm up
+            found[store] = paired(plain, keyed, pairs)
+    return found
+
+
+def print_key_pairs(found: dict[str, Paired], pairs: int) -> float:
+    """Print `bench_key_pairs`; return the key's worse overhead (%)."""
+    table = Table(title=f"1c. The key's cost turn by turn, raw client ({pairs:,} pairs, medians)")
+    for col in ("store", "unkeyed us", "keyed us", "keyed - unkeyed us (paired)", "overhead"):
+        table.add_column(col, justify="left" if col == "store" else "right")
+    for store, p in found.items():
+        table.add_row(
+            store, f"{p.a_us:,.0f}", f"{p.b_us:,.0f}", f"{p.extra_us:+,.1f}", f"{p.extra_pct:+.1f}%"
+        )
+    console.print(table)
+    return max(p.extra_pct for p in found.values())
 
 
 def rate_table(title: str, first: str, found: dict[str, Rate]) -> Table:
@@ -916,6 +1001,13 @@ async def main(args: argparse.Namespace) -> None:
                 "SQLite / memory >= 0.8 (worst case), raw client",
                 f"{raw_ratio:.2f}",
                 _verdict(raw_ratio >= 0.8),
+            )
+            pairs = args.n * args.rounds
+            pair_overhead = print_key_pairs(bench_key_pairs(pairs, tmp), pairs)
+            summary.add_row(
+                "key overhead < 5% (worse store), turn by turn, raw client",
+                f"{pair_overhead:+.1f}%",
+                _verdict(pair_overhead < 5),
             )
         if "retry" in args.only:
             retry = await bench_retry(args.retries, args.big, tmp)
