@@ -1,5 +1,7 @@
 """Hypothesis drives random interleavings of prompts, retries, cancels, closes, resumes,
-dropped connections and agent restarts against the session runtime, then checks the promise:
+dropped connections and agent restarts against the session runtime, over the memory store and
+over a SQLite file (calls run inline, or all in the store's worker thread, where a cancelled
+caller waits for its transaction), then checks the promise:
 
 - at most one user message per (session, key) in the store;
 - every successful answer for a key carries that key's recorded message id.
@@ -10,9 +12,11 @@ the test lets every task run until all are blocked (a scheduler settle point, no
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from contextlib import AbstractAsyncContextManager
+import tempfile
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -27,7 +31,7 @@ from acp_once.protocol import schema as s
 from acp_once.protocol.errors import AcpError
 from acp_once.rpc.connection import PendingCall
 from acp_once.rpc.errors import TransportError
-from acp_once.storage import MemoryStore, SessionStore
+from acp_once.storage import MemoryStore, SessionStore, SqliteStore
 from acp_once.testing import connected
 from tests.helpers import initialize_request
 
@@ -90,23 +94,29 @@ class Held:
         await self.done.wait()
 
 
+OpenStore = Callable[[], AbstractAsyncContextManager[SessionStore]]
+
+
 @dataclass
 class World:
     tg: TaskGroup
-    store: MemoryStore
+    open_store: OpenStore  # a restart opens the store again (a SQLite file: a new connection)
     gates: Gates
     policy: Any
     agent: GatedAgent | None = None
     agent_holder: Held | None = None
+    store_holder: Held | None = None
     conns: list[ClientSideConnection | None] = field(default_factory=lambda: [None] * N_CONNS)
     holders: list[Held | None] = field(default_factory=lambda: [None] * N_CONNS)
     sessions: list[str] = field(default_factory=list)
     calls: list[tuple[str, str | None, PendingCall]] = field(default_factory=list)
 
     async def start_agent(self) -> None:
+        self.store_holder = Held()
+        store: SessionStore = await self.tg.start(self.store_holder.run, self.open_store)
         self.agent_holder = Held()
         self.agent = await self.tg.start(
-            self.agent_holder.run, lambda: GatedAgent(self.store, self.gates, self.policy)
+            self.agent_holder.run, lambda: GatedAgent(store, self.gates, self.policy)
         )
 
     async def stop_agent(self) -> None:
@@ -115,6 +125,9 @@ class World:
         if self.agent_holder is not None:
             await self.agent_holder.close()
         self.agent = None
+        if self.store_holder is not None:
+            await self.store_holder.close()
+        self.store_holder = None
 
     async def conn(self, i: int) -> ClientSideConnection:
         existing = self.conns[i]
@@ -157,9 +170,25 @@ op = st.one_of(
 )
 
 
-async def run_program(program: list[tuple[Any, ...]], policy: str) -> None:
-    async with MemoryStore() as store, anyio.create_task_group() as tg:
-        world = World(tg, store, Gates(), policy)
+STORES = ["memory", "sqlite", "sqlite-threads"]
+
+
+@asynccontextmanager
+async def stores(kind: str) -> AsyncIterator[OpenStore]:
+    """How to open the store of one run: the memory store lives as long as the run (a restart
+    keeps it), a SQLite file is opened again by each restart."""
+    if kind == "memory":
+        async with MemoryStore() as memory:
+            yield lambda: nullcontext(memory)
+        return
+    with tempfile.TemporaryDirectory(prefix="acp-sm-") as tmp:
+        path = Path(tmp) / "sessions.sqlite3"
+        yield lambda: SqliteStore.open(path, inline=kind == "sqlite")
+
+
+async def run_program(program: list[tuple[Any, ...]], policy: str, store_kind: str) -> None:
+    async with stores(store_kind) as open_store, anyio.create_task_group() as tg:
+        world = World(tg, open_store, Gates(), policy)
         await world.start_agent()
         first = await world.conn(0)
         for _ in range(N_SESSIONS):
@@ -177,7 +206,8 @@ async def run_program(program: list[tuple[Any, ...]], policy: str) -> None:
             outcomes = await settle(world)
         finally:
             await world.stop_agent()
-        await check(store, world.sessions, outcomes)
+        async with open_store() as store:
+            await check(store, world.sessions, outcomes)
 
 
 async def apply(world: World, step: tuple[Any, ...]) -> None:
@@ -229,7 +259,7 @@ async def settle(world: World) -> list[tuple[str, str | None, str | None]]:
 
 
 async def check(
-    store: MemoryStore, sessions: list[str], outcomes: list[tuple[str, str | None, str | None]]
+    store: SessionStore, sessions: list[str], outcomes: list[tuple[str, str | None, str | None]]
 ) -> None:
     for sid in sessions:
         for key in KEYS:
@@ -244,6 +274,7 @@ async def check(
         assert record.message_id == message_id
 
 
+@pytest.mark.parametrize("store_kind", STORES)
 @settings(
     max_examples=60,
     deadline=None,
@@ -251,6 +282,6 @@ async def check(
 )
 @given(program=st.lists(op, max_size=25), policy=st.sampled_from(["hold", "steer"]))
 async def test_keys_hold_under_any_interleaving(
-    program: list[tuple[Any, ...]], policy: str
+    program: list[tuple[Any, ...]], policy: str, store_kind: str
 ) -> None:
-    await run_program(program, policy)
+    await run_program(program, policy, store_kind)
