@@ -529,6 +529,8 @@ def bench_key_pairs(pairs: int, tmp: Path) -> dict[str, Paired]:
     Only arms of one process are paired: two agents alternating turn by turn each wake up
     cold for every turn (their caches taken by the other), which measures a different thing
     than the turns per second of an agent kept busy; those comparisons stay with `alternate`.
+    With SQLite, the checkpoints a keyed session makes costlier run in their own thread and
+    land on the turns of both arms, mostly in the tail: the figure leaves most of that out.
     """
     urls = {"memory": "memory:", "sqlite": f"sqlite:{tmp / 'pairs.sqlite3'}"}
     found: dict[str, Paired] = {}
