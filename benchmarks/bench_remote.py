@@ -36,9 +36,9 @@ import anyio
 import anyio.abc
 from _proc import process_cpu_seconds
 
-from acp_once.client.recovery import Backoff
 from acp_once.client.remote import HttpAgent, WebSocketAgent
 from acp_once.client.resilient import AcpClient
+from acp_once.support.backoff import Backoff
 
 Transport = Literal["ws", "http"]
 CONFIGS: list[tuple[Transport, bool]] = [

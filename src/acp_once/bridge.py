@@ -87,7 +87,6 @@ import orjson
 from anyio.abc import TaskGroup, TaskStatus
 from pydantic import ValidationError
 
-from acp_once.client.recovery import Backoff
 from acp_once.protocol import jsonrpc
 from acp_once.protocol import methods as m
 from acp_once.protocol import schema as s
@@ -104,6 +103,7 @@ from acp_once.protocol.initialization import PROTOCOL_VERSION, InitializeGate, n
 from acp_once.protocol.jsonrpc import RequestId
 from acp_once.rpc.connection import unwrap_single_exception
 from acp_once.rpc.streams import FrameStream
+from acp_once.support.backoff import Backoff
 from acp_once.transports.http import message_session_id
 from acp_once.transports.stdio import AgentProcess, spawn
 from acp_once.transports.websocket import (

@@ -41,12 +41,12 @@ import anyio.abc
 import orjson
 
 from acp_once.client.outbox import Submission
-from acp_once.client.recovery import Backoff
 from acp_once.client.remote import HttpAgent, WebSocketAgent
 from acp_once.client.resilient import AcpClient, ClientSession, StdioAgent
 from acp_once.protocol.errors import AcpError
 from acp_once.rpc.errors import TransportError
 from acp_once.storage import open_store
+from acp_once.support.backoff import Backoff
 
 __all__ = ["DemoResult", "drain", "prompt_text", "run_demo"]
 

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import anyio
 
-from acp_once.client.recovery import Backoff
 from acp_once.client.resilient import AcpClient, StdioAgent
+from acp_once.support.backoff import Backoff
 
 
 def prompt_text(i: int) -> str:

@@ -19,10 +19,10 @@ from pathlib import Path
 import anyio
 import pytest
 
-from acp_once.client.recovery import Backoff
 from acp_once.client.resilient import AcpClient, StdioAgent
 from acp_once.demo import drain
 from acp_once.storage import open_store
+from acp_once.support.backoff import Backoff
 from tests.client.chaos_client import prompt_text
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]

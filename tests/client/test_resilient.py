@@ -13,12 +13,12 @@ import orjson
 import pytest
 
 from acp_once.client.outbox import open_outbox
-from acp_once.client.recovery import Backoff
 from acp_once.client.resilient import AcpClient, OutcomeUnknown, PromptCancelled, StdioAgent
 from acp_once.protocol.errors import INVALID_PARAMS, AcpError
 from acp_once.protocol.retry import RETRY_TABLE, Direction, MessageKind, RetryClass, may_resend
 from acp_once.protocol.schema import SessionUpdateUserMessage
 from acp_once.storage import open_store
+from acp_once.support.backoff import Backoff
 
 pytestmark = pytest.mark.anyio
 

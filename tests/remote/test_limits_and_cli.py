@@ -13,12 +13,12 @@ import pytest
 import uvicorn
 
 from acp_once.cli.serve import InsecureListen, check_listen, is_loopback, serve_reference
-from acp_once.client.recovery import Backoff
 from acp_once.client.remote import WebSocketAgent
 from acp_once.client.resilient import AcpClient
 from acp_once.protocol.errors import INVALID_REQUEST, AcpError
 from acp_once.rpc.errors import ConnectionClosed
 from acp_once.storage import open_store
+from acp_once.support.backoff import Backoff
 from acp_once.transports.websocket import CLOSE_TOO_BIG, WebSocketRejected, connect_websocket
 from tests.remote.harness import listening_socket, running
 from tests.remote.test_websocket import new_session, prompt, session_conn

@@ -12,12 +12,12 @@ import httpx
 import pytest
 
 from acp_once.client import Client, ClientSideConnection
-from acp_once.client.recovery import Backoff
 from acp_once.client.remote import WebSocketAgent
 from acp_once.client.resilient import AcpClient
 from acp_once.protocol import schema as s
 from acp_once.protocol.errors import RESOURCE_NOT_FOUND, AcpError
 from acp_once.rpc.errors import ConnectionClosed
+from acp_once.support.backoff import Backoff
 from acp_once.transports.websocket import (
     CLOSE_GOING_AWAY,
     ClientWebSocketFrames,
