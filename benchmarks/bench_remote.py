@@ -4,7 +4,7 @@ N concurrent clients, over WebSocket and over Streamable HTTP, with and without 
     python3 dev.py run python benchmarks/bench_remote.py [--clients N ...] [--prompts P]
                                                         [--rounds R] [--store memory|sqlite]
 
-Each client is an `AcpClient` (`WebSocketAgent` or `HttpAgent`) with its own session; it
+Each client is an `AcpClient` (`WebSocketLauncher` or `HttpLauncher`) with its own session; it
 submits P prompts one after the other (each awaits its `{messageId}`), all N clients at once.
 "keys" is the client's default (a fresh key per submission, kept in its in-memory outbox);
 "no keys" sends none (`use_keys=False`). The figure is submissions per second over the whole
@@ -36,8 +36,7 @@ import anyio
 import anyio.abc
 from _proc import process_cpu_seconds
 
-from acp_once.client.remote import HttpAgent, WebSocketAgent
-from acp_once.client.resilient import AcpClient
+from acp_once.client import AcpClient, HttpLauncher, WebSocketLauncher
 from acp_once.support.backoff import Backoff
 
 Transport = Literal["ws", "http"]
@@ -121,7 +120,7 @@ async def wave(
     url = f"{transport}://127.0.0.1:{server.port}/acp"
 
     async def client(i: int) -> None:
-        launcher = WebSocketAgent(url) if transport == "ws" else HttpAgent(url)
+        launcher = WebSocketLauncher(url) if transport == "ws" else HttpLauncher(url)
         backoff = Backoff(base=0.05, factor=2.0, cap=0.5)
         async with AcpClient(launcher, backoff=backoff, use_keys=keys) as acp:
             session = await acp.new_session("/bench")

@@ -1,15 +1,14 @@
-"""An ACP v2 client in 10 lines: spawns the echo agent and sends one prompt."""
+"""An ACP v2 client in 10 lines: starts the echo agent and sends one prompt."""
 import sys
 
 import anyio
 
-from acp_once.client import Client, ClientSideConnection
+from acp_once.client import Client, ClientSideConnection, StdioLauncher
 from acp_once.protocol import schema as s
-from acp_once.transports.stdio import spawn
 
 
 async def main() -> None:
-    async with spawn([sys.executable, "examples/echo_agent.py"]) as proc, ClientSideConnection(Client(), proc.frames) as conn:
+    async with StdioLauncher([sys.executable, "examples/echo_agent.py"]).connect() as frames, ClientSideConnection(Client(), frames) as conn:
         await conn.agent.initialize(s.InitializeRequest.model_validate({"protocolVersion": 2, "info": {"name": "me", "version": "1"}}))
         session = await conn.agent.new_session(s.NewSessionRequest(cwd="/tmp"))
         prompt = s.PromptRequest.model_validate({"sessionId": session.session_id, "prompt": [{"type": "text", "text": "hi"}]})

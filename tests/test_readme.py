@@ -52,10 +52,10 @@ def test_client_example_runs_against_the_agent_example() -> None:
 def test_session_agent_example_serves_a_keyed_prompt(tmp_path: Path) -> None:
     import anyio
 
-    from acp_once.client.resilient import AcpClient, StdioAgent
+    from acp_once.client import AcpClient, StdioLauncher
 
     async def go() -> None:
-        launcher = StdioAgent(
+        launcher = StdioLauncher(
             [sys.executable, str(ROOT / "examples" / "session_agent.py")], cwd=str(tmp_path)
         )
         async with AcpClient(launcher) as client:

@@ -2,8 +2,8 @@
 
 The reference agent runs over stdio on a SQLite store in a temporary directory (or, with
 `transport="ws"` or `"http"`, as an `acp-once serve` subprocess on a free loopback port, which a
-small supervisor restarts whenever it dies, the client connecting with `WebSocketAgent` or
-`HttpAgent`). A client submits a few hundred prompts over four sessions (some slow,
+small supervisor restarts whenever it dies, the client connecting with `WebSocketLauncher` or
+`HttpLauncher`). A client submits a few hundred prompts over four sessions (some slow,
 `[work:...]`, some with a side-effecting tool call, `[tool]`) while a fault injector
 
 - kills the agent with SIGKILL at random moments,
@@ -40,9 +40,8 @@ import anyio
 import anyio.abc
 import orjson
 
+from acp_once.client import AcpClient, ClientSession, HttpLauncher, StdioLauncher, WebSocketLauncher
 from acp_once.client.outbox import Submission
-from acp_once.client.remote import HttpAgent, WebSocketAgent
-from acp_once.client.resilient import AcpClient, ClientSession, StdioAgent
 from acp_once.protocol.errors import AcpError
 from acp_once.rpc.errors import TransportError
 from acp_once.storage import open_store
@@ -107,11 +106,15 @@ async def run_demo(
         demo = _Demo(Path(workdir or tmp), keys, submissions, seed, on_progress, cut_rate)
         if transport != "stdio":
             return await _run_remote(demo, transport)
-        launcher = StdioAgent(demo.agent_command("agent"), env=demo.env, stderr=subprocess.DEVNULL)
+        launcher = StdioLauncher(
+            demo.agent_command("agent"), env=demo.env, stderr=subprocess.DEVNULL
+        )
         return await _run(demo, launcher)
 
 
-async def _run(demo: _Demo, launcher: StdioAgent | WebSocketAgent | HttpAgent) -> DemoResult:
+async def _run(
+    demo: _Demo, launcher: StdioLauncher | WebSocketLauncher | HttpLauncher
+) -> DemoResult:
     demo.launcher = launcher
     started = time.perf_counter()
     while len(demo.done) < demo.n:
@@ -125,7 +128,7 @@ async def _run(demo: _Demo, launcher: StdioAgent | WebSocketAgent | HttpAgent) -
     )
     if demo.server is None:
         return result
-    transport: Transport = "http" if isinstance(launcher, HttpAgent) else "ws"
+    transport: Transport = "http" if isinstance(launcher, HttpLauncher) else "ws"
     return dataclasses.replace(result, dropped_connections=demo.drops, transport=transport)
 
 
@@ -137,9 +140,9 @@ async def _run_remote(demo: _Demo, transport: Transport) -> DemoResult:
             await tg.start(server.run)
             try:
                 launcher = (
-                    HttpAgent(server.url.replace("ws://", "http://", 1))
+                    HttpLauncher(server.url.replace("ws://", "http://", 1))
                     if transport == "http"
-                    else WebSocketAgent(server.url)
+                    else WebSocketLauncher(server.url)
                 )
                 result = await _run(demo, launcher)
             finally:
@@ -241,7 +244,7 @@ class _Demo:
             "ACP_ONCE_CRASH_SEED": str(seed),
             "ACP_ONCE_CRASH_LOG": str(self.cut_log),
         }
-        self.launcher: StdioAgent | WebSocketAgent | HttpAgent | None = None
+        self.launcher: StdioLauncher | WebSocketLauncher | HttpLauncher | None = None
         self.server: _ServerSupervisor | None = None
         self.outbox = f"sqlite:{workdir / 'outbox.sqlite3'}"
         self.done: dict[int, str] = {}
@@ -329,17 +332,17 @@ class _Demo:
             await client.wait_connected()
             await anyio.sleep(self.rng.uniform(0.2, 1.0))  # a random moment: the fault
             launcher = self.launcher
-            if isinstance(launcher, StdioAgent):
+            if isinstance(launcher, StdioLauncher):
                 proc = launcher.current
                 if proc is not None:
                     proc.process.kill()
                     self.kills += 1
                     await proc.process.wait()
-            elif isinstance(launcher, HttpAgent) and self.server is not None:
+            elif isinstance(launcher, HttpLauncher) and self.server is not None:
                 await client.wait_connected()
                 await self.server.kill()
                 self.kills += 1
-            elif isinstance(launcher, WebSocketAgent) and self.server is not None:
+            elif isinstance(launcher, WebSocketLauncher) and self.server is not None:
                 # the server may be restarting after a cut answer: strike the next connection
                 await client.wait_connected()
                 frames = launcher.current

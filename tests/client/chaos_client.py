@@ -20,7 +20,7 @@ from pathlib import Path
 
 import anyio
 
-from acp_once.client.resilient import AcpClient, StdioAgent
+from acp_once.client import AcpClient, StdioLauncher
 from acp_once.support.backoff import Backoff
 
 
@@ -36,7 +36,7 @@ def prompt_text(i: int) -> str:
 async def main(workdir: Path, n: int, n_sessions: int) -> None:
     run_file = workdir / "run.json"
     results_file = workdir / "results.jsonl"
-    launcher = StdioAgent(
+    launcher = StdioLauncher(
         [
             sys.executable, "-m", "acp_once", "agent",
             "--store", f"sqlite:{workdir / 'agent.sqlite3'}",

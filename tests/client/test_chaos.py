@@ -19,7 +19,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from acp_once.client.resilient import AcpClient, StdioAgent
+from acp_once.client import AcpClient, StdioLauncher
 from acp_once.demo import drain
 from acp_once.storage import open_store
 from acp_once.support.backoff import Backoff
@@ -69,7 +69,7 @@ async def check_invariant(
 async def test_agent_killed_at_random_while_200_prompts_are_submitted(tmp_path: Path) -> None:
     rng = random.Random(20261202)
     n, n_sessions = 200, 4
-    launcher = StdioAgent(agent_command(tmp_path), env=dict(os.environ))
+    launcher = StdioLauncher(agent_command(tmp_path), env=dict(os.environ))
     ids: dict[int, str] = {}
     kills = 0
     with anyio.fail_after(240):
@@ -142,7 +142,7 @@ async def test_client_process_killed_and_restarted_mid_run(tmp_path: Path) -> No
     assert sorted(ids) == list(range(n))
     run = json.loads((tmp_path / "run.json").read_text())
     expected = {sid: list(range(k, n, n_sessions)) for k, sid in enumerate(run["sessions"])}
-    async with AcpClient(StdioAgent(agent_command(tmp_path), env=dict(os.environ))) as client:
+    async with AcpClient(StdioLauncher(agent_command(tmp_path), env=dict(os.environ))) as client:
         for sid in run["sessions"]:
             await client.resume_session(sid, "/tmp/chaos")
         await drain(client, run["sessions"])

@@ -12,8 +12,8 @@ import anyio
 import orjson
 import pytest
 
+from acp_once.client import AcpClient, OutcomeUnknown, PromptCancelled, StdioLauncher
 from acp_once.client.outbox import open_outbox
-from acp_once.client.resilient import AcpClient, OutcomeUnknown, PromptCancelled, StdioAgent
 from acp_once.protocol.errors import INVALID_PARAMS, AcpError
 from acp_once.protocol.retry import RETRY_TABLE, Direction, MessageKind, RetryClass, may_resend
 from acp_once.protocol.schema import SessionUpdateUserMessage
@@ -33,12 +33,12 @@ class Env:
         self.effects = tmp / "effects"
         self.outbox = f"sqlite:{tmp / 'outbox.sqlite3'}"
 
-    def launcher(self, **env: str) -> StdioAgent:
+    def launcher(self, **env: str) -> StdioLauncher:
         command = [
             sys.executable, "-m", "acp_once", "agent",
             "--store", f"sqlite:{self.db}", "--side-effects", str(self.effects),
         ]  # fmt: skip
-        return StdioAgent(command, env={**os.environ, **env})
+        return StdioLauncher(command, env={**os.environ, **env})
 
     async def count(self, session_id: str) -> int:
         async with open_store(f"sqlite:{self.db}") as store:
@@ -97,7 +97,7 @@ async def test_crash_after_insert_keys_insert_once_without_keys_twice(
             session = await client.new_session("/tmp/project")
             message_id = await session.prompt("migrate the database")
             assert message_id.startswith("msg_user_")
-            assert launcher.launches == 2
+            assert launcher.connects == 2
             assert client.reconnects == 1
     assert (env.tmp / "crashed").exists()
     assert await env.count(session.session_id) == expected
@@ -192,7 +192,7 @@ async def test_definite_errors_reach_the_caller_and_leave_the_outbox_clean(env: 
 async def test_unaware_agent_policy_refuses_automatic_resends(env: Env) -> None:
     """An agent that does not say it honours keys: with on_unaware="refuse" a lost answer is
     reported as unknown, never resent."""
-    launcher = StdioAgent(
+    launcher = StdioLauncher(
         [sys.executable, str(Path(__file__).parent.parent / "agents" / "tiny_agent.py")]
     )
     with anyio.fail_after(TIMEOUT):
@@ -235,7 +235,7 @@ async def test_requests_survive_a_failed_reconnect(env: Env) -> None:
         f'[ "$n" = 1 ] && exit 1; exec {sys.executable} -m acp_once agent '
         f"--store sqlite:{env.db} --side-effects {env.effects}"
     )
-    launcher = StdioAgent(
+    launcher = StdioLauncher(
         ["sh", "-c", agent],
         env={
             **os.environ,

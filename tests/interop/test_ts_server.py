@@ -3,11 +3,11 @@ Streamable HTTP.
 
 `ts_server.mjs` serves a v2 agent with the SDK's `experimental/server` `AcpServer` and its
 `experimental/node` adapters (WebSocket upgrades through `createNodeWebSocketUpgradeHandler`).
-`AcpClient` with `WebSocketAgent` or `HttpAgent` initializes, creates a session, prompts, answers
-the agent's permission request (a session-scoped agent-to-client request) and receives the
-turn's updates; a second client resumes the session on a new connection and prompts again.
-The SDK's typed prompt handler drops `idempotencyKey`, so nothing here is about duplicates:
-this is the round trip, and that our client needs no reconnect to make it.
+`AcpClient` with `WebSocketLauncher` or `HttpLauncher` initializes, creates a session,
+prompts, answers the agent's permission request (a session-scoped agent-to-client request) and
+receives the turn's updates; a second client resumes the session on a new connection and
+prompts again. The SDK's typed prompt handler drops `idempotencyKey`, so nothing here is about
+duplicates: this is the round trip, and that our client needs no reconnect to make it.
 """
 
 from __future__ import annotations
@@ -27,8 +27,7 @@ import anyio.abc
 import pytest
 from anyio.streams.text import TextReceiveStream
 
-from acp_once.client.remote import HttpAgent, WebSocketAgent
-from acp_once.client.resilient import AcpClient, ClientSession
+from acp_once.client import AcpClient, ClientSession, HttpLauncher, WebSocketLauncher
 from acp_once.protocol import schema as s
 from tests.interop.node import NodeProject
 
@@ -107,10 +106,10 @@ async def ts_server(project: NodeProject, tmp: Path, *, token: str) -> AsyncIter
             await process.aclose()
 
 
-def launcher(server: TsServer, transport: str) -> WebSocketAgent | HttpAgent:
+def launcher(server: TsServer, transport: str) -> WebSocketLauncher | HttpLauncher:
     if transport == "ws":
-        return WebSocketAgent(server.url("ws"), token=TOKEN)
-    return HttpAgent(server.url("http"), token=TOKEN)
+        return WebSocketLauncher(server.url("ws"), token=TOKEN)
+    return HttpLauncher(server.url("http"), token=TOKEN)
 
 
 async def prompt_and_watch(session: ClientSession, text: str) -> tuple[str, list[dict[str, Any]]]:

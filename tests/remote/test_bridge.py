@@ -28,9 +28,7 @@ from acp_once.agent.runtime import SessionAgent, Turn, TurnContext
 from acp_once.agent.serve import serve_stdio
 from acp_once.bridge import Bridge, BridgeError
 from acp_once.cli.bridge import listen, serve_bridge
-from acp_once.client import Client, ClientSideConnection
-from acp_once.client.remote import HttpAgent, WebSocketAgent
-from acp_once.client.resilient import AcpClient
+from acp_once.client import AcpClient, Client, ClientSideConnection, HttpLauncher, WebSocketLauncher
 from acp_once.protocol import schema as s
 from acp_once.protocol.errors import (
     INVALID_REQUEST,
@@ -291,7 +289,7 @@ async def test_agent_killed_under_the_bridge_is_restarted_and_the_client_finishe
     with anyio.fail_after(TIMEOUT * 3):
         async with bridge_process(reference_agent(tmp_path)) as bridge:
             url = bridge.target(transport)
-            launcher = WebSocketAgent(url) if transport == "ws" else HttpAgent(url)
+            launcher = WebSocketLauncher(url) if transport == "ws" else HttpLauncher(url)
             results: dict[str, str] = {}
             async with AcpClient(launcher, backoff=FAST) as client:
                 session = await client.new_session("/w")

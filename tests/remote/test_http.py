@@ -12,8 +12,7 @@ import anyio
 import httpx
 import pytest
 
-from acp_once.client.remote import HttpAgent
-from acp_once.client.resilient import AcpClient
+from acp_once.client import AcpClient, HttpLauncher
 from acp_once.transports.http import CONNECTION_ID_HEADER, SESSION_ID_HEADER, ServerHttpFrames
 from tests.remote.harness import Running, running
 from tests.remote.test_websocket import FAST, KEY, TIMEOUT, effects, prompt_params
@@ -249,7 +248,7 @@ async def test_t2_response_lost_with_the_stream_then_resume_and_retry(tmp_path: 
 
 
 async def test_acp_client_over_http_agent(tmp_path: Path) -> None:
-    """`AcpClient(HttpAgent(...))`: prompts are answered; when the server drops the GET
+    """`AcpClient(HttpLauncher(...))`: prompts are answered; when the server drops the GET
     streams after the first insertion, the client reconnects and the retry answers the
     original message id."""
     with anyio.fail_after(TIMEOUT):
@@ -260,7 +259,7 @@ async def test_acp_client_over_http_agent(tmp_path: Path) -> None:
                 assert dropped >= 1
 
             srv.agent.faults.append(drop_streams)
-            launcher = HttpAgent(url(srv))
+            launcher = HttpLauncher(url(srv))
             async with AcpClient(
                 launcher, outbox=f"sqlite:{tmp_path / 'outbox.sqlite3'}", backoff=FAST
             ) as client:

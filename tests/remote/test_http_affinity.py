@@ -19,8 +19,7 @@ import pytest
 import uvicorn
 
 from acp_once.agent.reference import ReferenceAgent
-from acp_once.client.remote import HttpAgent
-from acp_once.client.resilient import AcpClient
+from acp_once.client import AcpClient, HttpLauncher
 from acp_once.server import create_app
 from acp_once.storage import open_store
 from acp_once.transports.http import CONNECTION_ID_HEADER
@@ -87,7 +86,7 @@ async def test_http_client_returns_the_affinity_cookie_for_the_connection_lifeti
                 tg.start_soon(server.serve, [sock])
                 try:
                     for _ in range(2):  # two connections, one after the other
-                        async with AcpClient(HttpAgent(url)) as client:
+                        async with AcpClient(HttpLauncher(url)) as client:
                             session = await client.new_session("/w")
                             await session.prompt("hello")
                 finally:

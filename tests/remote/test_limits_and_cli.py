@@ -13,8 +13,7 @@ import pytest
 import uvicorn
 
 from acp_once.cli.serve import InsecureListen, check_listen, is_loopback, serve_reference
-from acp_once.client.remote import WebSocketAgent
-from acp_once.client.resilient import AcpClient
+from acp_once.client import AcpClient, WebSocketLauncher
 from acp_once.protocol.errors import INVALID_REQUEST, AcpError
 from acp_once.rpc.errors import ConnectionClosed
 from acp_once.storage import open_store
@@ -130,7 +129,7 @@ async def test_serve_reference_composition_with_a_token(tmp_path: Path) -> None:
             with pytest.raises(WebSocketRejected):
                 async with connect_websocket(url):
                     pass
-            async with AcpClient(WebSocketAgent(url, token), backoff=FAST) as client:
+            async with AcpClient(WebSocketLauncher(url, token), backoff=FAST) as client:
                 session = await client.new_session("/w")
                 await session.prompt("over the served agent")
             async with httpx.AsyncClient() as http:

@@ -20,8 +20,7 @@ import anyio
 import orjson
 import pytest
 
-from acp_once.client.remote import HttpAgent, WebSocketAgent
-from acp_once.client.resilient import AcpClient
+from acp_once.client import AcpClient, HttpLauncher, WebSocketLauncher
 from acp_once.faultproxy import FaultProxy
 from acp_once.rpc.errors import TransportError
 from acp_once.storage.base import SessionStore
@@ -67,9 +66,9 @@ async def wave(
 
     async def client(i: int) -> None:
         launcher = (
-            WebSocketAgent(proxy.url("ws"))
+            WebSocketLauncher(proxy.url("ws"))
             if transport == "ws"
-            else HttpAgent(proxy.url("http"), timeout=30)
+            else HttpLauncher(proxy.url("http"), timeout=30)
         )
         async with contextlib.AsyncExitStack() as stack:
             # a cut during the very first connection is reported to the caller (nothing was

@@ -20,9 +20,7 @@ import anyio
 import httpx
 import pytest
 
-from acp_once.client import ClientSideConnection
-from acp_once.client.remote import HttpAgent, WebSocketAgent
-from acp_once.client.resilient import AcpClient
+from acp_once.client import AcpClient, ClientSideConnection, HttpLauncher, WebSocketLauncher
 from acp_once.faultproxy import (
     FaultProxy,
     answer_with_message_id,
@@ -446,9 +444,9 @@ async def test_acp_client_through_cut_answers_and_sigkills(
     with anyio.fail_after(TIMEOUT):
         async with net(tmp_path, transport) as n:
             launcher = (
-                WebSocketAgent(n.proxy.url("ws"))
+                WebSocketLauncher(n.proxy.url("ws"))
                 if transport == "ws"
-                else HttpAgent(n.proxy.url("http"))
+                else HttpLauncher(n.proxy.url("http"))
             )
             lost: list[str] = []
             outbox = f"sqlite:{tmp_path / 'outbox.sqlite3'}"

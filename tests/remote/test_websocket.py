@@ -11,9 +11,7 @@ import anyio
 import httpx
 import pytest
 
-from acp_once.client import Client, ClientSideConnection
-from acp_once.client.remote import WebSocketAgent
-from acp_once.client.resilient import AcpClient
+from acp_once.client import AcpClient, Client, ClientSideConnection, WebSocketLauncher
 from acp_once.protocol import schema as s
 from acp_once.protocol.errors import RESOURCE_NOT_FOUND, AcpError
 from acp_once.rpc.errors import ConnectionClosed
@@ -161,12 +159,12 @@ async def test_a_session_active_on_two_connections_gets_updates_on_both(tmp_path
 
 
 async def test_acp_client_keeps_the_promise_when_connections_drop(tmp_path: Path) -> None:
-    """`AcpClient` over `WebSocketAgent`: the first prompt's answer is lost when the server
+    """`AcpClient` over `WebSocketLauncher`: the first prompt's answer is lost when the server
     closes the socket, the second's when the client's connection dies; each is inserted once
     and answered with its original message id."""
     with anyio.fail_after(TIMEOUT):
         async with running(tmp_path) as srv:
-            launcher = WebSocketAgent(srv.url)
+            launcher = WebSocketLauncher(srv.url)
 
             async def abort_client() -> None:
                 assert launcher.current is not None
@@ -200,7 +198,7 @@ async def test_missing_or_wrong_token_is_refused_before_any_message(tmp_path: Pa
                 assert info.value.status == 401
                 assert token not in str(info.value)
             with pytest.raises(WebSocketRejected):
-                async with AcpClient(WebSocketAgent(srv.url, "nope"), backoff=FAST):
+                async with AcpClient(WebSocketLauncher(srv.url, "nope"), backoff=FAST):
                     pass
             assert srv.acp.accepted == 0 and srv.acp.rejected == 5
             assert await srv.agent.store.list_sessions() == ([], None)  # nothing processed
@@ -211,7 +209,7 @@ async def test_missing_or_wrong_token_is_refused_before_any_message(tmp_path: Pa
                 )
                 assert authed.status_code == 415  # past the token check: not JSON
                 assert (await http.get("/healthz")).json() == {"status": "ok"}
-            async with AcpClient(WebSocketAgent(srv.url, token), backoff=FAST) as client:
+            async with AcpClient(WebSocketLauncher(srv.url, token), backoff=FAST) as client:
                 session = await client.new_session("/w")
                 await session.prompt("authorized")
             assert srv.acp.accepted == 1
@@ -240,7 +238,7 @@ async def test_server_restart_on_the_same_store_and_port(tmp_path: Path) -> None
     the client reconnects, resumes and its prompt submitted meanwhile is inserted once."""
     first_sock = listening_socket()
     port = first_sock.getsockname()[1]
-    launcher = WebSocketAgent(f"ws://127.0.0.1:{port}/acp")
+    launcher = WebSocketLauncher(f"ws://127.0.0.1:{port}/acp")
     after: list[str] = []
     done = anyio.Event()
     with anyio.fail_after(TIMEOUT):

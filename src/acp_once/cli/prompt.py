@@ -10,8 +10,8 @@ import orjson
 from rich.console import Console
 from rich.markup import escape
 
+from acp_once.client import AcpClient, ClientSession, StdioLauncher
 from acp_once.client.outbox import Submission
-from acp_once.client.resilient import AcpClient, ClientSession, StdioAgent
 from acp_once.protocol import schema as s
 from acp_once.protocol.errors import AcpError
 from acp_once.rpc.errors import TransportError
@@ -57,7 +57,7 @@ async def run_prompt(
 
     try:
         async with AcpClient(
-            StdioAgent(command, env=dict(os.environ)), outbox=outbox, on_recovered=on_recovered
+            StdioLauncher(command, env=dict(os.environ)), outbox=outbox, on_recovered=on_recovered
         ) as client:
             # A pending submission of a killed run with this text is this submission: finish it.
             pending = [

@@ -1,6 +1,7 @@
 """`AcpClient`: a client that never makes its application think about lost answers.
 
-    async with AcpClient(StdioAgent(["acp-once", "agent"]), outbox="sqlite:pending.db") as client:
+    launcher = StdioLauncher(["acp-once", "agent"])
+    async with AcpClient(launcher, outbox="sqlite:pending.db") as client:
         session = await client.new_session("/home/me/project")
         message_id = await session.prompt("Run the database migration")
 
@@ -29,10 +30,9 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Literal, Protocol, Self
+from typing import Any, Literal, Self
 
 import anyio
 import orjson
@@ -41,6 +41,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from acp_once.client.connection import ClientSideConnection
 from acp_once.client.interface import Client
+from acp_once.client.launchers import Launcher
 from acp_once.client.outbox import Outbox, Submission, open_outbox
 from acp_once.client.recovery import DEFAULT_MAX_AGE, Backoff, is_stale
 from acp_once.protocol import schema as s
@@ -50,17 +51,8 @@ from acp_once.protocol.keys import new_key
 from acp_once.protocol.retry import may_resend
 from acp_once.rpc.connection import unwrap_single_exception
 from acp_once.rpc.errors import TransportError
-from acp_once.rpc.streams import FrameStream
-from acp_once.transports.stdio import AgentProcess, spawn
 
-__all__ = [
-    "AcpClient",
-    "AgentLauncher",
-    "ClientSession",
-    "OutcomeUnknown",
-    "PromptCancelled",
-    "StdioAgent",
-]
+__all__ = ["AcpClient", "ClientSession", "OutcomeUnknown", "PromptCancelled"]
 
 logger = logging.getLogger("acp_once.client")
 
@@ -74,44 +66,6 @@ class PromptCancelled(RequestCancelled):
 
 class OutcomeUnknown(TransportError):
     """The outcome is unknown and the client may not resend on its own."""
-
-
-class AgentLauncher(Protocol):
-    """How to reach the agent: each call opens a new connection (stdio: a new process)."""
-
-    def connect(self) -> AbstractAsyncContextManager[FrameStream]: ...
-
-
-class StdioAgent:
-    """Launch the agent as a subprocess over stdio; a reconnect starts it again.
-
-    `current` is the running process (tests and fault injectors kill it).
-    """
-
-    def __init__(
-        self,
-        command: Sequence[str],
-        *,
-        env: dict[str, str] | None = None,
-        cwd: str | None = None,
-        stderr: int | None = None,
-    ) -> None:
-        self.command = list(command)
-        self.env = env
-        self.cwd = cwd
-        self.stderr = stderr
-        self.current: AgentProcess | None = None
-        self.launches = 0
-
-    @contextlib.asynccontextmanager
-    async def connect(self) -> AsyncIterator[FrameStream]:
-        async with spawn(self.command, env=self.env, cwd=self.cwd, stderr=self.stderr) as proc:
-            self.current = proc
-            self.launches += 1
-            try:
-                yield proc.frames
-            finally:
-                self.current = None
 
 
 PermissionHandler = Callable[[s.RequestPermissionRequest], Awaitable[s.RequestPermissionResponse]]
@@ -195,9 +149,7 @@ class ClientSession:
 
     async def close(self) -> None:
         """Close the session (Idempotent: resent after a lost answer)."""
-        await self._client._call(
-            "session/close", {"sessionId": self.session_id}, session_scoped=True
-        )
+        await self._client._call("session/close", {"sessionId": self.session_id})
         self._client._sessions.pop(self.session_id, None)
 
     def on_update(self, callback: Callable[[s.UpdateSessionNotification], Awaitable[None]]) -> None:
@@ -228,7 +180,7 @@ class AcpClient:
     """A self-healing ACP v2 client (see the module docstring).
 
     Args:
-        launcher: how to reach the agent (`StdioAgent([...])`).
+        launcher: how to reach the agent (`StdioLauncher([...])`, `acp_once.client.launchers`).
         outbox: an `Outbox`, or a URL for `open_outbox` ("memory:" or "sqlite:PATH").
         info: what `initialize` says about this client.
         backoff: reconnect delays.
@@ -250,7 +202,7 @@ class AcpClient:
 
     def __init__(
         self,
-        launcher: AgentLauncher,
+        launcher: Launcher,
         *,
         outbox: Outbox | str = "memory:",
         info: dict[str, Any] | None = None,
@@ -442,9 +394,7 @@ class AcpClient:
                 return conn
             await self._connected.wait()
 
-    async def _call(
-        self, method: str, params: dict[str, Any], *, session_scoped: bool = False
-    ) -> Any:
+    async def _call(self, method: str, params: dict[str, Any]) -> Any:
         """One request with recovery by retry class."""
         while True:
             conn = await self._ready()
