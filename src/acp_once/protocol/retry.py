@@ -3,8 +3,8 @@
 A sender that never saw the response to a request cannot tell whether the receiver acted on it.
 The RFD gives every method a retry class that says what sending it again does, and so whether a
 sender may do that on its own. `RETRY_TABLE` records the class of every method the vendored
-schemas define; `tests/test_retry_classes.py` fails when the schema gains a method the table
-does not classify, so every future method has to state its class.
+schemas define; `tests/protocol/test_retry_classes.py` fails when the schema gains a method the
+table does not classify, so every future method has to state its class.
 
 This module is pure data and decisions: it does no I/O.
 """

@@ -25,7 +25,7 @@ from tests.helpers import initialize_request
 
 pytestmark = pytest.mark.anyio
 
-TINY_AGENT = Path(__file__).parent / "agents" / "tiny_agent.py"
+TINY_AGENT = Path(__file__).parents[1] / "agents" / "tiny_agent.py"
 TIMEOUT = 20
 
 

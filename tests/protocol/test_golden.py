@@ -1,6 +1,6 @@
 """Golden wire messages: each validates with its model and dumps back to the same JSON.
 
-The file format is described in `tests/golden/README.md`.
+The file format is described in `tests/protocol/golden/README.md`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from acp_once.protocol import schema
 from acp_once.protocol.retry import Direction, MessageKind, lookup
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
-UNSTABLE_SCHEMA = Path(__file__).resolve().parent.parent / "schema" / "schema.unstable.json"
+UNSTABLE_SCHEMA = Path(__file__).resolve().parents[2] / "schema" / "schema.unstable.json"
 FORMAT_KEYS = {"method", "direction", "kind", "model", "message"}
 KINDS = {"request", "notification", "result", "error"}
 DIRECTIONS = {Direction.CLIENT_TO_AGENT.value, Direction.AGENT_TO_CLIENT.value}
@@ -99,7 +99,9 @@ def test_golden_file_format(path: Path) -> None:
     assert golden["kind"] in KINDS
     assert isinstance(golden["message"], dict)
     prefix = "error" if golden["kind"] == "error" else golden["method"].lstrip("$/")
-    assert path.stem.startswith(prefix.replace("/", "_") + "."), "see tests/golden/README.md"
+    assert path.stem.startswith(prefix.replace("/", "_") + "."), (
+        "see tests/protocol/golden/README.md"
+    )
 
 
 @pytest.mark.parametrize("path", FILES, ids=_ids)

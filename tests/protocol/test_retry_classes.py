@@ -23,7 +23,7 @@ from acp_once.protocol.retry import (
     retry_class,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 STABLE_SCHEMA = ROOT / "schema" / "schema.json"
 UNSTABLE_SCHEMA = ROOT / "schema" / "schema.unstable.json"
 RENDER_SCRIPT = ROOT / "scripts" / "render_retry_table.py"
