@@ -70,7 +70,7 @@ from _proc import process_cpu_seconds
 from rich.console import Console
 from rich.table import Table
 
-from acp_once.agent.runtime import prompt_digest
+from acp_once.agent.state import prompt_digest
 from acp_once.client import Client, ClientSideConnection
 from acp_once.protocol import schema as s
 from acp_once.rpc.connection import Connection

@@ -48,9 +48,9 @@ from psycopg.pq import TransactionStatus
 from rich.console import Console
 from rich.table import Table
 
-from acp_once.agent.cluster import PostgresCoordinator
 from acp_once.agent.reference import ReferenceAgent
 from acp_once.client import Client, ClientSideConnection
+from acp_once.cluster import PostgresCoordinator
 from acp_once.protocol import schema as s
 from acp_once.storage.postgres import PostgresStore
 from acp_once.testing import connected

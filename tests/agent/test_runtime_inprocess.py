@@ -7,24 +7,21 @@ connections, held prompts whose connection ends.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import anyio
-import orjson
 import pytest
 
-from acp_once.agent import runtime
 from acp_once.agent.reference import ReferenceAgent
-from acp_once.agent.runtime import Turn, TurnContext, prompt_digest
+from acp_once.agent.runtime import Turn, TurnContext
+from acp_once.agent.state import unfinished_turns
 from acp_once.client import Client, ClientSideConnection
 from acp_once.protocol import schema as s
 from acp_once.protocol.errors import (
     INTERNAL_ERROR,
-    INVALID_PARAMS,
     REQUEST_CANCELLED,
     RESOURCE_NOT_FOUND,
     AcpError,
@@ -280,7 +277,7 @@ async def test_turns_dropped_by_a_close_whose_connection_closes_are_still_marked
                 await store.marking.wait()
             # cut while the close marks the dropped turns
             tail = await store.read_timeline_tail(sid, limit=100)
-            unfinished = [t.message_id for t in runtime._unfinished_turns(sid, tail)]
+            unfinished = [t.message_id for t in unfinished_turns(sid, tail)]
             assert not set(queued) & set(unfinished)
 
 
@@ -305,39 +302,6 @@ async def test_turn_failure_after_insertion_is_an_error_stop_not_an_error_answer
             await rec.wait_for(lambda ups: any(u.get("stopReason") == "error" for u in ups))
             errors = [u for u in rec.updates if u.get("stopReason") == "error"]
             assert errors[0]["error"]["code"] == -32603
-
-
-async def test_a_key_recorded_with_an_earlier_versions_sha256_digest_still_matches(
-    tmp_path: Path,
-) -> None:
-    """Stores written before the BLAKE2s digest hold SHA-256 ones: a retry of such a prompt is
-    still answered with its id, at once or while held, and a different prompt still refused."""
-    blocks = [{"type": "text", "text": "deploy [tool]"}]
-    legacy = hashlib.sha256(orjson.dumps(blocks, option=orjson.OPT_SORT_KEYS)).digest()
-    assert prompt_digest(blocks) != legacy and len(prompt_digest(blocks)) == 16
-    with anyio.fail_after(10):
-        async with MemoryStore() as store, session_on(tmp_path, store) as (conn, sid):
-            old = {"sessionUpdate": "user_message", "messageId": "msg_user_old", "content": blocks}
-            await store.insert_user_message(
-                sid,
-                message_id="msg_user_old",
-                update=orjson.dumps(old),
-                idempotency_key=KEY,
-                prompt_digest=legacy,
-            )
-            assert await prompt(conn, sid, "deploy [tool]") == "msg_user_old"  # at once
-            with pytest.raises(AcpError) as info:
-                await prompt(conn, sid, "deploy [tool] twice")
-            assert info.value.code == INVALID_PARAMS
-            # while a turn runs (hold policy), a retry is looked up instead of inserted
-            await prompt(conn, sid, "busy [work:30]", key=None)
-            assert await prompt(conn, sid, "deploy [tool]") == "msg_user_old"
-            with pytest.raises(AcpError) as info:
-                await prompt(conn, sid, "something else")
-            assert info.value.code == INVALID_PARAMS
-            await conn.agent.cancel(s.CancelSessionNotification(session_id=sid))
-            assert await store.count_user_messages(sid) == 2  # the old one and the busy one
-            assert await store.count_user_messages(sid, idempotency_key=KEY) == 1
 
 
 class LostAnswerStore(MemoryStore):
@@ -431,6 +395,6 @@ async def test_a_store_failing_to_mark_a_turn_ended_does_not_stop_the_agent(
             assert first != second
             assert await store.count_user_messages(sid) == 2
             tail = await store.read_timeline_tail(sid, limit=100)
-            assert [t.message_id for t in runtime._unfinished_turns(sid, tail)] == [first, second]
+            assert [t.message_id for t in unfinished_turns(sid, tail)] == [first, second]
     logged = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
     assert f"session {sid}: the end of the turn of {first} was not stored (StorageError)" in logged

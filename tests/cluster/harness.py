@@ -15,10 +15,10 @@ import anyio
 import anyio.abc
 import httpx
 
-from acp_once.agent.cluster import PostgresCoordinator
 from acp_once.agent.reference import ReferenceAgent
 from acp_once.agent.runtime import HeldPolicy
 from acp_once.client.connection import ClientSideConnection
+from acp_once.cluster import PostgresCoordinator
 from acp_once.protocol import schema as s
 from acp_once.storage.postgres import PostgresStore
 from tests.helpers import initialize_request

@@ -11,8 +11,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from acp_once.cluster.sql import Owned, PgCluster, Queued
 from acp_once.storage.base import FencingError, InsertOutcome, SessionRecord
-from acp_once.storage.pg_cluster import Owned, PgCluster, Queued
 from acp_once.storage.postgres import Fence, PostgresStore, QueueRowGone
 from acp_once.testing import connected
 from tests.cluster.harness import (

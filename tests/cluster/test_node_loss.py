@@ -9,7 +9,7 @@ from typing import Any
 import anyio
 import pytest
 
-from acp_once.agent.runtime import _unfinished_turns
+from acp_once.agent.state import unfinished_turns
 from acp_once.client.connection import ClientSideConnection
 from acp_once.rpc.errors import ConnectionClosed
 from acp_once.storage.base import TimelineEntry
@@ -83,7 +83,7 @@ async def test_a_waiting_node_takes_the_session_over_when_its_owner_goes(
             # owner and closed the turn A left unfinished (reported interrupted)
             assert b.coordinator.counters["leases_taken_over"] == 1
             tail = await b.store.read_timeline_tail(sid, limit=50)
-            unfinished = [turn.message_id for turn in _unfinished_turns(sid, tail)]
+            unfinished = [turn.message_id for turn in unfinished_turns(sid, tail)]
             assert long_turn not in unfinished
             found = await b.store.find_key(sid, "k2")
             assert found is not None and answers == [found.message_id]
@@ -125,7 +125,7 @@ async def test_a_takeover_in_a_request_whose_connection_closes_still_recovers(
 
             async def recovered() -> bool:
                 tail = await b.store.read_timeline_tail(sid, limit=50)
-                return long_turn not in [t.message_id for t in _unfinished_turns(sid, tail)]
+                return long_turn not in [t.message_id for t in unfinished_turns(sid, tail)]
 
             await until_async(recovered)
             assert b.coordinator.counters["leases_taken_over"] == 1
@@ -171,7 +171,7 @@ async def test_a_load_whose_connection_closes_while_claiming_the_session_still_r
 
             async def recovered() -> bool:
                 tail = await b.store.read_timeline_tail(sid, limit=50)
-                return long_turn not in [t.message_id for t in _unfinished_turns(sid, tail)]
+                return long_turn not in [t.message_id for t in unfinished_turns(sid, tail)]
 
             await until_async(recovered)
             async with connected(b.agent) as conn_b:  # and the session works on B

@@ -8,21 +8,19 @@ a single node would give.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 import anyio
-import orjson
 import psycopg
 import pytest
 from psycopg import sql
 
 from acp_once.client.connection import ClientSideConnection
+from acp_once.cluster.sql import QueuedPrompt
 from acp_once.protocol.errors import AcpError
-from acp_once.storage.pg_cluster import QueuedPrompt
 from acp_once.testing import connected
 from tests.cluster.harness import (
     Node,
@@ -197,58 +195,3 @@ async def test_a_withdrawal_during_the_owners_insert_waits_and_insertion_wins(
             assert found is not None and found.message_id == results[0]
             assert await a.store.count_user_messages(sid, idempotency_key="k2") == 1
     assert not errors_logged(caplog)
-
-
-async def test_a_key_an_earlier_version_recorded_while_the_prompt_was_queued(
-    postgres_dsn: str, schema: str, tmp_path: Path
-) -> None:
-    """A node of an earlier version (rolling upgrade) records the key, with its SHA-256 prompt
-    digest, after the prompt was queued on another node and before the owner inserts it: the
-    owner's insert finds the key recorded, and the request that waits on the other node is
-    answered with the recorded id when the prompt is the same, and -32602 when it is not."""
-    fx = tmp_path / "fx"
-    read: dict[str, anyio.Event] = {}  # by key: A read the queued row
-    go: dict[str, anyio.Event] = {}  # by key: A may insert it now
-
-    async def hold(found: QueuedPrompt) -> None:
-        if found.key in read:  # this key's row only: not the next round's busy prompt
-            read[found.key].set()  # read, not inserted yet: hold the owner here
-            await go[found.key].wait()
-
-    with anyio.fail_after(TIMEOUT):
-        async with two_nodes_on_a_session(postgres_dsn, schema, fx, hold) as (
-            a,
-            _,
-            conn_a,
-            conn_b,
-            sid,
-        ):
-            cases = [("kL1", "deploy", "deploy"), ("kL2", "deploy", "deploy twice")]
-            for key, recorded_text, sent_text in cases:
-                read[key], go[key] = anyio.Event(), anyio.Event()  # held: this key's row only
-                await prompt(conn_a, sid, "[work:0.2] busy", None)  # A owns the session now
-                request = await conn_b.rpc.start_request(
-                    "session/prompt", prompt_params(sid, sent_text, key)
-                )
-                await read[key].wait()  # A's turn ended and it read B's queued prompt
-                blocks = [{"type": "text", "text": recorded_text}]
-                old_id = f"old_{key}"
-                old = {"sessionUpdate": "user_message", "messageId": old_id, "content": blocks}
-                await a.store.insert_user_message(
-                    sid,
-                    message_id=old_id,
-                    update=orjson.dumps(old),
-                    idempotency_key=key,
-                    prompt_digest=hashlib.sha256(
-                        orjson.dumps(blocks, option=orjson.OPT_SORT_KEYS)
-                    ).digest(),
-                )
-                go[key].set()
-                if recorded_text == sent_text:
-                    assert (await request.result())["messageId"] == old_id
-                else:
-                    with pytest.raises(AcpError) as caught:
-                        await request.result()
-                    assert caught.value.code == -32602
-                assert await a.store.count_user_messages(sid, idempotency_key=key) == 1
-            assert await a.store.count_user_messages(sid) == 4  # two busy, two recorded

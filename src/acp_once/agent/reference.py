@@ -33,7 +33,8 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from acp_once.agent.runtime import HeldPolicy, SessionAgent, Turn, new_id
+from acp_once.agent.runtime import HeldPolicy, SessionAgent, Turn
+from acp_once.agent.state import new_id
 
 if TYPE_CHECKING:
     from acp_once.agent.runtime import TurnContext

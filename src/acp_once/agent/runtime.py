@@ -26,23 +26,31 @@ prompt can no longer be withdrawn.
 
 from __future__ import annotations
 
-import collections
-import contextlib
-import hashlib
 import logging
-import os
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal, Self
+from collections.abc import AsyncGenerator, Callable
+from contextlib import asynccontextmanager
+from typing import Any, Literal, Self
 
 import anyio
 import orjson
 from anyio.abc import TaskGroup
 
 from acp_once.agent.connection import AgentSideConnection, CallContext
+from acp_once.agent.coordinator import Coordinator, LocalCoordinator
 from acp_once.agent.interface import Agent
+from acp_once.agent.state import (
+    RECOVER_TIMEOUT,
+    RECOVERY_WINDOW,
+    TURN_MARKER,
+    PendingPrompt,
+    Session,
+    Turn,
+    marker,
+    new_id,
+    unfinished_turns,
+    wire_digest,
+)
 from acp_once.protocol import schema as s
 from acp_once.protocol.errors import (
     AcpError,
@@ -68,20 +76,12 @@ from acp_once.storage.base import (
     SessionStore,
 )
 
-if TYPE_CHECKING:
-    from acp_once.agent.cluster import Coordinator, PostgresCoordinator
-    from acp_once.rpc.connection import RequestContext
-
 __all__ = [
     "INTERRUPTED_MESSAGE",
     "HeldPolicy",
     "SessionAgent",
     "Turn",
     "TurnContext",
-    "legacy_digest",
-    "new_id",
-    "prompt_digest",
-    "same_prompt",
 ]
 
 logger = logging.getLogger("acp_once.agent")
@@ -89,171 +89,14 @@ logger = logging.getLogger("acp_once.agent")
 HeldPolicy = Literal["hold", "steer"]
 
 _STOP_TIMEOUT = 10.0
-# seconds: dealing with a loaded session's interrupted turns, shielded (also a cluster takeover's)
-_RECOVER_TIMEOUT = 60.0
 _LANDED_TIMEOUT = 10.0  # seconds: looking up whether a failed insert was stored, shielded
 _LANDED_WINDOW = 100  # timeline entries searched for an unkeyed message after a failed insert
-_TURN_MARKER = "_acp_once_turn"  # retained, never replayed: did each message's turn finish?
-_RECOVERY_WINDOW = 500  # timeline entries read after a restart to find unfinished turns
 INTERRUPTED_MESSAGE = "The agent restarted before the turn finished"
 """The `error.message` of the idle `stopReason: "error"` reported for interrupted work."""
 _SUPPORTED_BLOCKS = (s.ContentBlockText, s.ContentBlockResourceLink)
 
 
-def prompt_digest(prompt: Sequence[Any]) -> bytes:
-    """The 16-byte BLAKE2s digest of the canonical JSON of a prompt's content blocks (sorted
-    keys, no spaces).
-
-    Stored with the key so that a recorded key sent with a different prompt can be refused
-    (digest D4); the request's `_meta` and the key itself are not part of it. Compare a
-    recorded digest with `same_prompt`: it also knows the SHA-256 digests that stores written
-    by earlier versions hold.
-    """
-    blocks = [
-        b.model_dump(by_alias=True, exclude_unset=True) if hasattr(b, "model_dump") else b
-        for b in prompt
-    ]
-    return _wire_digest(blocks)
-
-
-def _wire_digest(blocks: list[dict[str, Any]]) -> bytes:
-    """`prompt_digest` of content blocks already dumped to their wire form."""
-    # BLAKE2s (CPython's own) costs ~3,200 instructions here, OpenSSL's SHA-256 ~7,900: most of
-    # it is setting up the hash, not hashing a prompt of a few hundred bytes.
-    return hashlib.blake2s(
-        orjson.dumps(blocks, option=orjson.OPT_SORT_KEYS), digest_size=16
-    ).digest()
-
-
-_LEGACY_DIGEST_SIZE = 32  # SHA-256, stored by versions before the BLAKE2s digest
-
-
-def same_prompt(recorded: bytes, digest: bytes, blocks: list[dict[str, Any]]) -> bool:
-    """Whether `recorded`, a digest stored with a key, is that of the prompt whose digest is
-    `digest` and whose wire content blocks are `blocks`. A 32-byte `recorded` is the SHA-256
-    digest that earlier versions stored (its length tells it apart): it is recomputed from
-    `blocks`, so a key recorded before an upgrade still answers its retries."""
-    if recorded == digest:
-        return True
-    return len(recorded) == _LEGACY_DIGEST_SIZE and recorded == legacy_digest(blocks)
-
-
-def legacy_digest(blocks: list[dict[str, Any]]) -> bytes:
-    """The SHA-256 prompt digest that versions before the BLAKE2s one stored with a key, of
-    wire content blocks `blocks` (for comparisons made elsewhere than `same_prompt`, such as
-    in SQL)."""
-    return hashlib.sha256(orjson.dumps(blocks, option=orjson.OPT_SORT_KEYS)).digest()
-
-
-def new_id(prefix: str) -> str:
-    """A fresh id for a session, message or tool call: `prefix`, "_", 32 hex digits.
-
-    128 random bits, like a uuid4's hex, without building a `UUID` object on the hot path.
-    """
-    return f"{prefix}_{os.urandom(16).hex()}"
-
-
-class _SessionLock:
-    """A lock that is taken without a checkpoint when it is free (the common case).
-
-    An anyio semaphore of one, not an `anyio.Lock`: a lock records its owner task, and on
-    CPython 3.11 each `current_task()` it makes for that (one per acquire, one per release)
-    is a Python call and a `getpid` system call. Waiters queue in FIFO order either way.
-    """
-
-    __slots__ = ("_sem",)
-
-    def __init__(self) -> None:
-        self._sem = anyio.Semaphore(1, fast_acquire=True)
-
-    def locked(self) -> bool:
-        return self._sem.value == 0
-
-    async def __aenter__(self) -> None:
-        try:
-            self._sem.acquire_nowait()
-        except anyio.WouldBlock:
-            await self._sem.acquire()
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        self._sem.release()
-
-
-@dataclass(eq=False)
-class _Pending:
-    """A prompt accepted but not inserted yet, with every request waiting for its outcome."""
-
-    session_id: str
-    prompt: list[Any]
-    key: str | None
-    digest: bytes
-    wire: list[dict[str, Any]]  # the content blocks as sent on the wire (dumped once)
-    waiters: list[tuple[str, RequestContext | None]] = field(default_factory=list)
-    state: Literal["held", "inserting", "done"] = "held"
-    message_id: str | None = None
-    error: AcpError | None = None
-    _done: anyio.Event | None = field(default=None, init=False, repr=False)
-
-    @property
-    def done(self) -> anyio.Event:
-        """Set once the outcome is known. Made on first use: a prompt inserted at once is
-        answered without ever waiting on it."""
-        if self._done is None:
-            self._done = anyio.Event()
-            if self.state == "done":
-                self._done.set()
-        return self._done
-
-    def finish(self, *, message_id: str | None = None, error: AcpError | None = None) -> None:
-        if self.state == "done":
-            return
-        self.state = "done"
-        self.message_id = message_id
-        self.error = error
-        if self._done is not None:
-            self._done.set()
-
-
-@dataclass(eq=False)
-class Turn:
-    """One inserted user message for `run_turn` to work on."""
-
-    session_id: str
-    message_id: str
-    prompt: list[Any]
-    live_only: bool
-
-    @property
-    def text(self) -> str:
-        """The prompt's text blocks, joined by newlines."""
-        return "\n".join(b.text for b in self.prompt if isinstance(b, s.ContentBlockText))
-
-
-@dataclass(eq=False)
-class _Session:
-    record: SessionRecord
-    conns: dict[str, AgentSideConnection] = field(default_factory=dict)
-    lock: _SessionLock = field(default_factory=_SessionLock)
-    pending_by_key: dict[str, _Pending] = field(default_factory=dict)
-    held: collections.deque[_Pending] = field(default_factory=collections.deque)
-    turns: collections.deque[Turn] = field(default_factory=collections.deque)
-    live_keys: dict[str, str] = field(default_factory=dict)
-    running: bool = False
-    turn_scope: anyio.CancelScope | None = None
-    worker: bool = False
-    interrupted: bool = False
-    cancel_marks: dict[str, int] = field(default_factory=dict)
-    """Per connection: arrival seq of its latest session/cancel or session/close (D33)."""
-    stopped: anyio.Event | None = None
-    """Set when the running worker ends; made only when someone waits for that."""
-    id: str = field(init=False)
-    """The session id (an attribute: read ~10 times per prompt turn)."""
-
-    def __post_init__(self) -> None:
-        self.id = self.record.session_id
-
-
-class SessionAgent(Agent):
+class SessionAgent(Agent, anyio.AsyncContextManagerMixin):
     """An `Agent` with sessions, held prompts and idempotency keys on a `SessionStore`.
 
     Use as `async with MyAgent(store) as agent: await serve_stdio(agent)`: the agent owns the
@@ -271,10 +114,11 @@ class SessionAgent(Agent):
             to run again from the start (e.g. idempotent tools keyed by message id). Only the
             last 500 timeline entries are searched.
         name, version: what `initialize` reports.
-        coordinator: how sessions are shared with other nodes (`acp_once.agent.cluster`):
-            None or a `LocalCoordinator` keeps them in this process; a `PostgresCoordinator`
-            shares them with every node on the same PostgreSQL store (leases, queued prompts,
-            updates). Subclasses that do not forward it may call `use_coordinator`.
+        coordinator: where held prompts wait and who inserts them
+            (`acp_once.agent.coordinator`): None or a `LocalCoordinator` keeps sessions in
+            this process; `acp_once.cluster.PostgresCoordinator` shares them with every node on
+            the same PostgreSQL store (leases, queued prompts, updates). Subclasses that do not
+            forward it may call `use_coordinator`.
     """
 
     cooperative_cancel = frozenset({"session/prompt"})
@@ -295,79 +139,54 @@ class SessionAgent(Agent):
         version: str = "0.1.0",
         coordinator: Coordinator | None = None,
     ) -> None:
+        self._base_store = store
         self.store = store
         self.policy = policy
         self.compare_prompts = compare_prompts
         self.resume_interrupted = resume_interrupted
         self.info = {"name": name, "version": version}
-        self._sessions: dict[str, _Session] = {}
+        self._sessions: dict[str, Session] = {}
         self._tg: TaskGroup | None = None
         self._new_scope: Callable[[], anyio.CancelScope] = anyio.CancelScope
         self._pool: TaskPool | None = None  # the task group's, looked up once (a weak dict)
-        self._cluster: PostgresCoordinator | None = None
+        self._coordinator: Coordinator = LocalCoordinator()
+        self._host = _Host(self)
         if coordinator is not None:
             self.use_coordinator(coordinator)
 
     def use_coordinator(self, coordinator: Coordinator) -> None:
-        """Share sessions through `coordinator` (before entering the agent); see `__init__`."""
+        """Share sessions through `coordinator` (before entering the agent); see `__init__`.
+
+        Raises:
+            RuntimeError: the agent is entered already.
+        """
         if self._tg is not None:
             raise RuntimeError("use_coordinator must be called before the agent is entered")
-        if coordinator.clustered:
-            from acp_once.agent.cluster import PostgresCoordinator
-
-            if not isinstance(coordinator, PostgresCoordinator):
-                raise TypeError("a clustered coordinator must be a PostgresCoordinator")
-            self._cluster = coordinator
-            self.store = coordinator.wrap_store(self.store)
+        self._coordinator = coordinator
+        self.store = coordinator.wrap_store(self._base_store)
 
     async def ops_status(self) -> dict[str, Any]:
         """What `/ops/status` shows: per node, sessions owned, prompts held, dedup hits."""
-        if self._cluster is not None:
-            return await self._cluster.status()
-        working = [x for x in self._sessions.values() if x.worker]
-        return {
-            "node": self.info["name"],
-            "nodes": [
-                {
-                    "node": "local",
-                    "alive": True,
-                    "sessions_owned": len(working),
-                    "prompts_held": sum(len(x.held) for x in self._sessions.values()),
-                    "dedup_hits": None,  # counted in clustered mode only (hot path)
-                }
-            ],
-        }
+        return await self._coordinator.status()
 
     # -- lifecycle -------------------------------------------------------------------------
 
-    async def __aenter__(self) -> Self:
-        self._tg = anyio.create_task_group()
-        await self._tg.__aenter__()
-        self._new_scope = cancel_scope_factory()
-        self._pool = TaskPool.of(self._tg)
-        if self._cluster is not None:
-            try:
-                await self._cluster.start(self, self._tg)
-            except BaseException as exc:
-                self._tg.cancel_scope.cancel()
-                await self._tg.__aexit__(type(exc), exc, exc.__traceback__)
-                raise
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool | None:
-        assert self._tg is not None
-        self._tg.cancel_scope.cancel()
+    @asynccontextmanager
+    async def __asynccontextmanager__(self) -> AsyncGenerator[Self]:
         try:
             with unwrap_single_exception():
-                return await self._tg.__aexit__(exc_type, exc, tb)
+                async with anyio.create_task_group() as tg:
+                    self._tg = tg
+                    self._new_scope = cancel_scope_factory()
+                    self._pool = TaskPool.of(tg)
+                    await self._coordinator.start(self._host, tg)
+                    try:
+                        yield self
+                    finally:
+                        tg.cancel_scope.cancel()
         finally:
-            if self._cluster is not None:  # after the turns closed their markers
-                await self._cluster.stop()
+            # after the turns closed their markers
+            await self._coordinator.stop()
 
     # -- what subclasses provide -----------------------------------------------------------
 
@@ -419,7 +238,7 @@ class SessionAgent(Agent):
             updated_at=now,
         )
         await self.store.create_session(record)
-        session = _Session(record)
+        session = Session(record)
         self._sessions[record.session_id] = session
         self._attach(session, ctx.connection)
         return s.NewSessionResponse(session_id=record.session_id)
@@ -463,7 +282,7 @@ class SessionAgent(Agent):
                     break
                 for entry in page:
                     update = orjson.loads(entry.update)
-                    if update.get("sessionUpdate") == _TURN_MARKER:
+                    if update.get("sessionUpdate") == TURN_MARKER:
                         continue
                     await conn.client.session_update({"sessionId": session.id, "update": update})
                 after = page[-1].seq
@@ -509,7 +328,7 @@ class SessionAgent(Agent):
             forked_from=source.id,
         )
         await self.store.fork_session(source.id, record)  # copies history, never keys
-        session = _Session(record)
+        session = Session(record)
         self._sessions[record.session_id] = session
         self._attach(session, ctx.connection)
         return s.ForkSessionResponse(session_id=record.session_id)
@@ -531,8 +350,8 @@ class SessionAgent(Agent):
             for pending in list(session.held):
                 pending.waiters = [w for w in pending.waiters if w[0] != connection.id]
                 if not pending.waiters:
-                    if self._cluster is not None and self._cluster.detach(session, pending):
-                        continue  # queued in the cluster: other nodes may still wait on it
+                    if self._coordinator.detach(session, pending):
+                        continue  # the coordinator keeps it: other nodes may still wait on it
                     self._withdraw(session, pending)
             if not session.conns:
                 self._forget_live_keys(session)
@@ -547,10 +366,11 @@ class SessionAgent(Agent):
         session = self._active(params.session_id, ctx.connection)
         key = params.idempotency_key
         wire = [b.model_dump(by_alias=True, exclude_unset=True) for b in params.prompt]
-        # only keyed prompts use their digest (and the cluster, which queues it with the row)
-        digest = _wire_digest(wire) if key is not None or self._cluster is not None else b""
+        # only keyed prompts compare digests; a coordinator that needs an unkeyed one's digest
+        # computes it from the pending prompt
+        digest = wire_digest(wire) if key is not None else None
         conn_id = ctx.connection.id
-        pending: _Pending | None = None
+        pending: PendingPrompt | None = None
         async with session.lock:
             hold = self._would_hold(session)
             if key is not None:
@@ -564,7 +384,7 @@ class SessionAgent(Agent):
                     # once needs no lookup: the store's insert answers for a recorded key.
                     found = await self.store.find_key(session.id, key)
                     if found is not None:
-                        self._check_digest(found.prompt_digest, digest, wire)
+                        self._check_digest(found.prompt_digest, digest)
                         return s.PromptResponse(message_id=found.message_id)
                     pending = session.pending_by_key.get(key)  # the lookup awaited
                     hold = self._would_hold(session)
@@ -572,19 +392,14 @@ class SessionAgent(Agent):
             # ran while this waited for the lock or the lookup is seen here (D33)
             self._check_cancel_mark(session.id, ctx)
             if pending is not None:
-                self._check_digest(pending.digest, digest, wire)
+                self._check_digest(pending.digest, digest)
                 pending.waiters.append((conn_id, ctx.request))
             else:
-                pending = _Pending(session.id, list(params.prompt), key, digest, wire)
+                pending = PendingPrompt(session.id, list(params.prompt), key, wire, _digest=digest)
                 pending.waiters.append((conn_id, ctx.request))
                 if key is not None:
                     session.pending_by_key[key] = pending
-                if self._cluster is not None:
-                    await self._cluster.admit(self, session, pending)
-                elif hold:
-                    session.held.append(pending)
-                else:
-                    await self._insert(session, pending)
+                await self._coordinator.admit(session, pending, hold=hold)
         # No timeout here: a held prompt may wait as long as the turn before it runs. The wait
         # ends with insertion, a withdrawal ($/cancel_request, session/cancel, session/close),
         # or the end of the connection, which cancels this handler. Inserted at once (the
@@ -600,7 +415,7 @@ class SessionAgent(Agent):
         assert pending.message_id is not None
         return s.PromptResponse(message_id=pending.message_id)
 
-    def _would_hold(self, session: _Session) -> bool:
+    def _would_hold(self, session: Session) -> bool:
         """A prompt arriving now is held: a turn runs (hold policy), or others wait already."""
         return (session.running and self.policy == "hold") or bool(session.held)
 
@@ -613,45 +428,39 @@ class SessionAgent(Agent):
             # a session/cancel or session/close that arrived after this prompt covers it
             raise RequestCancelled("The prompt was cancelled before insertion")
 
-    def _reuses_key(
-        self, recorded: bytes | None, digest: bytes, blocks: list[dict[str, Any]]
-    ) -> bool:
-        """Whether a prompt (its `digest` and wire `blocks`) must be refused because its key
-        is recorded (or queued) with the digest `recorded` of another prompt (R23, when
+    def _reuses_key(self, recorded: bytes | None, digest: bytes | None) -> bool:
+        """Whether a prompt whose digest is `digest` must be refused because its key is
+        recorded (or queued) with the digest `recorded` of another prompt (R23, when
         `compare_prompts` is on; None: no digest to compare)."""
         return (
             self.compare_prompts
             and recorded is not None
-            and not same_prompt(recorded, digest, blocks)
+            and digest is not None
+            and recorded != digest
         )
 
-    def _check_digest(
-        self, recorded: bytes | None, digest: bytes, blocks: list[dict[str, Any]]
-    ) -> None:
-        if self._reuses_key(recorded, digest, blocks):
+    def _check_digest(self, recorded: bytes | None, digest: bytes | None) -> None:
+        if self._reuses_key(recorded, digest):
             raise key_reused()
 
-    def _on_cancel_request(self, session: _Session, pending: _Pending) -> None:
+    def _on_cancel_request(self, session: Session, pending: PendingPrompt) -> None:
         # R25/R26: a cancel for any request of the key withdraws an un-inserted prompt and
         # answers every request for it with -32800; once inserting, insertion wins (R27).
         if pending.state == "held":
             self._withdraw(session, pending)
 
     def _withdraw(
-        self, session: _Session, pending: _Pending, error: AcpError | None = None
+        self, session: Session, pending: PendingPrompt, error: AcpError | None = None
     ) -> None:
         if pending.state != "held":
             return
-        if self._cluster is not None and self._cluster.withdraw(session, pending, error):
-            return  # queued in the cluster: withdrawn there, answered with its outcome
-        with contextlib.suppress(ValueError):
-            session.held.remove(pending)
+        if self._coordinator.withdraw(session, pending, error):
+            return  # the coordinator keeps it elsewhere: withdrawn there, answered with its outcome
+        session.settle(
+            pending, error=error or RequestCancelled("The prompt was withdrawn before insertion")
+        )
 
-        if pending.key is not None and session.pending_by_key.get(pending.key) is pending:
-            del session.pending_by_key[pending.key]
-        pending.finish(error=error or RequestCancelled("The prompt was withdrawn before insertion"))
-
-    async def _insert(self, session: _Session, pending: _Pending) -> None:
+    async def _insert(self, session: Session, pending: PendingPrompt) -> None:
         """Insert under the session lock: the store commit is the point of no return."""
         pending.state = "inserting"
         message_id = new_id("msg_user")
@@ -667,12 +476,12 @@ class SessionAgent(Agent):
                     session.live_keys[pending.key] = message_id
                 inserted = True
             else:
-                outcome = await self.store.insert_user_message(
+                outcome = await self._coordinator.insert_message(
+                    self.store,
                     session.id,
+                    pending,
                     message_id=message_id,
                     update=orjson.dumps(update),
-                    idempotency_key=pending.key,
-                    prompt_digest=pending.digest if pending.key is not None else None,
                 )
                 inserted = outcome.inserted
                 message_id = outcome.message_id
@@ -698,7 +507,7 @@ class SessionAgent(Agent):
         if not inserted:
             # The key was recorded already (by an earlier attempt, or another process): answer
             # as a retry, or refuse a different prompt; nothing new was inserted (R19, R23).
-            if self._reuses_key(outcome.prompt_digest, pending.digest, pending.wire):
+            if self._reuses_key(outcome.prompt_digest, pending.digest):
                 pending.finish(error=key_reused())
             else:
                 pending.finish(message_id=message_id)
@@ -720,7 +529,7 @@ class SessionAgent(Agent):
             self._ensure_worker(session)
 
     async def _find_after_failure(
-        self, session: _Session, pending: _Pending, message_id: str
+        self, session: Session, pending: PendingPrompt, message_id: str
     ) -> KeyRecord | None:
         """After an insert that raised: where the store has the message after all, its key's
         record (or, unkeyed, `message_id` itself); None if it is not stored or the lookup
@@ -757,7 +566,7 @@ class SessionAgent(Agent):
 
     # -- turns -------------------------------------------------------------------------------
 
-    def _ensure_worker(self, session: _Session) -> None:
+    def _ensure_worker(self, session: Session) -> None:
         if session.worker:
             return
         session.worker = True
@@ -766,20 +575,16 @@ class SessionAgent(Agent):
         # a parked task of the group runs it when one waits: cheaper than a new task per turn
         self._pool.start_soon(self._worker, session)
 
-    async def _worker(self, session: _Session) -> None:
+    async def _worker(self, session: Session) -> None:
         context = TurnContext(self, session)
+        coordinator = self._coordinator
         try:
             while True:
                 if not session.turns:
-                    if not session.held and not session.lock.locked() and self._cluster is None:
+                    if coordinator.may_stop(session):
                         break  # nothing to insert and nobody inserting: no lock needed
                     async with session.lock:
-                        if self._cluster is not None:
-                            if await self._cluster.insert_next(self, session):
-                                continue
-                            break
-                        if session.held:
-                            await self._insert(session, session.held.popleft())
+                        if await coordinator.insert_next(session):
                             continue
                         break
                 turn = session.turns.popleft()
@@ -800,7 +605,7 @@ class SessionAgent(Agent):
                 session.stopped = None
 
     async def _run_one(
-        self, session: _Session, turn: Turn, context: TurnContext, scope: anyio.CancelScope
+        self, session: Session, turn: Turn, context: TurnContext, scope: anyio.CancelScope
     ) -> dict[str, Any]:
         """Run one turn; return the idle update that ends it.
 
@@ -838,9 +643,9 @@ class SessionAgent(Agent):
                     )
         return idle
 
-    async def _mark_turn(self, session: _Session, state: str, message_id: str) -> None:
+    async def _mark_turn(self, session: Session, state: str, message_id: str) -> None:
         try:
-            await self.store.append_update(session.id, _marker(state, message_id))
+            await self.store.append_update(session.id, marker(state, message_id))
         except (FencingError, SessionMissing):  # taken over by another node, or deleted
             logger.warning(
                 "session %s: turn of %s not marked (lease lost or session deleted)",
@@ -849,22 +654,21 @@ class SessionAgent(Agent):
             )
 
     async def _append_final(
-        self, session: _Session, update: bytes, message_id: str | None, turn: Turn
+        self, session: Session, update: bytes, message_id: str | None, turn: Turn
     ) -> None:
         """Store a turn's last retained update and its closing marker in one write when the
         store can (`AppendsUpdates`: one SQLite transaction instead of two); otherwise one
         after the other, with the marker's failures handled as `_mark_turn` does."""
         append_updates = getattr(self.store, "append_updates", None)
         if append_updates is not None:
-            marker = _marker("idle", turn.message_id)
-            await append_updates(session.id, [(update, message_id), (marker, None)])
+            closing = marker("idle", turn.message_id)
+            await append_updates(session.id, [(update, message_id), (closing, None)])
         else:
             await self.store.append_update(session.id, update, message_id=message_id)
             await self._mark_turn(session, "idle", turn.message_id)
 
-    async def _cancel_work(self, session: _Session) -> None:
-        if self._cluster is not None:
-            await self._cluster.cancel_session(self, session)
+    async def _cancel_work(self, session: Session) -> None:
+        await self._coordinator.cancel_session(session)
         # prompts received before the cancel and not inserted: -32800 (R28)
         for pending in list(session.held):
             self._withdraw(session, pending)
@@ -880,7 +684,7 @@ class SessionAgent(Agent):
         if dropped:
             # their work will never run: close their markers, even if this request is cut
             # (an unmarked turn counts as interrupted: a restart would run it again)
-            with anyio.move_on_after(_RECOVER_TIMEOUT, shield=True):
+            with anyio.move_on_after(RECOVER_TIMEOUT, shield=True):
                 for turn in dropped:
                     await self._mark_turn(session, "idle", turn.message_id)
         if session.worker:
@@ -893,69 +697,57 @@ class SessionAgent(Agent):
 
     # -- helpers -----------------------------------------------------------------------------
 
-    def _attach(self, session: _Session, conn: AgentSideConnection) -> None:
+    def _attach(self, session: Session, conn: AgentSideConnection) -> None:
         session.conns[conn.id] = conn
 
-    def _active(self, session_id: str, conn: AgentSideConnection) -> _Session:
+    def _active(self, session_id: str, conn: AgentSideConnection) -> Session:
         session = self._sessions.get(session_id)
         if session is None or conn.id not in session.conns:
             raise SessionNotFound(session_id)
         return session
 
-    async def _load(self, session_id: str) -> _Session:
+    async def _load(self, session_id: str) -> Session:
         session = self._sessions.get(session_id)
         if session is not None:
             return session
         record = await self.store.get_session(session_id)
         if record is None:
             raise SessionNotFound(session_id)
-        tail = await self.store.read_timeline_tail(session_id, limit=_RECOVERY_WINDOW)
+        tail = await self.store.read_timeline_tail(session_id, limit=RECOVERY_WINDOW)
         loaded = self._sessions.get(session_id)
         if loaded is not None:  # another request loaded it meanwhile
             return loaded
-        session = self._sessions[session_id] = _Session(record)
-        unfinished = _unfinished_turns(session_id, tail)
+        session = self._sessions[session_id] = Session(record)
+        unfinished = unfinished_turns(session_id, tail)
         if unfinished:
             # Shielded (bounded): the session is registered now, so this is the one chance to
             # deal with its interrupted turns; a request cancelled half-way (its connection
             # closed) must not leave them neither run nor reported until the next restart.
-            with anyio.move_on_after(_RECOVER_TIMEOUT, shield=True) as scope:
-                await self._recover_loaded(session, unfinished)
+            with anyio.move_on_after(RECOVER_TIMEOUT, shield=True) as scope:
+                await self._coordinator.recover(session, unfinished)
             if scope.cancelled_caught:
                 logger.warning("session %s: recovering interrupted turns timed out", session_id)
         return session
 
-    async def _recover_loaded(self, session: _Session, unfinished: list[Turn]) -> None:
-        """Run again or report the turns an earlier process left unfinished (see `_load`)."""
-        session_id = session.id
-        if self._cluster is not None:
-            # another node may be running them right now: recover only under the lease
-            if not await self._cluster.claim(self, session_id):
-                unfinished = []
-            elif not self.resume_interrupted:
-                session.interrupted = True
-                for turn in unfinished:
-                    await self._mark_turn(session, "idle", turn.message_id)
-                unfinished = []
-                await self._cluster.settle(self, session)
-        if unfinished:
-            # This process never ran these turns: an earlier one died first.
-            if self.resume_interrupted:
-                session.turns.extend(unfinished)
-                self._ensure_worker(session)
-            else:
-                session.interrupted = True
-                for turn in unfinished:
-                    await self._mark_turn(session, "idle", turn.message_id)
+    async def _handle_unfinished(self, session: Session, unfinished: list[Turn]) -> None:
+        """Run again (`resume_interrupted`) or report as interrupted the turns an earlier
+        process (or a node whose lease expired) left unfinished."""
+        if not unfinished:
+            return
+        if self.resume_interrupted:
+            session.turns.extend(unfinished)
+            self._ensure_worker(session)
+        else:
+            session.interrupted = True
+            for turn in unfinished:
+                await self._mark_turn(session, "idle", turn.message_id)
 
-    def _forget_live_keys(self, session: _Session) -> None:
+    def _forget_live_keys(self, session: Session) -> None:
         if not session.conns:
             session.live_keys.clear()  # R36: live-only keys last while the session is active
 
-    def _state(self, session: _Session) -> dict[str, Any]:
-        if session.running or (
-            self._cluster is not None and self._cluster.running_elsewhere(session.id)
-        ):
+    def _state(self, session: Session) -> dict[str, Any]:
+        if session.running or self._coordinator.running_elsewhere(session.id):
             return {"sessionUpdate": "state_update", "state": "running"}
         if session.interrupted:
             return {
@@ -966,9 +758,8 @@ class SessionAgent(Agent):
             }
         return {"sessionUpdate": "state_update", "state": "idle"}
 
-    async def _broadcast(self, session: _Session, update: dict[str, Any]) -> None:
-        if self._cluster is not None:
-            self._cluster.publish(session.id, update)
+    async def _broadcast(self, session: Session, update: dict[str, Any]) -> None:
+        self._coordinator.publish(session.id, update)
         if not session.conns:
             return
         # encoded once, whatever the number of connections
@@ -986,7 +777,7 @@ class TurnContext:
     """What a turn uses to report and to ask: live updates go to every connection the session
     is active on, and are retained in the store when they are part of the conversation."""
 
-    def __init__(self, agent: SessionAgent, session: _Session) -> None:
+    def __init__(self, agent: SessionAgent, session: Session) -> None:
         self._agent = agent
         self._session = session
         self._turn: Turn | None = None  # the turn being run
@@ -1036,29 +827,58 @@ class TurnContext:
         return s.RequestPermissionResponse.model_validate({"outcome": {"outcome": "cancelled"}})
 
 
-def _unfinished_turns(session_id: str, tail: Sequence[Any]) -> list[Turn]:
-    """The retained user messages in `tail` whose turn never got its closing marker."""
-    finished: set[str] = set()
-    messages: list[tuple[str, list[Any]]] = []
-    for entry in tail:
-        update = orjson.loads(entry.update)
-        kind = update.get("sessionUpdate")
-        if kind == _TURN_MARKER and update.get("state") == "idle":
-            finished.add(str(update.get("messageId")))
-        elif kind == "user_message" and entry.message_id is not None:
-            messages.append((entry.message_id, update.get("content") or []))
-    turns: list[Turn] = []
-    for message_id, content in messages:
-        if message_id in finished:
-            continue
-        prompt = s.PromptRequest.model_validate({"sessionId": session_id, "prompt": content}).prompt
-        turns.append(Turn(session_id, message_id, list(prompt), live_only=False))
-    return turns
-
-
-def _marker(state: str, message_id: str) -> bytes:
-    return orjson.dumps({"sessionUpdate": _TURN_MARKER, "state": state, "messageId": message_id})
-
-
 def _iso(ts: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
+
+
+class _Host:
+    """The `SessionHost` a coordinator sees: the runtime's operations, nothing more."""
+
+    __slots__ = ("_agent",)
+
+    def __init__(self, agent: SessionAgent) -> None:
+        self._agent = agent
+
+    @property
+    def store(self) -> SessionStore:
+        return self._agent.store
+
+    @property
+    def policy(self) -> str:
+        return self._agent.policy
+
+    @property
+    def compare_prompts(self) -> bool:
+        return self._agent.compare_prompts
+
+    @property
+    def name(self) -> str:
+        return self._agent.info["name"]
+
+    def session(self, session_id: str) -> Session | None:
+        return self._agent._sessions.get(session_id)
+
+    def sessions(self) -> list[Session]:
+        return list(self._agent._sessions.values())
+
+    async def insert(self, session: Session, pending: PendingPrompt) -> None:
+        await self._agent._insert(session, pending)
+
+    def start_worker(self, session: Session) -> None:
+        self._agent._ensure_worker(session)
+
+    async def handle_unfinished(self, session: Session, unfinished: list[Turn]) -> None:
+        await self._agent._handle_unfinished(session, unfinished)
+
+    async def find_unfinished(self, session: Session) -> list[Turn]:
+        tail = await self._agent.store.read_timeline_tail(session.id, limit=RECOVERY_WINDOW)
+        return unfinished_turns(session.id, tail)
+
+    async def cancel_work(self, session: Session) -> None:
+        await self._agent._cancel_work(session)
+
+    def reuses_key(self, recorded: bytes | None, pending: PendingPrompt) -> bool:
+        return self._agent._reuses_key(recorded, pending.digest)
+
+    def is_live_only(self, prompt: list[Any]) -> bool:
+        return self._agent._is_live_only(prompt)

@@ -145,7 +145,7 @@ def clustered(
     from acp_once.storage.postgres import PostgresStore
 
     if isinstance(store, PostgresStore):
-        from acp_once.agent.cluster import PostgresCoordinator
+        from acp_once.cluster import PostgresCoordinator
 
         coordinator = PostgresCoordinator(store, node_id=node_id, lease_ttl=lease_ttl)
         agent.use_coordinator(coordinator)
@@ -211,7 +211,7 @@ async def serve_reference(
 
     On a PostgreSQL store the agent is a cluster node (`node_id`, default the host name;
     `lease_ttl` seconds before a dead node's sessions are taken over): any number of
-    processes may serve the same store behind a load balancer (`acp_once.agent.cluster`).
+    processes may serve the same store behind a load balancer (`acp_once.cluster`).
     """
     from acp_once.agent.reference import ReferenceAgent
     from acp_once.storage import open_store

@@ -1,7 +1,7 @@
 """The PostgreSQL side of several agent nodes sharing one store: leases, the prompt queue, events.
 
-Storage-level only (records and SQL; the agent-side coordinator is
-`acp_once.agent.cluster.PostgresCoordinator`). The tables come from migration 2 of
+Records and SQL only (the coordinator that runs them is
+`acp_once.cluster.PostgresCoordinator`). The tables come from migration 2 of
 `acp_once.storage.postgres`:
 
 * `session_leases (session_id, owner, node_id, epoch, expires_at)`: who does a session's

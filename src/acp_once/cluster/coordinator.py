@@ -1,13 +1,12 @@
 """Several `SessionAgent` nodes on one PostgreSQL store: leases, cross-node prompts, updates.
 
-`SessionAgent(store, coordinator=...)` takes a `Coordinator`. `LocalCoordinator` (the default,
-and what `coordinator=None` means) changes nothing: one process owns its sessions, prompts are
-held in memory, nothing extra is awaited. `PostgresCoordinator` lets any number of nodes serve
-the same sessions behind any load balancer:
+`SessionAgent(store, coordinator=...)` takes a `Coordinator` (`acp_once.agent.coordinator`).
+`PostgresCoordinator` lets any number of nodes serve the same sessions behind any load
+balancer:
 
 * **Leases with fencing.** A session's foreground work (inserting user messages, running
   turns) happens on the node holding its lease (`session_leases`, see
-  `acp_once.storage.pg_cluster`). A node takes the lease when it needs to insert for a session
+  `acp_once.cluster.sql`). A node takes the lease when it needs to insert for a session
   whose lease is free or expired, renews it every `lease_ttl / 3` seconds while it works, and
   releases it when the session is idle with nothing queued. Every write under the lease
   (`insert_user_message`, `append_update`) carries the fencing token `(instance, epoch)` and
@@ -56,18 +55,19 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import contextvars
 import dataclasses
 import logging
 import math
 import socket
 import uuid
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import orjson
 
-from acp_once.protocol import schema as s
+from acp_once.agent.state import RECOVER_TIMEOUT, PendingPrompt, Session, Turn
+from acp_once.cluster.fenced import FencedStore
+from acp_once.cluster.sql import Attached, Owned, PgCluster, Queued, QueuedPrompt, RowOutcome
 from acp_once.protocol.errors import (
     AcpError,
     InternalError,
@@ -75,66 +75,32 @@ from acp_once.protocol.errors import (
     RequestCancelled,
     key_reused,
 )
+from acp_once.rpc.errors import ConnectionClosed
 from acp_once.storage.base import (
-    UNCHANGED,
     FencingError,
     InsertOutcome,
-    KeyRecord,
-    SessionRecord,
+    SessionStore,
     StorageError,
-    TimelineEntry,
-    Unchanged,
-)
-from acp_once.storage.pg_cluster import (
-    Attached,
-    Owned,
-    PgCluster,
-    Queued,
-    QueuedPrompt,
-    RowOutcome,
 )
 from acp_once.storage.postgres import Fence, PostgresStore, QueueRowGone
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Sequence
+    from collections.abc import Awaitable, Callable
 
     from anyio.abc import TaskGroup, TaskStatus
 
-    from acp_once.agent.runtime import SessionAgent, _Pending, _Session
+    from acp_once.agent.coordinator import SessionHost
 
-__all__ = ["Coordinator", "LocalCoordinator", "PostgresCoordinator", "default_node_id"]
+__all__ = ["PostgresCoordinator", "default_node_id"]
 
 logger = logging.getLogger("acp_once.cluster")
 
-# the queued prompt being inserted: its row and, keyed, its legacy (SHA-256) digest
-_QUEUE_ROW: contextvars.ContextVar[tuple[int, bytes | None] | None] = contextvars.ContextVar(
-    "acp_once_queue_row", default=None
-)
 _STOP_TIMEOUT = 5.0
-_DELIVERY_BUFFER = 10_000
 
 
 def default_node_id() -> str:
     """The host name: a sensible `--node-id` when one node runs per machine."""
     return socket.gethostname() or "node"
-
-
-@runtime_checkable
-class Coordinator(Protocol):
-    """How a `SessionAgent` shares its sessions with other nodes.
-
-    `clustered` False (`LocalCoordinator`): the agent works alone and never calls the
-    coordinator. True: the agent routes admission, insertion of held prompts, withdrawals,
-    cancellation and updates through it (see `PostgresCoordinator`).
-    """
-
-    clustered: bool
-
-
-class LocalCoordinator:
-    """One node alone: sessions, held prompts and updates stay in this process."""
-
-    clustered = False
 
 
 class PostgresCoordinator:
@@ -150,8 +116,6 @@ class PostgresCoordinator:
         poll_interval: seconds between polls of the queued prompts this node waits on (a
             safety net behind NOTIFY).
     """
-
-    clustered = True
 
     def __init__(
         self,
@@ -175,14 +139,14 @@ class PostgresCoordinator:
         self.poll_interval = poll_interval
         self.leases: dict[str, int] = {}
         """The sessions whose lease this node holds, with its epoch (the fencing token)."""
-        self._waiting: dict[int, tuple[_Session, _Pending]] = {}
-        self._rows: dict[_Pending, int] = {}
+        self._waiting: dict[int, tuple[Session, PendingPrompt]] = {}
+        self._rows: dict[PendingPrompt, int] = {}
         self.gone: set[int] = set()
         """Queued rows found withdrawn by this node's insert (`QueueRowGone`), until seen."""
         self._remote_state: dict[str, str] = {}
         self._publish: collections.deque[tuple[str, dict[str, Any]]] = collections.deque()
         self._publish_ready = anyio.Event()
-        self._agent: SessionAgent | None = None
+        self._host: SessionHost | None = None
         self._tg: TaskGroup | None = None
         self.listening = anyio.Event()
         """Set once this node LISTENs (updates and outcomes from other nodes reach it)."""
@@ -193,13 +157,14 @@ class PostgresCoordinator:
 
     # -- lifecycle ----------------------------------------------------------------------
 
-    def wrap_store(self, store: Any) -> FencedStore:
-        """The store the agent uses: every write under a lease carries its fencing token."""
+    def wrap_store(self, store: SessionStore) -> FencedStore:
+        """The store the agent uses: every write under a lease carries its fencing token
+        (`store` is ignored: the view is always over this coordinator's `PostgresStore`)."""
         return FencedStore(self)
 
-    async def start(self, agent: SessionAgent, tg: TaskGroup) -> None:
+    async def start(self, host: SessionHost, tg: TaskGroup) -> None:
         """Register this node and start its background tasks in the agent's task group."""
-        self._agent = agent
+        self._host = host
         self._tg = tg
         await self.pg.heartbeat(self.stats())
         await tg.start(self._listen)
@@ -253,28 +218,33 @@ class PostgresCoordinator:
         self._publish.append((session_id, update))
         self._publish_ready.set()
 
-    async def admit(self, agent: SessionAgent, session: _Session, pending: _Pending) -> None:
+    @property
+    def _h(self) -> SessionHost:
+        host = self._host
+        assert host is not None, "the coordinator is used before its agent was entered"
+        return host
+
+    async def admit(self, session: Session, pending: PendingPrompt, *, hold: bool) -> None:
         """Insert a new prompt now, or queue it, or wait on the queued prompt with its key.
 
-        Called under the session's lock with `pending` registered under its key. A database
+        Called under the session's lock with `pending` registered under its key. Whether it
+        waits is decided across nodes (the lease, the shared queue), not by `hold`. A database
         failure answers it -32603 (nothing was queued or inserted: the key stays unused).
         """
         try:
-            await self._admit(agent, session, pending)
+            await self._admit(session, pending)
         except StorageError:
             logger.exception("session %s: admitting a prompt failed", session.id)
             if pending.state == "held" and pending not in self._rows:
-                self._finish(
-                    session, pending, error=InternalError("The message could not be stored")
-                )
+                session.settle(pending, error=InternalError("The message could not be stored"))
 
-    async def _admit(self, agent: SessionAgent, session: _Session, pending: _Pending) -> None:
+    async def _admit(self, session: Session, pending: PendingPrompt) -> None:
         sid = session.id
         backlog = False
         for _ in range(3):  # a lease lost between two steps: decide again
             epoch = self.leases.get(sid)
             if epoch is not None:
-                if backlog or (session.worker and agent.policy == "hold"):
+                if backlog or (session.worker and self._h.policy == "hold"):
                     try:
                         admission = await self.pg.admit(
                             sid, pending.key, pending.digest, _content(pending), epoch=epoch
@@ -283,18 +253,16 @@ class PostgresCoordinator:
                         self._lost(sid)
                         continue
                     assert not isinstance(admission, Owned)  # we own it already
-                    self._await_row(agent, session, pending, admission)
-                    await self._settle(agent, session)
+                    self._await_row(session, pending, admission)
+                    await self._settle(session)
                     return
-                await agent._insert(session, pending)
-                await self._settle(agent, session)
+                await self._h.insert(session, pending)
+                await self._settle(session)
                 return
             if pending.key is not None:
-                found = await agent.store.find_key(sid, pending.key)
+                found = await self._h.store.find_key(sid, pending.key)
                 if found is not None:
-                    self._finish_recorded(
-                        agent, session, pending, found.message_id, found.prompt_digest
-                    )
+                    self._finish_recorded(session, pending, found.message_id, found.prompt_digest)
                     return
             admission = await self.pg.admit(
                 sid, pending.key, pending.digest, _content(pending), epoch=None
@@ -303,23 +271,23 @@ class PostgresCoordinator:
                 self._took(sid, admission.epoch)
                 try:
                     if admission.took_over:
-                        await self._recover(agent, session)
+                        await self._recover(session)
                 except BaseException:
                     # this request was cancelled (its connection closed) or failed: the lease
                     # we took is worked all the same (queued prompts inserted, then released)
-                    await self._settle(agent, session)
+                    await self._settle(session)
                     raise
                 if admission.backlog:
                     backlog = True
                     continue  # queue behind the prompts that wait already (we own it now)
-                await agent._insert(session, pending)
-                await self._settle(agent, session)
+                await self._h.insert(session, pending)
+                await self._settle(session)
                 return
-            self._await_row(agent, session, pending, admission)
+            self._await_row(session, pending, admission)
             return
-        self._finish(session, pending, error=InternalError("The message could not be stored"))
+        session.settle(pending, error=InternalError("The message could not be stored"))
 
-    async def insert_next(self, agent: SessionAgent, session: _Session) -> bool:
+    async def insert_next(self, session: Session) -> bool:
         """The worker's next step once its turns are done: insert the oldest queued prompt
         (True), or release the lease when nothing is queued (False: the worker stops)."""
         sid = session.id
@@ -335,7 +303,7 @@ class PostgresCoordinator:
                         logger.info("lease.released session=%s node=%s", sid, self.node_id)
                         return False
                     continue
-                await self._insert_queued(agent, session, queued)
+                await self._insert_queued(session, queued)
                 return True
         except StorageError:
             # Stop working on the session and stop renewing its lease: it expires, and the
@@ -344,7 +312,7 @@ class PostgresCoordinator:
             self._lost(sid)
             return False
 
-    def withdraw(self, session: _Session, pending: _Pending, error: AcpError | None) -> bool:
+    def withdraw(self, session: Session, pending: PendingPrompt, error: AcpError | None) -> bool:
         """Withdraw a prompt waiting on a queued row ($/cancel_request): False when the prompt
         is not queued (the runtime withdraws it itself). Insertion wins a race (R27)."""
         row = self._rows.get(pending)
@@ -353,18 +321,18 @@ class PostgresCoordinator:
         self._spawn(self._withdraw_row, row, error)
         return True
 
-    def detach(self, session: _Session, pending: _Pending) -> bool:
+    def detach(self, session: Session, pending: PendingPrompt) -> bool:
         """The last local request waiting on a queued prompt went away with its connection
         (D11): this node stops waiting; the prompt is dropped when no node waits any more."""
         row = self._rows.pop(pending, None)
         if row is None:
             return False
         self._waiting.pop(row, None)
-        self._finish(session, pending, error=RequestCancelled("The connection closed"))
+        session.settle(pending, error=RequestCancelled("The connection closed"))
         self._spawn(self.pg.detach, row)
         return True
 
-    async def cancel_session(self, agent: SessionAgent, session: _Session) -> None:
+    async def cancel_session(self, session: Session) -> None:
         """session/cancel or close on this node: withdraw the session's queued prompts on every
         node and cancel the owner's turn."""
         try:
@@ -375,9 +343,76 @@ class PostgresCoordinator:
         for row in rows:
             self._outcome(RowOutcome(row, "withdrawn", None, None))
 
-    async def claim(self, agent: SessionAgent, session_id: str) -> bool:
-        """Take a free lease to recover a session's interrupted turns; False when another
-        node is working on the session."""
+    async def insert_message(
+        self,
+        store: SessionStore,
+        session_id: str,
+        pending: PendingPrompt,
+        *,
+        message_id: str,
+        update: bytes,
+    ) -> InsertOutcome:
+        """Insert under the session's lease (fenced). A prompt taken from the shared queue
+        (`pending.queue_row`) settles its row in the same statement; `QueueRowGone` when it
+        was withdrawn meanwhile."""
+        return await self.insert_fenced(
+            session_id,
+            message_id=message_id,
+            update=update,
+            idempotency_key=pending.key,
+            prompt_digest=pending.digest if pending.key is not None else None,
+            row=pending.queue_row,
+        )
+
+    async def insert_fenced(
+        self,
+        session_id: str,
+        *,
+        message_id: str,
+        update: bytes,
+        idempotency_key: str | None,
+        prompt_digest: bytes | None,
+        row: int | None,
+    ) -> InsertOutcome:
+        """`PostgresStore.insert_user_message` under this node's fence for the session
+        (`FencingError` without the lease); with `row`, it also settles that queued row."""
+        fence = self.fence(session_id)
+        if row is not None:  # it must still be queued; the insert settles it (one statement)
+            fence = dataclasses.replace(fence, row=row, channel=self.pg.channel)
+        try:
+            outcome = await self.base_store.insert_user_message(
+                session_id,
+                message_id=message_id,
+                update=update,
+                idempotency_key=idempotency_key,
+                prompt_digest=prompt_digest,
+                fence=fence,
+            )
+        except QueueRowGone as exc:
+            self.gone.add(exc.row)  # withdrawn meanwhile: its waiters have their answer
+            raise
+        if outcome.inserted:
+            self.counters["inserted"] += 1
+            logger.info("message.inserted session=%s message=%s", session_id, message_id)
+        else:
+            self.counters["dedup_hits"] += 1
+            logger.info("message.recorded session=%s message=%s", session_id, outcome.message_id)
+        return outcome
+
+    def may_stop(self, session: Session) -> bool:
+        """Never without the lock: the worker's last step releases the lease (`insert_next`)."""
+        return False
+
+    async def recover(self, session: Session, unfinished: list[Turn]) -> None:
+        """A session loaded with unfinished turns: deal with them only under its lease (another
+        node may be running them right now), then drain the queue and release the lease."""
+        if not await self._claim(session.id):
+            return
+        await self._h.handle_unfinished(session, unfinished)
+        await self._settle(session)
+
+    async def _claim(self, session_id: str) -> bool:
+        """Take a free lease; False when another node is working on the session."""
         if session_id in self.leases:
             return True
         owned = await self.pg.take(session_id)
@@ -385,10 +420,6 @@ class PostgresCoordinator:
             return False
         self._took(session_id, owned.epoch)
         return True
-
-    async def settle(self, agent: SessionAgent, session: _Session) -> None:
-        """After a recovery: drain the queue and release the lease (through the worker)."""
-        await self._settle(agent, session)
 
     # -- internals ----------------------------------------------------------------------
 
@@ -401,41 +432,33 @@ class PostgresCoordinator:
             return
         self.counters["leases_lost"] += 1
         logger.warning("lease.lost session=%s node=%s", sid, self.node_id)
-        agent = self._agent
-        session = agent._sessions.get(sid) if agent is not None else None
+        session = self._host.session(sid) if self._host is not None else None
         if session is not None:
             # its turns can no longer write; the next owner reports them interrupted
-            session.turns.clear()
-            if session.turn_scope is not None:
-                session.turn_scope.cancel()
+            session.stop_turns()
 
-    async def _recover(self, agent: SessionAgent, session: _Session) -> None:
+    async def _recover(self, session: Session) -> None:
         """After taking over a dead owner's lease: its unfinished turns are run again
         (`resume_interrupted`) or reported interrupted, as after a restart of one node.
 
-        Shielded, bounded by `_RECOVER_TIMEOUT`: a takeover can happen in a prompt's request,
-        and a request cancelled half-way (its connection closed) would leave the dead owner's
-        turns neither run nor reported while we hold the lease, which nobody else then takes.
+        Shielded, bounded by `RECOVER_TIMEOUT` (the bound of recovering a session loaded after
+        a restart: the same work): a takeover can happen in a prompt's request, and a request
+        cancelled half-way (its connection closed) would leave the dead owner's turns neither
+        run nor reported while we hold the lease, which nobody else then takes.
         """
-        # the same bound as recovering a session loaded after a restart: the same work
-        from acp_once.agent.runtime import _RECOVER_TIMEOUT
-
         self.counters["leases_taken_over"] += 1
-        with anyio.move_on_after(_RECOVER_TIMEOUT, shield=True) as scope:
-            await self._recover_now(agent, session)
+        with anyio.move_on_after(RECOVER_TIMEOUT, shield=True) as scope:
+            await self._recover_now(session)
         if scope.cancelled_caught:
             logger.warning(
                 "lease.recovery session=%s node=%s: over %.0f s, stopped",
                 session.id,
                 self.node_id,
-                _RECOVER_TIMEOUT,
+                RECOVER_TIMEOUT,
             )
 
-    async def _recover_now(self, agent: SessionAgent, session: _Session) -> None:
-        from acp_once.agent.runtime import _RECOVERY_WINDOW, _unfinished_turns
-
-        tail = await agent.store.read_timeline_tail(session.id, limit=_RECOVERY_WINDOW)
-        unfinished = _unfinished_turns(session.id, tail)
+    async def _recover_now(self, session: Session) -> None:
+        unfinished = await self._h.find_unfinished(session)
         if not unfinished:
             return
         logger.info(
@@ -444,32 +467,25 @@ class PostgresCoordinator:
             self.node_id,
             len(unfinished),
         )
-        if agent.resume_interrupted:
-            session.turns.extend(unfinished)
-            agent._ensure_worker(session)
-            return
-        session.interrupted = True
-        for turn in unfinished:
-            await agent._mark_turn(session, "idle", turn.message_id)
+        await self._h.handle_unfinished(session, unfinished)
 
-    async def _settle(self, agent: SessionAgent, session: _Session) -> None:
+    async def _settle(self, session: Session) -> None:
         """After an insert outside the worker: the worker (if any) releases the lease when
         the session is idle; without one (an error, nothing to run) start it to do so."""
         if session.id in self.leases and not session.worker:
-            agent._ensure_worker(session)
+            self._h.start_worker(session)
 
     def _await_row(
         self,
-        agent: SessionAgent,
-        session: _Session,
-        pending: _Pending,
+        session: Session,
+        pending: PendingPrompt,
         admission: Attached | Queued,
     ) -> None:
         if isinstance(admission, Attached):
             self.counters["dedup_hits"] += 1
-            if agent._reuses_key(admission.digest, pending.digest, pending.wire):
+            if self._h.reuses_key(admission.digest, pending):
                 self._spawn(self.pg.detach, admission.row)
-                self._finish(session, pending, error=key_reused())
+                session.settle(pending, error=key_reused())
                 return
             existing = self._waiting.get(admission.row)
             if existing is not None and existing[1] is not pending:
@@ -489,30 +505,17 @@ class PostgresCoordinator:
         session.held.append(pending)
         logger.debug("prompt.queued session=%s row=%d", session.id, admission.row)
 
-    async def _follow(self, session: _Session, pending: _Pending, other: _Pending) -> None:
+    async def _follow(self, session: Session, pending: PendingPrompt, other: PendingPrompt) -> None:
         await other.done.wait()
-        self._finish(session, pending, message_id=other.message_id, error=other.error)
+        session.settle(pending, message_id=other.message_id, error=other.error)
 
-    async def _insert_queued(
-        self, agent: SessionAgent, session: _Session, queued: QueuedPrompt
-    ) -> None:
-        from acp_once.agent.runtime import _Pending, legacy_digest
-
-        wire = orjson.loads(queued.content)
-        prompt = s.PromptRequest.model_validate(
-            {"sessionId": queued.session_id, "prompt": wire}
-        ).prompt
+    async def _insert_queued(self, session: Session, queued: QueuedPrompt) -> None:
         # a stand-in without waiters: the requests (on any node) learn the outcome from the row
-        stand_in = _Pending(session.id, list(prompt), queued.key, queued.digest, wire)
-        # A key recorded meanwhile by a node of an earlier version carries its SHA-256 digest:
-        # the insert's statement settles the row, so it must know that digest too (an unkeyed
-        # prompt has no recorded key to compare with).
-        legacy = legacy_digest(wire) if queued.key is not None else None
-        token = _QUEUE_ROW.set((queued.row, legacy))
-        try:
-            await agent._insert(session, stand_in)
-        finally:
-            _QUEUE_ROW.reset(token)
+        stand_in = PendingPrompt.from_wire(
+            session.id, orjson.loads(queued.content), queued.key, queued.digest
+        )
+        stand_in.queue_row = queued.row
+        await self._h.insert(session, stand_in)
         if queued.row in self.gone:
             # withdrawn (or dropped) before we locked it: nothing was written, and whoever
             # withdrew it answered its waiters; a race, not a failure
@@ -520,7 +523,7 @@ class PostgresCoordinator:
             logger.debug("prompt.gone session=%s row=%d", session.id, queued.row)
             return
         if stand_in.message_id is not None:
-            if agent._is_live_only(stand_in.prompt):  # not stored: no transaction marked it
+            if self._h.is_live_only(stand_in.prompt):  # not stored: no transaction marked it
                 await self.pg.mark_inserted(queued.row, stand_in.message_id)
             self._outcome(RowOutcome(queued.row, "inserted", stand_in.message_id, True))
             return
@@ -556,73 +559,50 @@ class PostgresCoordinator:
             # client's retry), which inserts it once
             self._waiting.pop(outcome.row, None)
             self._rows.pop(pending, None)
-            with contextlib.suppress(ValueError):
-                session.held.remove(pending)
+            session.forget(pending)
             self._spawn(self._readmit, session, pending)
             return
         self._waiting.pop(outcome.row, None)
         self._rows.pop(pending, None)
-        agent = self._agent
         if outcome.state == "inserted" or outcome.state == "recorded":
-            assert agent is not None
-            if outcome.same_prompt is False and agent.compare_prompts:
-                self._finish(session, pending, error=key_reused())
+            if outcome.same_prompt is False and self._h.compare_prompts:
+                session.settle(pending, error=key_reused())
             elif outcome.message_id is not None:
-                self._finish(session, pending, message_id=outcome.message_id)
+                session.settle(pending, message_id=outcome.message_id)
             else:
-                self._finish(session, pending, error=key_reused())
+                session.settle(pending, error=key_reused())
         elif outcome.state == "withdrawn":
-            self._finish(
-                session,
+            session.settle(
                 pending,
                 error=error or RequestCancelled("The prompt was withdrawn before insertion"),
             )
         else:
-            self._finish(session, pending, error=InternalError("The message could not be stored"))
+            session.settle(pending, error=InternalError("The message could not be stored"))
 
-    async def _readmit(self, session: _Session, pending: _Pending) -> None:
-        agent = self._agent
-        assert agent is not None
+    async def _readmit(self, session: Session, pending: PendingPrompt) -> None:
         if not pending.waiters or pending.state == "done":
-            self._finish(session, pending, error=RequestCancelled("The connection closed"))
+            session.settle(pending, error=RequestCancelled("The connection closed"))
             return
         async with session.lock:
             if pending.key is not None:
                 session.pending_by_key[pending.key] = pending
             try:
-                await self.admit(agent, session, pending)
+                await self.admit(session, pending, hold=False)
             except StorageError:
                 logger.exception("session %s: submitting a prompt again failed", session.id)
-                self._finish(
-                    session, pending, error=InternalError("The message could not be stored")
-                )
+                session.settle(pending, error=InternalError("The message could not be stored"))
 
     def _finish_recorded(
         self,
-        agent: SessionAgent,
-        session: _Session,
-        pending: _Pending,
+        session: Session,
+        pending: PendingPrompt,
         message_id: str,
         digest: bytes | None,
     ) -> None:
-        if agent._reuses_key(digest, pending.digest, pending.wire):
-            self._finish(session, pending, error=key_reused())
+        if self._h.reuses_key(digest, pending):
+            session.settle(pending, error=key_reused())
         else:
-            self._finish(session, pending, message_id=message_id)
-
-    def _finish(
-        self,
-        session: _Session,
-        pending: _Pending,
-        *,
-        message_id: str | None = None,
-        error: AcpError | None = None,
-    ) -> None:
-        with contextlib.suppress(ValueError):
-            session.held.remove(pending)
-        if pending.key is not None and session.pending_by_key.get(pending.key) is pending:
-            del session.pending_by_key[pending.key]
-        pending.finish(message_id=message_id, error=error)
+            session.settle(pending, message_id=message_id)
 
     def _spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
         if self._tg is not None:
@@ -691,15 +671,12 @@ class PostgresCoordinator:
     def _deliver(self, session_id: str, update: dict[str, Any]) -> None:
         if update.get("sessionUpdate") == "state_update":
             self._remote_state[session_id] = str(update.get("state"))
-        agent = self._agent
-        session = agent._sessions.get(session_id) if agent is not None else None
+        session = self._host.session(session_id) if self._host is not None else None
         if session is None or not session.conns:
             return
         self._spawn(self._send, session, update)
 
-    async def _send(self, session: _Session, update: dict[str, Any]) -> None:
-        from acp_once.rpc.errors import ConnectionClosed
-
+    async def _send(self, session: Session, update: dict[str, Any]) -> None:
         for conn in list(session.conns.values()):
             try:
                 await conn.client.session_update({"sessionId": session.id, "update": update})
@@ -707,30 +684,28 @@ class PostgresCoordinator:
                 session.conns.pop(conn.id, None)
 
     def _wake(self, session_id: str) -> None:
-        agent = self._agent
-        session = agent._sessions.get(session_id) if agent is not None else None
-        if agent is None or session is None or session_id not in self.leases:
+        session = self._host.session(session_id) if self._host is not None else None
+        if session is None or session_id not in self.leases:
             return
         if not session.worker:
-            agent._ensure_worker(session)
-        elif agent.policy == "steer":
-            self._spawn(self._steer, agent, session)
+            self._h.start_worker(session)
+        elif self._h.policy == "steer":
+            self._spawn(self._steer, session)
 
-    async def _steer(self, agent: SessionAgent, session: _Session) -> None:
+    async def _steer(self, session: Session) -> None:
         """Steer policy: prompts other nodes queued are inserted at once, even mid-turn."""
         async with session.lock:
             while session.id in self.leases:
                 queued = await self.pg.next_prompt(session.id)
                 if queued is None:
                     return
-                await self._insert_queued(agent, session, queued)
+                await self._insert_queued(session, queued)
 
     def _remote_cancel(self, session_id: str) -> None:
-        agent = self._agent
-        session = agent._sessions.get(session_id) if agent is not None else None
-        if agent is None or session is None or session_id not in self.leases:
+        session = self._host.session(session_id) if self._host is not None else None
+        if session is None or session_id not in self.leases:
             return
-        self._spawn(agent._cancel_work, session)
+        self._spawn(self._h.cancel_work, session)
 
     async def _maintain(self) -> None:
         """Renew leases and heartbeat every third of the TTL; poll the rows we wait on."""
@@ -766,10 +741,9 @@ class PostgresCoordinator:
                 if entry is not None:
                     await self._take_over(entry[0])
 
-    async def _take_over(self, session: _Session) -> None:
+    async def _take_over(self, session: Session) -> None:
         """The owner of a session we wait on died: take its lease and insert the queue."""
-        agent = self._agent
-        if agent is None or session.id in self.leases:
+        if self._host is None or session.id in self.leases:
             return
         owned = await self.pg.take(session.id)
         if owned is None:
@@ -777,9 +751,9 @@ class PostgresCoordinator:
         self._took(session.id, owned.epoch)
         if owned.took_over:
             async with session.lock:
-                await self._recover(agent, session)
+                await self._recover(session)
         if not session.worker:
-            agent._ensure_worker(session)
+            self._h.start_worker(session)
 
     async def _publisher(self) -> None:
         while True:
@@ -796,117 +770,5 @@ class PostgresCoordinator:
             await self.pg.publish(batch)
 
 
-def _content(pending: _Pending) -> bytes:
+def _content(pending: PendingPrompt) -> bytes:
     return orjson.dumps(pending.wire)
-
-
-class FencedStore:
-    """The agent's view of a `PostgresStore` in a cluster: writes on a session carry the
-    node's fencing token for it (`FencingError` without the lease), and the insert of a queued
-    prompt marks its row in the same transaction. Reads pass through."""
-
-    def __init__(self, coordinator: PostgresCoordinator) -> None:
-        self._c = coordinator
-        self._store = coordinator.base_store
-
-    async def create_session(self, record: SessionRecord) -> None:
-        await self._store.create_session(record)
-
-    async def get_session(self, session_id: str) -> SessionRecord | None:
-        return await self._store.get_session(session_id)
-
-    async def list_sessions(
-        self, *, cwd: str | None = None, cursor: str | None = None, limit: int = 100
-    ) -> tuple[list[SessionRecord], str | None]:
-        return await self._store.list_sessions(cwd=cwd, cursor=cursor, limit=limit)
-
-    async def delete_session(self, session_id: str) -> bool:
-        return await self._store.delete_session(session_id)
-
-    async def update_session(
-        self,
-        session_id: str,
-        *,
-        title: str | Unchanged | None = UNCHANGED,
-        updated_at: float | Unchanged = UNCHANGED,
-    ) -> SessionRecord:
-        return await self._store.update_session(session_id, title=title, updated_at=updated_at)
-
-    async def insert_user_message(
-        self,
-        session_id: str,
-        *,
-        message_id: str,
-        update: bytes,
-        idempotency_key: str | None,
-        prompt_digest: bytes | None,
-    ) -> InsertOutcome:
-        """Insert under the session's lease (fenced); settles the queued row being inserted."""
-        fence = self._c.fence(session_id)
-        queued = _QUEUE_ROW.get()
-        _QUEUE_ROW.set(None)  # one insert per queued row, never inherited by another write
-        if queued is not None:  # it must still be queued; the insert settles it (one statement)
-            row, legacy = queued
-            fence = dataclasses.replace(
-                fence, row=row, channel=self._c.pg.channel, legacy_digest=legacy
-            )
-        try:
-            outcome = await self._store.insert_user_message(
-                session_id,
-                message_id=message_id,
-                update=update,
-                idempotency_key=idempotency_key,
-                prompt_digest=prompt_digest,
-                fence=fence,
-            )
-        except QueueRowGone as exc:
-            self._c.gone.add(exc.row)  # withdrawn meanwhile: its waiters have their answer
-            raise
-        if outcome.inserted:
-            self._c.counters["inserted"] += 1
-            logger.info("message.inserted session=%s message=%s", session_id, message_id)
-        else:
-            self._c.counters["dedup_hits"] += 1
-            logger.info("message.recorded session=%s message=%s", session_id, outcome.message_id)
-        return outcome
-
-    async def find_key(self, session_id: str, key: str) -> KeyRecord | None:
-        found = await self._store.find_key(session_id, key)
-        if found is not None:
-            self._c.counters["dedup_hits"] += 1
-        return found
-
-    async def append_update(
-        self, session_id: str, update: bytes, *, message_id: str | None = None
-    ) -> int:
-        return await self._store.append_update(
-            session_id, update, message_id=message_id, fence=self._c.fence(session_id)
-        )
-
-    async def append_updates(
-        self, session_id: str, updates: Sequence[tuple[bytes, str | None]]
-    ) -> list[int]:
-        """`AppendsUpdates.append_updates` under the session's lease (fenced), one trip."""
-        return await self._store.append_updates(
-            session_id, updates, fence=self._c.fence(session_id)
-        )
-
-    async def read_timeline(
-        self, session_id: str, *, after_seq: int = 0, limit: int = 1000
-    ) -> list[TimelineEntry]:
-        return await self._store.read_timeline(session_id, after_seq=after_seq, limit=limit)
-
-    async def read_timeline_tail(self, session_id: str, *, limit: int = 1) -> list[TimelineEntry]:
-        return await self._store.read_timeline_tail(session_id, limit=limit)
-
-    async def count_user_messages(
-        self, session_id: str, *, idempotency_key: str | None = None
-    ) -> int:
-        return await self._store.count_user_messages(session_id, idempotency_key=idempotency_key)
-
-    async def fork_session(self, source_id: str, new_record: SessionRecord) -> None:
-        await self._store.fork_session(source_id, new_record)
-
-    async def aclose(self) -> None:
-        """The store belongs to the caller: closing the view closes nothing."""
-        return None

@@ -1,0 +1,113 @@
+"""`FencedStore`: the agent's view of the PostgreSQL store on one node of a cluster."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from acp_once.storage.base import (
+    UNCHANGED,
+    InsertOutcome,
+    KeyRecord,
+    SessionRecord,
+    TimelineEntry,
+    Unchanged,
+)
+
+if TYPE_CHECKING:
+    from acp_once.cluster.coordinator import PostgresCoordinator
+
+__all__ = ["FencedStore"]
+
+
+class FencedStore:
+    """The agent's view of a `PostgresStore` in a cluster: writes on a session carry the
+    node's fencing token for it (`FencingError` without the lease), and inserts go through the
+    coordinator (which counts them). Reads pass through."""
+
+    def __init__(self, coordinator: PostgresCoordinator) -> None:
+        self._c = coordinator
+        self._store = coordinator.base_store
+
+    async def create_session(self, record: SessionRecord) -> None:
+        await self._store.create_session(record)
+
+    async def get_session(self, session_id: str) -> SessionRecord | None:
+        return await self._store.get_session(session_id)
+
+    async def list_sessions(
+        self, *, cwd: str | None = None, cursor: str | None = None, limit: int = 100
+    ) -> tuple[list[SessionRecord], str | None]:
+        return await self._store.list_sessions(cwd=cwd, cursor=cursor, limit=limit)
+
+    async def delete_session(self, session_id: str) -> bool:
+        return await self._store.delete_session(session_id)
+
+    async def update_session(
+        self,
+        session_id: str,
+        *,
+        title: str | Unchanged | None = UNCHANGED,
+        updated_at: float | Unchanged = UNCHANGED,
+    ) -> SessionRecord:
+        return await self._store.update_session(session_id, title=title, updated_at=updated_at)
+
+    async def insert_user_message(
+        self,
+        session_id: str,
+        *,
+        message_id: str,
+        update: bytes,
+        idempotency_key: str | None,
+        prompt_digest: bytes | None,
+    ) -> InsertOutcome:
+        """Insert under the session's lease (fenced)."""
+        return await self._c.insert_fenced(
+            session_id,
+            message_id=message_id,
+            update=update,
+            idempotency_key=idempotency_key,
+            prompt_digest=prompt_digest,
+            row=None,
+        )
+
+    async def find_key(self, session_id: str, key: str) -> KeyRecord | None:
+        found = await self._store.find_key(session_id, key)
+        if found is not None:
+            self._c.counters["dedup_hits"] += 1
+        return found
+
+    async def append_update(
+        self, session_id: str, update: bytes, *, message_id: str | None = None
+    ) -> int:
+        return await self._store.append_update(
+            session_id, update, message_id=message_id, fence=self._c.fence(session_id)
+        )
+
+    async def append_updates(
+        self, session_id: str, updates: Sequence[tuple[bytes, str | None]]
+    ) -> list[int]:
+        """`AppendsUpdates.append_updates` under the session's lease (fenced), one trip."""
+        return await self._store.append_updates(
+            session_id, updates, fence=self._c.fence(session_id)
+        )
+
+    async def read_timeline(
+        self, session_id: str, *, after_seq: int = 0, limit: int = 1000
+    ) -> list[TimelineEntry]:
+        return await self._store.read_timeline(session_id, after_seq=after_seq, limit=limit)
+
+    async def read_timeline_tail(self, session_id: str, *, limit: int = 1) -> list[TimelineEntry]:
+        return await self._store.read_timeline_tail(session_id, limit=limit)
+
+    async def count_user_messages(
+        self, session_id: str, *, idempotency_key: str | None = None
+    ) -> int:
+        return await self._store.count_user_messages(session_id, idempotency_key=idempotency_key)
+
+    async def fork_session(self, source_id: str, new_record: SessionRecord) -> None:
+        await self._store.fork_session(source_id, new_record)
+
+    async def aclose(self) -> None:
+        """The store belongs to the caller: closing the view closes nothing."""
+        return None
