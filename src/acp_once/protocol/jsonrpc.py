@@ -164,26 +164,41 @@ def decode_object(obj: dict[str, Any]) -> Message:
     )
 
 
-def encode_request(id: RequestId, method: str, params: Any) -> bytes:
-    """Encode a request; `params` None leaves the member out."""
+def _dumps(message: dict[str, Any], lenient: bool) -> bytes:
+    if not lenient:
+        return orjson.dumps(message)
+    try:
+        return orjson.dumps(message)
+    except TypeError:
+        # a lone surrogate ("\ud800", valid JSON that `decode` accepts) or an integer beyond
+        # 64 bits: the stdlib writes them escaped, so a relay passes them on unjudged
+        return json.dumps(message, ensure_ascii=True, separators=(",", ":")).encode("ascii")
+
+
+def encode_request(id: RequestId, method: str, params: Any, *, lenient: bool = False) -> bytes:
+    """Encode a request; `params` None leaves the member out. `lenient` (for a relay) also
+    encodes what `decode` accepted but orjson refuses (lone surrogates, integers beyond 64
+    bits) instead of raising TypeError; so do the other encoders."""
     if params is None:
-        return orjson.dumps({"jsonrpc": "2.0", "id": id, "method": method})
-    return orjson.dumps({"jsonrpc": "2.0", "id": id, "method": method, "params": params})
+        return _dumps({"jsonrpc": "2.0", "id": id, "method": method}, lenient)
+    return _dumps({"jsonrpc": "2.0", "id": id, "method": method, "params": params}, lenient)
 
 
-def encode_notification(method: str, params: Any) -> bytes:
+def encode_notification(method: str, params: Any, *, lenient: bool = False) -> bytes:
     """Encode a notification; `params` None leaves the member out."""
     if params is None:
-        return orjson.dumps({"jsonrpc": "2.0", "method": method})
-    return orjson.dumps({"jsonrpc": "2.0", "method": method, "params": params})
+        return _dumps({"jsonrpc": "2.0", "method": method}, lenient)
+    return _dumps({"jsonrpc": "2.0", "method": method, "params": params}, lenient)
 
 
-def encode_result(id: RequestId, result: Any) -> bytes:
+def encode_result(id: RequestId, result: Any, *, lenient: bool = False) -> bytes:
     """Encode a success response."""
-    return orjson.dumps({"jsonrpc": "2.0", "id": id, "result": result})
+    return _dumps({"jsonrpc": "2.0", "id": id, "result": result}, lenient)
 
 
-def encode_error(id: RequestId | None, error: AcpError | dict[str, Any]) -> bytes:
+def encode_error(
+    id: RequestId | None, error: AcpError | dict[str, Any], *, lenient: bool = False
+) -> bytes:
     """Encode an error response; `id` None is written as `null`."""
     body = error.to_wire() if isinstance(error, AcpError) else error
-    return orjson.dumps({"jsonrpc": "2.0", "id": id, "error": body})
+    return _dumps({"jsonrpc": "2.0", "id": id, "error": body}, lenient)
