@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from acp_once.adapters.langgraph import LangGraphStore
-from acp_once.conformance import CHECKS, Status, StdioTarget, run_suite
+from acp_once.client import StdioLauncher
+from acp_once.conformance import CHECKS, Status, run_suite
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -32,7 +33,7 @@ def langgraph_command(tmp: Path, *extra: str) -> list[str]:
 
 async def test_the_langgraph_adapter_passes_every_check(tmp_path: Path) -> None:
     report = await run_suite(
-        StdioTarget(langgraph_command(tmp_path)), slow_prompt="[work:1]", timeout=30
+        StdioLauncher(langgraph_command(tmp_path)), slow_prompt="[work:1]", timeout=30
     )
     not_passed = {r.id: r.message for r in report.results if r.status is not Status.PASSED}
     assert not_passed == {}

@@ -13,13 +13,13 @@ import pytest
 from rich.console import Console
 
 from acp_once.cli.check import run_check
+from acp_once.client import StdioLauncher
 from acp_once.conformance import (
     CHECKS,
     CheckResult,
     Level,
     Report,
     Status,
-    StdioTarget,
     TargetUnavailable,
     checks_for,
     run_suite,
@@ -170,7 +170,7 @@ def test_check_refuses_bad_url_targets_and_a_missing_command() -> None:
 @pytest.mark.slow
 @pytest.mark.anyio
 async def test_an_agent_that_does_not_start_is_reported_not_run(tmp_path: Path) -> None:
-    target = StdioTarget([sys.executable, str(tmp_path / "missing.py")])
+    target = StdioLauncher([sys.executable, str(tmp_path / "missing.py")])
     with pytest.raises(TargetUnavailable):
         await run_suite(target, slow_prompt=SLOW, timeout=10)
 
@@ -225,7 +225,7 @@ async def test_broken_agents_fail_the_right_requirements(tmp_path: Path, mode: s
     command = [sys.executable, str(FIXTURE), mode, "--store", f"sqlite:{tmp_path / 'db'}"]
     seen: list[str] = []
     report = await run_suite(
-        StdioTarget(command),
+        StdioLauncher(command),
         slow_prompt=SLOW,
         select=select,
         timeout=10,

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from acp_once.conformance import Status, StdioTarget, run_suite
+from acp_once.client import StdioLauncher
+from acp_once.conformance import Status, run_suite
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -48,7 +49,7 @@ async def test_typescript_sdk_agent_is_reported_as_not_honouring_keys(ts_agent: 
     node = shutil.which("node")
     assert node is not None
     report = await run_suite(
-        StdioTarget([node, str(ts_agent)]),
+        StdioLauncher([node, str(ts_agent)]),
         select=[
             "session.new",
             "key.invalid.empty",

@@ -19,7 +19,8 @@ from acp_once.agent import CallContext
 from acp_once.agent.reference import ReferenceAgent
 from acp_once.cli.check import run_check
 from acp_once.cli.serve import serve_reference, uvicorn_config
-from acp_once.conformance import CHECKS, Status, WebSocketTarget, run_suite
+from acp_once.client import WebSocketLauncher
+from acp_once.conformance import CHECKS, Status, run_suite
 from acp_once.protocol import schema as s
 from acp_once.server import DEFAULT_MAX_MESSAGE_BYTES, create_app
 from acp_once.storage import open_store
@@ -153,7 +154,7 @@ def test_a_server_that_ignores_keys_fails_over_websocket(tmp_path: Path) -> None
         code, _, out = _check(url, tmp_path, token=None)  # every check, through the CLI
         report = anyio.run(
             lambda: run_suite(
-                WebSocketTarget(url),
+                WebSocketLauncher(url),
                 slow_prompt=SLOW,
                 select=["key.case-sensitive", "trace.T1-*", "trace.T2-*", "trace.T3-*"],
                 timeout=10,

@@ -17,17 +17,14 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn
 from rich.table import Table
 
+from acp_once.client import HttpLauncher, Launcher, StdioLauncher, WebSocketLauncher
 from acp_once.conformance import (
-    AgentTarget,
     Check,
     CheckResult,
-    HttpTarget,
     Level,
     Report,
     Status,
-    StdioTarget,
     TargetUnavailable,
-    WebSocketTarget,
     checks_for,
     run_suite,
     write_json,
@@ -67,10 +64,10 @@ def run_check(
         if command:
             out.print("acp-once check: give either a URL or -- CMD, not both")
             return 2
-        remote: WebSocketTarget | HttpTarget = (
-            WebSocketTarget(target, token=token)
+        remote: WebSocketLauncher | HttpLauncher = (
+            WebSocketLauncher(target, token)
             if target.startswith(("ws://", "wss://"))
-            else HttpTarget(target, token=token)
+            else HttpLauncher(target, token)
         )
         try:
             report = _run(remote, out, slow_prompt=slow_prompt, timeout=timeout)
@@ -87,7 +84,8 @@ def run_check(
         out.print("[yellow]--token is ignored for a stdio target[/]")
     # the agent's stderr goes to a file: shown only when it cannot be started
     with tempfile.TemporaryFile() as stderr:
-        agent = StdioTarget(command, stderr=stderr.fileno())
+        # a short shutdown: every check starts and stops the agent again
+        agent = StdioLauncher(command, stderr=stderr.fileno(), shutdown_timeout=3.0)
         try:
             report = _run(agent, out, slow_prompt=slow_prompt, timeout=timeout)
         except (TargetUnavailable, OSError) as exc:
@@ -111,7 +109,7 @@ def _finish(out: Console, report: Report, *, json_report: Path | None, junit: Pa
     return report.exit_code
 
 
-def _run(agent: AgentTarget, out: Console, *, slow_prompt: str, timeout: float) -> Report:
+def _run(agent: Launcher, out: Console, *, slow_prompt: str, timeout: float) -> Report:
     checks = checks_for()
 
     with Progress(

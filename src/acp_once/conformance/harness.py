@@ -10,39 +10,38 @@ received frame in the suite's privacy log. Inserted messages are observed only o
 
 from __future__ import annotations
 
-import abc
 import contextlib
-import subprocess
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 import orjson
 
-from acp_once.client import Client, ClientSideConnection
+from acp_once.client import (
+    Client,
+    ClientSideConnection,
+    HttpLauncher,
+    Launcher,
+    StdioLauncher,
+    WebSocketLauncher,
+)
 from acp_once.protocol import schema as s
 from acp_once.protocol.errors import AcpError
 from acp_once.protocol.framing import FrameEvent
 from acp_once.rpc.connection import PendingCall
 from acp_once.rpc.streams import FrameStream
-from acp_once.transports.http import connect_http
-from acp_once.transports.stdio import spawn
-from acp_once.transports.websocket import connect_websocket
 
 __all__ = [
-    "AgentTarget",
     "CheckContext",
     "CheckFailed",
     "CheckSkipped",
-    "HttpTarget",
     "Link",
     "Probe",
-    "StdioTarget",
     "SuiteState",
-    "WebSocketTarget",
+    "Target",
 ]
 
 NO_KEY: Any = object()
@@ -69,141 +68,72 @@ def expect(condition: bool, message: str) -> None:
 @dataclass(slots=True)
 class Link:
     """One live connection to the target: its frame stream and, if possible, a way to kill the
-    agent abruptly (SIGKILL for a subprocess); `no_kill` says why a check that needs it is
-    skipped otherwise."""
+    agent abruptly (SIGKILL for a subprocess)."""
 
     frames: FrameStream
     kill: Callable[[], Any] | None = None
-    no_kill: str = "this target cannot be killed"
 
 
-class AgentTarget(abc.ABC):
-    """Something the suite can open fresh connections to. Each `connect()` is a new connection;
-    state the agent stores must survive between them (for stdio: the same command and store).
-
-    `no_restart`: why the suite cannot kill and restart the agent (None: it can); checks that
-    need a restart are skipped with this reason."""
-
-    no_restart: str | None = None
-    repeat_initialize: bool = True
-    """Whether `initialize` can be sent again on one connection (not on Streamable HTTP, where
-    each initialize opens a new connection: digest 2.4)."""
-
-    @property
-    @abc.abstractmethod
-    def description(self) -> str: ...
-
-    @abc.abstractmethod
-    def connect(self) -> contextlib.AbstractAsyncContextManager[Link]: ...
-
-
-class StdioTarget(AgentTarget):
-    """An agent launched as a subprocess per connection: `command` is run again each time.
-
-    Args:
-        command: the agent command line.
-        stderr: where the agent's stderr goes (default: discarded; None = inherited).
-        env: the agent's environment (default: ours).
-    """
-
-    def __init__(
-        self,
-        command: Sequence[str],
-        *,
-        stderr: int | None = subprocess.DEVNULL,
-        env: dict[str, str] | None = None,
-    ) -> None:
-        if not command:
-            raise ValueError("the agent command is empty")
-        self.command = list(command)
-        self.stderr = stderr
-        self.env = env
-
-    @property
-    def description(self) -> str:
-        return "stdio: " + " ".join(self.command)
-
-    @contextlib.asynccontextmanager
-    async def connect(self) -> AsyncIterator[Link]:
-        async with spawn(
-            self.command, stderr=self.stderr, env=self.env, shutdown_timeout=3.0
-        ) as proc:
-            yield Link(proc.frames, kill=proc.process.kill)
-
-
+_NO_KILL = "this target cannot be killed"
 _REMOTE_NO_RESTART = (
     "a remote server cannot be killed and restarted by the suite (URL target); "
     "check the agent's command over stdio for this one"
 )
 
 
-class WebSocketTarget(AgentTarget):
-    """An agent served over WebSocket (`ws://HOST:PORT/acp`, e.g. `acp-once serve`): every
-    `connect()` opens a new WebSocket to the same server, so its store is shared. The suite
-    cannot kill and restart a remote server: checks that need it are skipped.
+@dataclass(frozen=True, slots=True)
+class Target:
+    """A client launcher plus what the suite must know about the agent behind it. Each
+    `connect()` is a new connection; state the agent stores must survive between them (for
+    stdio: the same command and store).
 
-    Args:
-        url: the `ws://` or `wss://` URL.
-        token: bearer token sent on the upgrade (never shown in `description`).
-        open_timeout: seconds the handshake may take.
+    `Target.of(launcher)` describes the client's launchers: a `StdioLauncher`'s agent can be
+    killed (SIGKILL) and started again, a remote server cannot, and on Streamable HTTP each
+    `initialize` opens a new connection. Build a `Target` yourself for a launcher of your own.
+
+    Attributes:
+        launcher: opens the connections.
+        description: what the report calls the target (never a token).
+        no_restart: why the suite cannot kill and restart the agent (None: it can); checks
+            that need a restart are skipped with this reason.
+        repeat_initialize: whether `initialize` can be sent again on one connection (not on
+            Streamable HTTP, where each initialize opens a new connection).
     """
 
-    no_restart = _REMOTE_NO_RESTART
+    launcher: Launcher
+    description: str
+    no_restart: str | None = _NO_KILL
+    repeat_initialize: bool = True
 
-    def __init__(self, url: str, *, token: str | None = None, open_timeout: float = 10.0) -> None:
-        if not url.startswith(("ws://", "wss://")):
-            raise ValueError(f"not a WebSocket URL: {url!r}")
-        self.url = url
-        self._token = token
-        self.open_timeout = open_timeout
-
-    def __repr__(self) -> str:  # never the token
-        return f"WebSocketTarget({self.url!r})"
-
-    @property
-    def description(self) -> str:
-        return "websocket: " + self.url
+    @classmethod
+    def of(cls, launcher: Launcher | Target) -> Target:
+        """The target for `launcher` (a `Target` is returned as it is)."""
+        match launcher:
+            case Target():
+                return launcher
+            case StdioLauncher():
+                return cls(launcher, "stdio: " + " ".join(launcher.command), no_restart=None)
+            case WebSocketLauncher():
+                return cls(launcher, "websocket: " + launcher.url, _REMOTE_NO_RESTART)
+            case HttpLauncher():
+                return cls(
+                    launcher,
+                    "streamable http: " + launcher.url,
+                    _REMOTE_NO_RESTART,
+                    repeat_initialize=False,
+                )
+            case _:
+                return cls(launcher, repr(launcher))
 
     @contextlib.asynccontextmanager
     async def connect(self) -> AsyncIterator[Link]:
-        async with connect_websocket(
-            self.url, token=self._token, open_timeout=self.open_timeout
-        ) as frames:
-            yield Link(frames, no_kill=_REMOTE_NO_RESTART)
-
-
-class HttpTarget(AgentTarget):
-    """An agent served over Streamable HTTP (`http://HOST:PORT/acp`, e.g. `acp-once serve`):
-    every `connect()` is a new ACP connection (a new `initialize` POST) to the same server.
-    The suite cannot kill and restart a remote server: checks that need it are skipped.
-
-    Args:
-        url: the `http://` or `https://` URL.
-        token: bearer token sent with every request (never shown in `description`).
-        open_timeout: seconds a request may take to be accepted.
-    """
-
-    no_restart = _REMOTE_NO_RESTART
-    repeat_initialize = False
-
-    def __init__(self, url: str, *, token: str | None = None, open_timeout: float = 10.0) -> None:
-        if not url.startswith(("http://", "https://")):
-            raise ValueError(f"not an HTTP URL: {url!r}")
-        self.url = url
-        self._token = token
-        self.open_timeout = open_timeout
-
-    def __repr__(self) -> str:  # never the token
-        return f"HttpTarget({self.url!r})"
-
-    @property
-    def description(self) -> str:
-        return "streamable http: " + self.url
-
-    @contextlib.asynccontextmanager
-    async def connect(self) -> AsyncIterator[Link]:
-        async with connect_http(self.url, token=self._token, timeout=self.open_timeout) as frames:
-            yield Link(frames, no_kill=_REMOTE_NO_RESTART)
+        """Open a new connection; a `StdioLauncher`'s can be killed."""
+        if isinstance(self.launcher, StdioLauncher) and self.no_restart is None:
+            async with self.launcher.launch() as proc:
+                yield Link(proc.frames, kill=proc.process.kill)
+        else:
+            async with self.launcher.connect() as frames:
+                yield Link(frames)
 
 
 # -- per-suite and per-check state -------------------------------------------------------------
@@ -342,7 +272,7 @@ class Probe:
     async def kill(self) -> None:
         """Kill the agent abruptly (SIGKILL) and wait until the connection has ended."""
         if self.link.kill is None:
-            raise CheckSkipped(self.link.no_kill)
+            raise CheckSkipped(self.ctx.target.no_restart or _NO_KILL)
         self.link.kill()
         with anyio.fail_after(self.timeout):
             await self.conn.wait_closed()
@@ -369,7 +299,7 @@ class CheckContext:
     """What one check works with: connections to the target, keys, the transcript."""
 
     def __init__(
-        self, target: AgentTarget, suite: SuiteState, *, slow_prompt: str, timeout: float
+        self, target: Target, suite: SuiteState, *, slow_prompt: str, timeout: float
     ) -> None:
         self.target = target
         self.suite = suite

@@ -8,13 +8,14 @@ from collections.abc import Callable, Iterable
 
 import anyio
 
+from acp_once.client import Launcher
 from acp_once.conformance.checks import CHECKS, Check
 from acp_once.conformance.harness import (
-    AgentTarget,
     CheckContext,
     CheckFailed,
     CheckSkipped,
     SuiteState,
+    Target,
 )
 from acp_once.conformance.model import CheckResult, Report, Status
 from acp_once.protocol.errors import AcpError
@@ -29,13 +30,13 @@ class TargetUnavailable(Exception):
     """The target could not even be connected to and initialized; no check was run."""
 
 
-async def preflight(target: AgentTarget, timeout: float = 30.0) -> None:
+async def preflight(target: Launcher | Target, timeout: float = 30.0) -> None:
     """Connect once and initialize.
 
     Raises:
         TargetUnavailable: the agent could not be started, or did not answer `initialize`.
     """
-    ctx = CheckContext(target, SuiteState(), slow_prompt="", timeout=timeout)
+    ctx = CheckContext(Target.of(target), SuiteState(), slow_prompt="", timeout=timeout)
     try:
         with anyio.fail_after(timeout):
             async with ctx.connect():
@@ -60,10 +61,15 @@ def _leaf(exc: BaseException) -> BaseException:
 
 
 async def run_check(
-    check: Check, target: AgentTarget, suite: SuiteState, *, slow_prompt: str, timeout: float
+    check: Check,
+    target: Launcher | Target,
+    suite: SuiteState,
+    *,
+    slow_prompt: str,
+    timeout: float,
 ) -> CheckResult:
     """Run one check; any outcome becomes a `CheckResult` (only cancellation propagates)."""
-    ctx = CheckContext(target, suite, slow_prompt=slow_prompt, timeout=timeout)
+    ctx = CheckContext(Target.of(target), suite, slow_prompt=slow_prompt, timeout=timeout)
     started = time.monotonic()
     status, message = Status.PASSED, ""
     try:
@@ -101,7 +107,7 @@ async def run_check(
 
 
 async def run_suite(
-    target: AgentTarget,
+    target: Launcher | Target,
     *,
     slow_prompt: str = "[work:2]",
     on_result: ResultCallback | None = None,
@@ -112,7 +118,8 @@ async def run_suite(
     """Run the conformance checks against `target` and return the report.
 
     Args:
-        target: what to connect to; every check launches fresh connections.
+        target: what to connect to (a client launcher, e.g. `StdioLauncher([...])`, or a
+            `Target` that says more about it); every check opens fresh connections.
         slow_prompt: prompt text that keeps the agent busy for a while (held-prompt traces);
             it should last at least a second, and at most a few.
         on_result: called with each result as soon as its check finishes.
@@ -123,6 +130,7 @@ async def run_suite(
     Raises:
         TargetUnavailable: the target did not start or answer `initialize` (nothing was run).
     """
+    target = Target.of(target)
     await preflight(target, timeout)
     report = Report(target=target.description)
     suite = SuiteState()
