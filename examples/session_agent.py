@@ -3,8 +3,7 @@ import uuid
 
 import anyio
 
-from acp_once.agent import serve_stdio
-from acp_once.agent.runtime import SessionAgent, Turn, TurnContext
+from acp_once.agent import SessionAgent, Turn, TurnContext, serve_stdio
 from acp_once.storage import open_store
 
 

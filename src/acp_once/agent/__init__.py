@@ -1,7 +1,31 @@
-"""The agent side: the `Agent` interface, its connection, and entry points."""
+"""The agent side: write an `Agent` (every method yourself) or a `SessionAgent` (only the turn).
+
+    from acp_once.agent import SessionAgent, Turn, TurnContext, serve_stdio
+
+`SessionAgent` gives sessions, held prompts and idempotency keys on a `SessionStore`;
+`PromptKeys` gives the key rules to an `Agent` over storage of its own; a `Coordinator`
+(`LocalCoordinator` by default, `acp_once.cluster.PostgresCoordinator` for several nodes)
+decides where held prompts wait.
+"""
 
 from acp_once.agent.connection import AgentSideConnection, CallContext, ClientPeer
+from acp_once.agent.coordinator import Coordinator, LocalCoordinator
 from acp_once.agent.interface import Agent
+from acp_once.agent.keys import PromptKeys
+from acp_once.agent.runtime import SessionAgent, Turn, TurnContext
 from acp_once.agent.serve import serve, serve_stdio
 
-__all__ = ["Agent", "AgentSideConnection", "CallContext", "ClientPeer", "serve", "serve_stdio"]
+__all__ = [
+    "Agent",
+    "AgentSideConnection",
+    "CallContext",
+    "ClientPeer",
+    "Coordinator",
+    "LocalCoordinator",
+    "PromptKeys",
+    "SessionAgent",
+    "Turn",
+    "TurnContext",
+    "serve",
+    "serve_stdio",
+]
