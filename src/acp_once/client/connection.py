@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from types import TracebackType
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Self, TypeVar
 
+import anyio
 from pydantic import BaseModel
 
 from acp_once.client.interface import Client
@@ -104,7 +105,7 @@ class AgentPeer:
 _Route = Callable[[Any], Awaitable[Any]]
 
 
-class ClientSideConnection:
+class ClientSideConnection(anyio.AsyncContextManagerMixin):
     """Serves one `Client` on one frame stream and gives typed calls to the agent (`.agent`).
 
     Use as `async with ClientSideConnection(client, stream) as conn:`.
@@ -128,17 +129,10 @@ class ClientSideConnection:
     async def wait_closed(self) -> None:
         await self._rpc.wait_closed()
 
-    async def __aenter__(self) -> Self:
-        await self._rpc.__aenter__()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool | None:
-        return await self._rpc.__aexit__(exc_type, exc, tb)
+    @contextlib.asynccontextmanager
+    async def __asynccontextmanager__(self) -> AsyncIterator[Self]:
+        async with self._rpc:
+            yield self
 
     async def _on_request(
         self, method: str, params: dict[str, Any] | None, req: RequestContext

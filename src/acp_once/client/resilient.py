@@ -31,7 +31,6 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Any, Literal, Self
 
 import anyio
@@ -176,7 +175,7 @@ class ClientSession:
             send.close()
 
 
-class AcpClient:
+class AcpClient(anyio.AsyncContextManagerMixin):
     """A self-healing ACP v2 client (see the module docstring).
 
     Args:
@@ -237,38 +236,29 @@ class AcpClient:
         self._sessions: dict[str, _SessionState] = {}
         self._conn: ClientSideConnection | None = None
         self._connected = anyio.Event()
-        self._stack = contextlib.AsyncExitStack()
         self._tg: TaskGroup | None = None
         self._stale: list[Submission] = []
         self._closing = False
 
     # -- lifecycle -------------------------------------------------------------------------
 
-    async def __aenter__(self) -> Self:
-        await self._stack.__aenter__()
-        try:
-            if isinstance(self._outbox_spec, str):
-                self.outbox = await self._stack.enter_async_context(open_outbox(self._outbox_spec))
-            self._tg = await self._stack.enter_async_context(anyio.create_task_group())
-            await self._tg.start(self._supervise)
-            if self.recover_pending:
-                await self._recover_pending()
-        except BaseException:
-            await self._stack.__aexit__(None, None, None)
-            raise
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool | None:
-        self._closing = True
-        assert self._tg is not None
-        self._tg.cancel_scope.cancel()
+    @contextlib.asynccontextmanager
+    async def __asynccontextmanager__(self) -> AsyncIterator[Self]:
+        # one exception, not a group, reaches the caller (`except OutcomeUnknown:` works)
         with unwrap_single_exception():
-            return await self._stack.__aexit__(exc_type, exc, tb)
+            async with contextlib.AsyncExitStack() as stack:
+                if isinstance(self._outbox_spec, str):
+                    self.outbox = await stack.enter_async_context(open_outbox(self._outbox_spec))
+                async with anyio.create_task_group() as tg:
+                    self._tg = tg
+                    try:
+                        await tg.start(self._supervise)
+                        if self.recover_pending:
+                            await self._recover_pending()
+                        yield self
+                    finally:
+                        self._closing = True
+                        tg.cancel_scope.cancel()
 
     @property
     def connected(self) -> bool:
