@@ -60,3 +60,12 @@ def test_version_negotiation() -> None:
         negotiate_version(1, [2])
     assert info.value.data == {"requested": 1, "supported": [2]}
     assert info.value.code == -32022
+
+
+def test_admitted_initialize_returns_the_callback_that_records_its_outcome() -> None:
+    gate = InitializeGate()
+    done = gate.admit_request("initialize")
+    assert done is not None
+    done(True)
+    assert gate.initialized
+    assert gate.admit_request("session/new") is None

@@ -239,3 +239,33 @@ async def test_inflight_bound_applies_backpressure(pair: PairFactory) -> None:
         ids = sorted([(await recv(peer))["id"] for _ in range(10)])
         assert ids == list(range(10))
         assert peak == 3
+
+
+async def test_gate_decides_which_requests_it_follows(pair: PairFactory) -> None:
+    """The engine knows no method names: a gate for any method gets its outcome reported."""
+    outcomes: list[tuple[str, bool]] = []
+
+    class OpenGate:
+        def admit_request(self, method: str) -> Callable[[bool], None] | None:
+            if method == "locked":
+                raise InvalidParams("refused by the gate")
+            if method.startswith("watched/"):
+                return lambda ok: outcomes.append((method, ok))
+            return None
+
+        def admit_notification(self, method: str) -> bool:
+            return True
+
+    async def handler(method: str, params: dict[str, Any] | None, ctx: RequestContext) -> Any:
+        if method == "watched/fail":
+            raise SessionNotFound("s-1")
+        return {}
+
+    ours, peer = pair()
+    async with Connection(ours, on_request=handler, gate=OpenGate()):
+        await send(peer, {"jsonrpc": "2.0", "id": 1, "method": "locked"})
+        assert (await recv(peer))["error"]["message"] == "refused by the gate"
+        for id, method in enumerate(("watched/ok", "initialize", "watched/fail"), start=2):
+            await send(peer, {"jsonrpc": "2.0", "id": id, "method": method})
+            assert (await recv(peer))["id"] == id
+    assert outcomes == [("watched/ok", True), ("watched/fail", False)]

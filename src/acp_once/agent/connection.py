@@ -6,10 +6,10 @@ handler); the initialize rules are enforced by `InitializeGate` before anything 
 
 from __future__ import annotations
 
+import contextlib
 import itertools
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Any, Self
 
 import anyio
@@ -88,7 +88,7 @@ class CallContext:
 _Route = Callable[[Any, CallContext], Awaitable[Any]]
 
 
-class AgentSideConnection:
+class AgentSideConnection(anyio.AsyncContextManagerMixin):
     """Serves one `Agent` on one frame stream.
 
     Use as `async with AgentSideConnection(agent, stream) as conn: await conn.wait_closed()`.
@@ -140,18 +140,11 @@ class AgentSideConnection:
         """The underlying JSON-RPC connection."""
         return self._rpc
 
-    async def __aenter__(self) -> Self:
-        await self._rpc.__aenter__()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool | None:
+    @contextlib.asynccontextmanager
+    async def __asynccontextmanager__(self) -> AsyncIterator[Self]:
         try:
-            return await self._rpc.__aexit__(exc_type, exc, tb)
+            async with self._rpc:
+                yield self
         finally:
             with anyio.CancelScope(shield=True), anyio.move_on_after(10):
                 await self.agent.connection_closed(self)

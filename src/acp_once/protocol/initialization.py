@@ -11,21 +11,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from enum import Enum
 
 from acp_once.protocol.errors import InvalidRequest, UnsupportedProtocolVersion
+from acp_once.protocol.methods import CANCEL_REQUEST, INITIALIZE
 
 __all__ = [
-    "CANCEL_REQUEST",
-    "INITIALIZE",
     "PROTOCOL_VERSION",
     "InitializeGate",
     "negotiate_version",
 ]
 
-INITIALIZE = "initialize"
-CANCEL_REQUEST = "$/cancel_request"
 PROTOCOL_VERSION = 2
 """The ACP protocol version this package speaks."""
 
@@ -55,7 +52,8 @@ class InitializeGate:
     """Decides, message by message, what the initialize rules allow on one connection.
 
     Call `admit_request` when a request arrives (it raises or returns), and
-    `initialize_done(ok)` when an admitted `initialize` finished.
+    `initialize_done(ok)` when an admitted `initialize` finished (or the callback that
+    `admit_request` returned for it: the engine gates requests without knowing their names).
     """
 
     __slots__ = ("_before", "_state")
@@ -69,8 +67,11 @@ class InitializeGate:
         """True once an `initialize` succeeded (and none is in flight)."""
         return self._state in (_State.INITIALIZED, _State.LOCKED)
 
-    def admit_request(self, method: str) -> None:
+    def admit_request(self, method: str) -> Callable[[bool], None] | None:
         """Admit a request or refuse it.
+
+        Returns `initialize_done` for an admitted `initialize` (to be called with its outcome
+        once it is answered), None for any other request.
 
         Raises:
             InvalidRequest: the initialize rules forbid this request now (-32600).
@@ -83,12 +84,12 @@ class InitializeGate:
                 raise InvalidRequest("initialize is not allowed after other requests")
             self._before = state
             self._state = _State.INITIALIZING
-            return
+            return self.initialize_done
         if state is _State.LOCKED:
-            return
+            return None
         if state is _State.INITIALIZED:
             self._state = _State.LOCKED
-            return
+            return None
         if state is _State.INITIALIZING:
             raise InvalidRequest(f"'{method}' is not allowed while initialize is in progress")
         raise InvalidRequest(f"The connection must be initialized before '{method}'")

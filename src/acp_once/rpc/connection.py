@@ -26,9 +26,8 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Any, Protocol, Self
 
 import anyio
@@ -46,8 +45,8 @@ from acp_once.protocol.errors import (
     invalid_params_from_validation,
 )
 from acp_once.protocol.framing import OversizedFrame, sniff_request_id
-from acp_once.protocol.initialization import CANCEL_REQUEST
 from acp_once.protocol.jsonrpc import RequestId
+from acp_once.protocol.methods import CANCEL_REQUEST
 from acp_once.rpc.errors import ConnectionClosed, FrameTooLarge, RequestTimeout
 from acp_once.rpc.streams import FrameStream, NowaitFrameStream
 from acp_once.rpc.tasks import TaskPool, cancel_scope_factory
@@ -86,11 +85,21 @@ def unwrap_single_exception() -> Iterator[None]:
 
 
 class Gate(Protocol):
-    """Admission rules applied to inbound messages before dispatch (e.g. `InitializeGate`)."""
+    """Admission rules applied to inbound messages before dispatch (e.g. `InitializeGate`).
 
-    def admit_request(self, method: str) -> None: ...
-    def initialize_done(self, ok: bool) -> None: ...
-    def admit_notification(self, method: str) -> bool: ...
+    The gate knows which methods it cares about; the engine only asks it.
+    """
+
+    def admit_request(self, method: str) -> Callable[[bool], None] | None:
+        """Admit a request, or refuse it by raising `AcpError` (which becomes its answer).
+
+        A returned callback is called once the request is answered, with True if it succeeded.
+        """
+        ...
+
+    def admit_notification(self, method: str) -> bool:
+        """True when a notification may be handled (`$/cancel_request` is acted on anyway)."""
+        ...
 
 
 @dataclass(eq=False, slots=True)
@@ -196,7 +205,7 @@ class PendingCall:
             await self.connection.notify(CANCEL_REQUEST, {"requestId": self.id}, quiet=True)
 
 
-class Connection:
+class Connection(anyio.AsyncContextManagerMixin):
     """A JSON-RPC connection over one `FrameStream`.
 
     Use as `async with Connection(stream, ...) as conn:`; leaving the block closes the stream,
@@ -256,29 +265,23 @@ class Connection:
 
     # -- lifecycle -------------------------------------------------------------------------
 
-    async def __aenter__(self) -> Self:
-        self._tg = anyio.create_task_group()
-        await self._tg.__aenter__()
-        self._servers = TaskPool(self._tg, name=f"{self._name}-request")
-        self._new_scope = cancel_scope_factory()
-        if self._nowait is not None:
-            with contextlib.suppress(RuntimeError):  # not on asyncio: no outbox
-                self._call_soon = asyncio.get_running_loop().call_soon
-        self._tg.start_soon(self._read_loop, name=f"{self._name}-reader")
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool | None:
-        assert self._tg is not None
-        self._shutdown(ConnectionClosed("Connection closed"))
-        self._tg.cancel_scope.cancel()
+    @contextlib.asynccontextmanager
+    async def __asynccontextmanager__(self) -> AsyncIterator[Self]:
         try:
             with unwrap_single_exception():
-                return await self._tg.__aexit__(exc_type, exc, tb)
+                async with anyio.create_task_group() as tg:
+                    self._tg = tg
+                    self._servers = TaskPool(tg, name=f"{self._name}-request")
+                    self._new_scope = cancel_scope_factory()
+                    if self._nowait is not None:
+                        with contextlib.suppress(RuntimeError):  # not on asyncio: no outbox
+                            self._call_soon = asyncio.get_running_loop().call_soon
+                    tg.start_soon(self._read_loop, name=f"{self._name}-reader")
+                    try:
+                        yield self
+                    finally:
+                        self._shutdown(ConnectionClosed("Connection closed"))
+                        tg.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True), anyio.move_on_after(_SHUTDOWN_WRITE_TIMEOUT):
                 if self._outbox or self._rest is not None:  # what was sent before the close
@@ -629,9 +632,10 @@ class Connection:
                 jsonrpc.encode_error(None, InvalidRequest("Request id is already in use"))
             )
             return
+        answered: Callable[[bool], None] | None = None
         if self._gate is not None:
             try:
-                self._gate.admit_request(msg.method)
+                answered = self._gate.admit_request(msg.method)
             except AcpError as exc:
                 await self._answer_quietly(jsonrpc.encode_error(msg.id, exc))
                 return
@@ -649,9 +653,14 @@ class Connection:
         except anyio.WouldBlock:
             await self._slots.acquire()
         assert self._servers is not None
-        self._servers.start_soon(self._serve, msg, ctx)
+        self._servers.start_soon(self._serve, msg, ctx, answered)
 
-    async def _serve(self, msg: jsonrpc.Request, ctx: RequestContext) -> None:
+    async def _serve(
+        self,
+        msg: jsonrpc.Request,
+        ctx: RequestContext,
+        answered: Callable[[bool], None] | None,
+    ) -> None:
         frame: bytes | None = None
         ok = False
         try:
@@ -677,8 +686,8 @@ class Connection:
             ctx._cancel_callback = None
             self._slots.release()
             self._inflight.pop(msg.id, None)
-            if self._gate is not None and msg.method == "initialize":
-                self._gate.initialize_done(ok)
+            if answered is not None:
+                answered(ok)
         if frame is not None:
             await self._answer_quietly(frame)
 
