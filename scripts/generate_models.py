@@ -253,7 +253,8 @@ def main() -> None:
     (OUT_DIR / "__init__.py").write_text(
         '"""Pydantic models generated from the vendored ACP v2 schema."""\n', encoding="utf-8"
     )
-    generate("schema.json", "stable")
+    # Only the unstable schema: it is a superset of the stable one, and `acp_once.protocol.schema`
+    # serves both from it (`protocol.retry` records which methods are stable).
     generate("schema.unstable.json", "unstable")
 
 
