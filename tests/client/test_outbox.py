@@ -27,8 +27,8 @@ from acp_once.client.outbox import (
     Submission,
     open_outbox,
 )
-from acp_once.client.outbox_contract import CHECKS, Check, OutboxFactory, run_contract
-from acp_once.client.outbox_sqlite import LATEST_VERSION, SqliteOutbox, current_version
+from acp_once.client.outbox.contract import CHECKS, Check, OutboxFactory, run_contract
+from acp_once.client.outbox.sqlite import LATEST_VERSION, SqliteOutbox, current_version
 
 if TYPE_CHECKING:
     from contextlib import AbstractAsyncContextManager
@@ -171,7 +171,7 @@ async def test_pending_submissions_survive_close_and_reopen(tmp_path: Path) -> N
 _KILLED_CLIENT = """
 import os, signal, sys
 import anyio
-from acp_once.client.outbox_sqlite import SqliteOutbox
+from acp_once.client.outbox.sqlite import SqliteOutbox
 
 async def main() -> None:
     outbox = await SqliteOutbox.open(sys.argv[1])

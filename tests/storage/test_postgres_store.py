@@ -38,13 +38,13 @@ from acp_once.storage.contract import run_contract
 from acp_once.storage.postgres import (
     LATEST_VERSION,
     PostgresStore,
-    _statements,
     apply_migrations,
     describe_postgres,
     migrate_postgres,
     parse_postgres_url,
     postgres_status,
 )
+from acp_once.storage.postgres.sql import statements as compose_statements
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
@@ -560,7 +560,7 @@ async def test_find_key_and_the_tail_use_indexes(
     schema = new_schema()
     async with PostgresStore.open(postgres_dsn, schema=schema) as store:
         await store.create_session(_record())
-    statements = _statements(schema)
+    statements = compose_statements(schema)
     async with await _raw(postgres_dsn) as conn:
         await conn.execute(
             sql.SQL(

@@ -21,9 +21,9 @@ from acp_once.storage import (
     StorageError,
     migrate_database,
 )
-from acp_once.storage._migrations import LATEST_VERSION, apply_migrations, current_version
 from acp_once.storage.sqlite import FIND_KEY_SQL
-from acp_once.storage.wal import enable_wal
+from acp_once.storage.sqlite.schema import LATEST_VERSION, apply_migrations, current_version
+from acp_once.support.sqlite import Connection, enable_wal
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -222,7 +222,7 @@ async def test_a_new_file_without_migrate_is_out_of_date(tmp_path: Path) -> None
 @pytest.mark.anyio
 async def test_a_partly_migrated_file_is_out_of_date_until_migrated(tmp_path: Path) -> None:
     path = tmp_path / "old.db"
-    raw = sqlite3.connect(path, isolation_level=None)
+    raw = sqlite3.connect(path, isolation_level=None, factory=Connection)
     try:
         assert apply_migrations(raw, target=LATEST_VERSION - 1) == list(range(1, LATEST_VERSION))
     finally:
@@ -532,13 +532,20 @@ async def test_checkpoints_run_in_their_own_thread_and_stop_with_the_store(tmp_p
         await store.append_update("sess_1", b'{"n":%d}' % i)
     assert await anyio.to_thread.run_sync(checkpointer.checkpointed.wait, 10.0)
     assert checkpointer.checkpoints >= 1
-    # what was checkpointed is in the main file: a reader that ignores the WAL sees the rows
-    reader = sqlite3.connect(f"file:{path}?immutable=1", uri=True)
-    try:
-        (count,) = reader.execute("SELECT COUNT(*) FROM timeline").fetchone()
-    finally:
-        reader.close()
-    assert count >= 249
+    # what was checkpointed is in the main file: a reader that ignores the WAL sees the rows.
+    # It reads holding the checkpointer's lock, so no checkpoint writes the file meanwhile
+    # (an immutable reader would see its pages half-copied).
+
+    def count_in_file() -> int:
+        with checkpointer.lock:
+            reader = sqlite3.connect(f"file:{path}?immutable=1", uri=True)
+            try:
+                (count,) = reader.execute("SELECT COUNT(*) FROM timeline").fetchone()
+            finally:
+                reader.close()
+        return int(count)
+
+    assert await anyio.to_thread.run_sync(count_in_file) >= 249
     await store.aclose()
     assert not thread.is_alive()
     assert store._checkpointer is None  # pyright: ignore[reportPrivateUsage]

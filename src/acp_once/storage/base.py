@@ -30,13 +30,12 @@ import binascii
 import enum
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, Generic, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
 
 import orjson
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Generator, Sequence
-    from types import TracebackType
+    from collections.abc import Sequence
 
 __all__ = [
     "UNCHANGED",
@@ -45,7 +44,6 @@ __all__ = [
     "InsertOutcome",
     "InvalidCursor",
     "KeyRecord",
-    "Opening",
     "SchemaOutOfDate",
     "SessionExists",
     "SessionMissing",
@@ -380,43 +378,3 @@ def check_limit(limit: int) -> None:
     """Raise ValueError for a page size below 1."""
     if limit < 1:
         raise ValueError(f"limit must be at least 1, got {limit}")
-
-
-_StoreT = TypeVar("_StoreT")
-
-
-class Opening(Generic[_StoreT]):
-    """The result of a store's `open(...)`: await it, or use it as an async context manager.
-
-    store = await SqliteStore.open(path)      # explicit lifecycle: await store.aclose()
-    async with SqliteStore.open(path) as store:
-        ...
-    """
-
-    __slots__ = ("_close", "_open", "_store")
-
-    def __init__(
-        self,
-        open_: Callable[[], Awaitable[_StoreT]],
-        close: Callable[[_StoreT], Awaitable[None]],
-    ) -> None:
-        self._open = open_
-        self._close = close
-        self._store: _StoreT | None = None
-
-    def __await__(self) -> Generator[Any, None, _StoreT]:
-        return self._open().__await__()
-
-    async def __aenter__(self) -> _StoreT:
-        self._store = await self._open()
-        return self._store
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        store, self._store = self._store, None
-        if store is not None:
-            await self._close(store)

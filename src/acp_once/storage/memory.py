@@ -21,7 +21,7 @@ from __future__ import annotations
 import bisect
 import time
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Self
+from typing import TYPE_CHECKING
 
 from acp_once.storage.base import (
     UNCHANGED,
@@ -37,10 +37,10 @@ from acp_once.storage.base import (
     decode_cursor,
     encode_cursor,
 )
+from acp_once.support.opening import AsyncClosing
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
-    from types import TracebackType
 
 __all__ = ["MemoryStore"]
 
@@ -94,7 +94,7 @@ def _order(record: SessionRecord) -> tuple[float, str]:
     return (-record.updated_at, record.session_id)
 
 
-class MemoryStore:
+class MemoryStore(AsyncClosing):
     """A `SessionStore` that keeps everything in this process's memory.
 
     Usable right after construction; also an async context manager that closes it.
@@ -107,17 +107,6 @@ class MemoryStore:
         self._clock = clock
         self._sessions: dict[str, _Session] = {}
         self._closed = False
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"{len(self._sessions)} sessions"

@@ -30,13 +30,14 @@ from typing import Final, TypeAlias
 import anyio
 import orjson
 
-from acp_once.client.outbox import (
+from acp_once.client.outbox.base import (
     KeyConflict,
     Outbox,
     OutboxError,
     Submission,
     SubmissionNotFound,
 )
+from acp_once.support.contract import ContractViolation, equal, expect, raises, run_checks
 
 __all__ = ["CHECKS", "Check", "ContractViolation", "OutboxFactory", "run_contract"]
 
@@ -46,31 +47,7 @@ OutboxFactory: TypeAlias = Callable[[], AbstractAsyncContextManager[Outbox]]
 Check: TypeAlias = Callable[[OutboxFactory], Awaitable[None]]
 
 
-class ContractViolation(AssertionError):
-    """A backend broke the `Outbox` contract."""
-
-
 # -- helpers ------------------------------------------------------------------------------------
-
-
-def _expect(condition: bool, message: str) -> None:
-    if not condition:
-        raise ContractViolation(message)
-
-
-def _equal(actual: object, expected: object, what: str) -> None:
-    if actual != expected:
-        raise ContractViolation(f"{what}: expected {expected!r}, got {actual!r}")
-
-
-async def _raises(
-    expected: type[BaseException], call: Awaitable[object], what: str
-) -> BaseException:
-    try:
-        await call
-    except expected as exc:
-        return exc
-    raise ContractViolation(f"{what}: expected {expected.__name__}, nothing was raised")
 
 
 def _prompt(text: str) -> bytes:
@@ -89,16 +66,16 @@ async def check_add_then_read(factory: OutboxFactory) -> None:
     async with factory() as outbox:
         prompt = _prompt("Run the database migration")
         added = await outbox.add("sess_a", prompt, idempotency_key="key-1", now=1234.5)
-        _equal(added.session_id, "sess_a", "session_id")
-        _equal(added.idempotency_key, "key-1", "idempotency_key")
-        _equal(added.prompt, prompt, "prompt")
-        _equal(added.created_at, 1234.5, "created_at")
-        _equal(added.attempts, 0, "attempts of a new submission")
-        _expect(len(added.submission_id) == 32, "submission_id must be uuid4 hex")
-        _equal(uuid.UUID(hex=added.submission_id).version, 4, "submission_id uuid version")
-        _equal(await outbox.get(added.submission_id), added, "get")
-        _equal(await outbox.pending(), [added], "pending()")
-        _equal(await outbox.pending("sess_a"), [added], "pending(session)")
+        equal(added.session_id, "sess_a", "session_id")
+        equal(added.idempotency_key, "key-1", "idempotency_key")
+        equal(added.prompt, prompt, "prompt")
+        equal(added.created_at, 1234.5, "created_at")
+        equal(added.attempts, 0, "attempts of a new submission")
+        expect(len(added.submission_id) == 32, "submission_id must be uuid4 hex")
+        equal(uuid.UUID(hex=added.submission_id).version, 4, "submission_id uuid version")
+        equal(await outbox.get(added.submission_id), added, "get")
+        equal(await outbox.pending(), [added], "pending()")
+        equal(await outbox.pending("sess_a"), [added], "pending(session)")
 
 
 async def check_add_makes_a_fresh_key_each_time(factory: OutboxFactory) -> None:
@@ -106,13 +83,13 @@ async def check_add_makes_a_fresh_key_each_time(factory: OutboxFactory) -> None:
     async with factory() as outbox:
         first = await outbox.add("s", _prompt("again"))
         second = await outbox.add("s", _prompt("again"))
-        _expect(first.submission_id != second.submission_id, "two submissions share an id")
-        _expect(first.idempotency_key != second.idempotency_key, "two submissions share a key")
+        expect(first.submission_id != second.submission_id, "two submissions share an id")
+        expect(first.idempotency_key != second.idempotency_key, "two submissions share a key")
         for submission in (first, second):
             key = submission.idempotency_key
-            _equal(str(uuid.UUID(key)), key, "generated key must be a UUID string")
-            _equal(uuid.UUID(key).version, 4, "generated key UUID version")
-        _equal(_ids(await outbox.pending()), _ids([first, second]), "both pending")
+            equal(str(uuid.UUID(key)), key, "generated key must be a UUID string")
+            equal(uuid.UUID(key).version, 4, "generated key UUID version")
+        equal(_ids(await outbox.pending()), _ids([first, second]), "both pending")
 
 
 async def check_created_at_defaults_to_now(factory: OutboxFactory) -> None:
@@ -121,7 +98,7 @@ async def check_created_at_defaults_to_now(factory: OutboxFactory) -> None:
         before = time.time()
         added = await outbox.add("s", _prompt("x"))
         after = time.time()
-        _expect(before <= added.created_at <= after, f"created_at {added.created_at} not now")
+        expect(before <= added.created_at <= after, f"created_at {added.created_at} not now")
 
 
 async def check_prompt_fidelity(factory: OutboxFactory) -> None:
@@ -133,8 +110,8 @@ async def check_prompt_fidelity(factory: OutboxFactory) -> None:
             _prompt("x" * (1 << 20)),
         ]
         added = [await outbox.add("s", p) for p in prompts]
-        _equal([s.prompt for s in await outbox.pending()], prompts, "prompts")
-        _equal([s.prompt for s in added], prompts, "returned prompts")
+        equal([s.prompt for s in await outbox.pending()], prompts, "prompts")
+        equal([s.prompt for s in added], prompts, "returned prompts")
 
 
 async def check_invalid_add_writes_nothing(factory: OutboxFactory) -> None:
@@ -142,17 +119,17 @@ async def check_invalid_add_writes_nothing(factory: OutboxFactory) -> None:
     async with factory() as outbox:
         long_key = "k" * 256
         for key in ("", long_key, "bad\ud800key"):
-            exc = await _raises(
+            exc = await raises(
                 ValueError, outbox.add("s", _prompt("x"), idempotency_key=key), "invalid key"
             )
-            _expect(not key or key not in str(exc), "the error message contains the key")
-        await _raises(ValueError, outbox.add("", _prompt("x")), "empty session id")
-        await _raises(ValueError, outbox.add("s", _prompt("x"), now=float("nan")), "NaN now")
+            expect(not key or key not in str(exc), "the error message contains the key")
+        await raises(ValueError, outbox.add("", _prompt("x")), "empty session id")
+        await raises(ValueError, outbox.add("s", _prompt("x"), now=float("nan")), "NaN now")
         not_bytes: object = "[]"
-        await _raises(TypeError, outbox.add("s", not_bytes), "str prompt")  # type: ignore[arg-type]
-        _equal(await outbox.pending(), [], "pending after refused adds")
+        await raises(TypeError, outbox.add("s", not_bytes), "str prompt")  # type: ignore[arg-type]
+        equal(await outbox.pending(), [], "pending after refused adds")
         longest = await outbox.add("s", _prompt("x"), idempotency_key="k" * 255)
-        _equal(longest.idempotency_key, "k" * 255, "a 255-character key is valid")
+        equal(longest.idempotency_key, "k" * 255, "a 255-character key is valid")
 
 
 # -- order --------------------------------------------------------------------------------------
@@ -166,11 +143,11 @@ async def check_seq_orders_across_sessions(factory: OutboxFactory) -> None:
             for n, session in enumerate(["b", "a", "b", "c", "a", "b"])
         ]
         seqs = [s.seq for s in added]
-        _expect(all(x < y for x, y in itertools.pairwise(seqs)), f"seq {seqs}")
-        _equal(_ids(await outbox.pending()), _ids(added), "pending() order")
+        expect(all(x < y for x, y in itertools.pairwise(seqs)), f"seq {seqs}")
+        equal(_ids(await outbox.pending()), _ids(added), "pending() order")
         for session in ("a", "b", "c"):
             expected = [s for s in added if s.session_id == session]
-            _equal(await outbox.pending(session), expected, f"pending({session!r})")
+            equal(await outbox.pending(session), expected, f"pending({session!r})")
 
 
 async def check_seq_is_never_reused(factory: OutboxFactory) -> None:
@@ -180,8 +157,8 @@ async def check_seq_is_never_reused(factory: OutboxFactory) -> None:
         second = await outbox.add("s", _prompt("2"))
         await outbox.complete(second.submission_id)
         third = await outbox.add("s", _prompt("3"))
-        _expect(third.seq > second.seq > first.seq, "seq went back after a completion")
-        _equal(_ids(await outbox.pending()), _ids([first, third]), "pending")
+        expect(third.seq > second.seq > first.seq, "seq went back after a completion")
+        equal(_ids(await outbox.pending()), _ids([first, third]), "pending")
 
 
 async def check_concurrent_adds(factory: OutboxFactory) -> None:
@@ -197,11 +174,11 @@ async def check_concurrent_adds(factory: OutboxFactory) -> None:
                 for n in range(40):
                     tg.start_soon(add, n)
         pending = await outbox.pending()
-        _equal(len(pending), 40, "pending count")
-        _equal({s.seq for s in pending}, {s.seq for s in added}, "seqs")
-        _equal(len({s.seq for s in pending}), 40, "distinct seqs")
-        _equal(pending, sorted(added, key=lambda s: s.seq), "pending order")
-        _equal(len(await outbox.pending("s3")), 10, "pending of one session")
+        equal(len(pending), 40, "pending count")
+        equal({s.seq for s in pending}, {s.seq for s in added}, "seqs")
+        equal(len({s.seq for s in pending}), 40, "distinct seqs")
+        equal(pending, sorted(added, key=lambda s: s.seq), "pending order")
+        equal(len(await outbox.pending("s3")), 10, "pending of one session")
 
 
 # -- keys ---------------------------------------------------------------------------------------
@@ -213,25 +190,25 @@ async def check_same_key_and_prompt_is_one_submission(factory: OutboxFactory) ->
         first = await outbox.add("s", _prompt("x"), idempotency_key="app-key", now=10.0)
         await outbox.record_attempt(first.submission_id)
         again = await outbox.add("s", _prompt("x"), idempotency_key="app-key", now=20.0)
-        _equal(again.submission_id, first.submission_id, "a replayed add made a new submission")
-        _equal(again.attempts, 1, "attempts of the returned submission")
-        _equal(again.created_at, 10.0, "created_at of the returned submission")
-        _equal(len(await outbox.pending()), 1, "pending count")
+        equal(again.submission_id, first.submission_id, "a replayed add made a new submission")
+        equal(again.attempts, 1, "attempts of the returned submission")
+        equal(again.created_at, 10.0, "created_at of the returned submission")
+        equal(len(await outbox.pending()), 1, "pending count")
 
 
 async def check_same_key_other_prompt_conflicts(factory: OutboxFactory) -> None:
     """One key never names two prompts (R13): KeyConflict, which never shows the key."""
     async with factory() as outbox:
         first = await outbox.add("s", _prompt("x"), idempotency_key="secret-key-42")
-        exc = await _raises(
+        exc = await raises(
             KeyConflict,
             outbox.add("s", _prompt("y"), idempotency_key="secret-key-42"),
             "same key, other prompt",
         )
-        _expect(isinstance(exc, ValueError), "KeyConflict must be a ValueError")
-        _expect("secret-key-42" not in str(exc), "KeyConflict message contains the key")
-        _expect(first.submission_id in str(exc), "KeyConflict should name the pending one")
-        _equal(await outbox.pending(), [first], "pending after the conflict")
+        expect(isinstance(exc, ValueError), "KeyConflict must be a ValueError")
+        expect("secret-key-42" not in str(exc), "KeyConflict message contains the key")
+        expect(first.submission_id in str(exc), "KeyConflict should name the pending one")
+        equal(await outbox.pending(), [first], "pending after the conflict")
 
 
 async def check_key_is_scoped_to_the_session(factory: OutboxFactory) -> None:
@@ -239,8 +216,8 @@ async def check_key_is_scoped_to_the_session(factory: OutboxFactory) -> None:
     async with factory() as outbox:
         in_a = await outbox.add("a", _prompt("x"), idempotency_key="k")
         in_b = await outbox.add("b", _prompt("y"), idempotency_key="k")
-        _expect(in_a.submission_id != in_b.submission_id, "one submission for two sessions")
-        _equal(await outbox.pending(), [in_a, in_b], "pending")
+        expect(in_a.submission_id != in_b.submission_id, "one submission for two sessions")
+        equal(await outbox.pending(), [in_a, in_b], "pending")
 
 
 async def check_completed_key_can_be_added_again(factory: OutboxFactory) -> None:
@@ -249,9 +226,9 @@ async def check_completed_key_can_be_added_again(factory: OutboxFactory) -> None
         first = await outbox.add("s", _prompt("x"), idempotency_key="k")
         await outbox.complete(first.submission_id)
         second = await outbox.add("s", _prompt("other"), idempotency_key="k")
-        _expect(second.submission_id != first.submission_id, "the completed one came back")
-        _expect(second.seq > first.seq, "seq went back")
-        _equal(await outbox.pending(), [second], "pending")
+        expect(second.submission_id != first.submission_id, "the completed one came back")
+        expect(second.seq > first.seq, "seq went back")
+        equal(await outbox.pending(), [second], "pending")
 
 
 async def check_key_stays_private(factory: OutboxFactory) -> None:
@@ -260,15 +237,15 @@ async def check_key_stays_private(factory: OutboxFactory) -> None:
         key = "private-key-7f3a"
         added = await outbox.add("s", _prompt("private text"), idempotency_key=key)
         shown = repr(added) + str(added)
-        _expect(key not in shown, "the repr of a submission shows its key")
-        _expect("private text" not in shown, "the repr of a submission shows its prompt")
-        _expect(added.submission_id in shown, "the repr should name the submission")
-        conflict = await _raises(
+        expect(key not in shown, "the repr of a submission shows its key")
+        expect("private text" not in shown, "the repr of a submission shows its prompt")
+        expect(added.submission_id in shown, "the repr should name the submission")
+        conflict = await raises(
             KeyConflict, outbox.add("s", _prompt("y"), idempotency_key=key), "conflict"
         )
-        missing = await _raises(SubmissionNotFound, outbox.record_attempt("nope"), "missing")
+        missing = await raises(SubmissionNotFound, outbox.record_attempt("nope"), "missing")
         for exc in (conflict, missing):
-            _expect(key not in str(exc) and key not in repr(exc), "an error shows the key")
+            expect(key not in str(exc) and key not in repr(exc), "an error shows the key")
 
 
 # -- attempts and completion --------------------------------------------------------------------
@@ -282,25 +259,25 @@ async def check_record_attempt_counts(factory: OutboxFactory) -> None:
         for _ in range(3):
             await outbox.record_attempt(added.submission_id)
         got = await outbox.get(added.submission_id)
-        _expect(got is not None, "the submission vanished")
+        expect(got is not None, "the submission vanished")
         assert got is not None
-        _equal(got.attempts, 3, "attempts")
-        _equal(got, replace(added, attempts=3), "the submission after three attempts")
-        _equal(await outbox.pending(), [got, other], "pending after attempts")
+        equal(got.attempts, 3, "attempts")
+        equal(got, replace(added, attempts=3), "the submission after three attempts")
+        equal(await outbox.pending(), [got, other], "pending after attempts")
 
 
 async def check_record_attempt_of_a_settled_submission(factory: OutboxFactory) -> None:
     """`record_attempt` on an unknown or completed submission raises SubmissionNotFound."""
     async with factory() as outbox:
-        await _raises(SubmissionNotFound, outbox.record_attempt("f" * 32), "unknown id")
+        await raises(SubmissionNotFound, outbox.record_attempt("f" * 32), "unknown id")
         added = await outbox.add("s", _prompt("x"))
         await outbox.complete(added.submission_id)
-        exc = await _raises(
+        exc = await raises(
             SubmissionNotFound, outbox.record_attempt(added.submission_id), "completed id"
         )
-        _expect(isinstance(exc, OutboxError), "SubmissionNotFound must be an OutboxError")
-        _equal(getattr(exc, "submission_id", None), added.submission_id, "exc.submission_id")
-        _equal(await outbox.pending(), [], "pending")
+        expect(isinstance(exc, OutboxError), "SubmissionNotFound must be an OutboxError")
+        equal(getattr(exc, "submission_id", None), added.submission_id, "exc.submission_id")
+        equal(await outbox.pending(), [], "pending")
 
 
 async def check_complete_removes_once(factory: OutboxFactory) -> None:
@@ -312,18 +289,18 @@ async def check_complete_removes_once(factory: OutboxFactory) -> None:
         await outbox.complete(first.submission_id)
         await outbox.complete(first.submission_id)
         await outbox.complete("0" * 32)
-        _equal(await outbox.get(first.submission_id), None, "get of a completed submission")
-        _equal(await outbox.pending(), [second, third], "pending()")
-        _equal(await outbox.pending("a"), [third], "pending('a')")
+        equal(await outbox.get(first.submission_id), None, "get of a completed submission")
+        equal(await outbox.pending(), [second, third], "pending()")
+        equal(await outbox.pending("a"), [third], "pending('a')")
 
 
 async def check_reads_of_nothing(factory: OutboxFactory) -> None:
     """An empty outbox, an unknown session and an unknown id read as empty."""
     async with factory() as outbox:
-        _equal(await outbox.pending(), [], "pending() of an empty outbox")
+        equal(await outbox.pending(), [], "pending() of an empty outbox")
         await outbox.add("s", _prompt("x"))
-        _equal(await outbox.pending("other"), [], "pending of an unknown session")
-        _equal(await outbox.get("0" * 32), None, "get of an unknown id")
+        equal(await outbox.pending("other"), [], "pending of an unknown session")
+        equal(await outbox.get("0" * 32), None, "get of an unknown id")
 
 
 # -- lifecycle ----------------------------------------------------------------------------------
@@ -332,7 +309,7 @@ async def check_reads_of_nothing(factory: OutboxFactory) -> None:
 async def check_is_an_outbox(factory: OutboxFactory) -> None:
     """The opened object satisfies the runtime-checkable `Outbox` protocol."""
     async with factory() as outbox:
-        _expect(isinstance(outbox, Outbox), f"{outbox!r} is not an Outbox")
+        expect(isinstance(outbox, Outbox), f"{outbox!r} is not an Outbox")
 
 
 async def check_cancelled_calls_do_nothing(factory: OutboxFactory) -> None:
@@ -342,14 +319,14 @@ async def check_cancelled_calls_do_nothing(factory: OutboxFactory) -> None:
         with anyio.CancelScope() as scope:
             scope.cancel()
             await outbox.add("s", _prompt("never"))
-        _expect(scope.cancelled_caught, "add in a cancelled scope was not cancelled")
+        expect(scope.cancelled_caught, "add in a cancelled scope was not cancelled")
         with anyio.CancelScope() as scope:
             scope.cancel()
             await outbox.record_attempt(kept.submission_id)
         with anyio.CancelScope() as scope:
             scope.cancel()
             await outbox.complete(kept.submission_id)
-        _equal(await outbox.pending(), [kept], "pending after cancelled calls")
+        equal(await outbox.pending(), [kept], "pending after cancelled calls")
 
 
 async def check_closed_outbox_refuses(factory: OutboxFactory) -> None:
@@ -367,7 +344,7 @@ async def check_closed_outbox_refuses(factory: OutboxFactory) -> None:
             ("get", lambda: outbox.get(sid)),
         ]
         for name, call in calls:
-            await _raises(OutboxError, call(), f"{name} after aclose")
+            await raises(OutboxError, call(), f"{name} after aclose")
 
 
 CHECKS: Final[tuple[Check, ...]] = (
@@ -397,10 +374,4 @@ CHECKS: Final[tuple[Check, ...]] = (
 
 async def run_contract(factory: OutboxFactory) -> list[tuple[str, Exception]]:
     """Run every check against outboxes from `factory`; return the failures (name, error)."""
-    failures: list[tuple[str, Exception]] = []
-    for check in CHECKS:
-        try:
-            await check(factory)
-        except Exception as exc:  # a failing check must not stop the others
-            failures.append((getattr(check, "__name__", repr(check)), exc))
-    return failures
+    return await run_checks(CHECKS, factory)

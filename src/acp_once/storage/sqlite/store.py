@@ -1,6 +1,6 @@
 """The SQLite store: stdlib `sqlite3`, one connection, one worker thread at a time.
 
-Layout (see `_migrations.py`): a `sessions` table and a `timeline` table whose rows are the
+Layout (see `schema.py`): a `sessions` table and a `timeline` table whose rows are the
 retained `session/update` objects of each session in `seq` order. **The idempotency key is a
 nullable column of the user-message row itself**, next to the prompt digest, guarded by the
 partial unique index `timeline_user_keys (session_id, idempotency_key) WHERE idempotency_key
@@ -27,7 +27,7 @@ Concurrency and durability:
   instead of failing with "database is locked" (the LangGraph #8136 lesson).
 * WAL journal mode, so readers never block the writer and vice versa.
 * Checkpoints (copying the WAL back into the database file, with an fsync) run in a thread
-  of their own (`_Checkpointer`), never on a caller's path.
+  of their own (`Checkpointer`), never on a caller's path.
 * `synchronous=NORMAL` (default): in WAL mode a committed transaction survives a crash of
   the process, SIGKILL included, because the WAL is in the OS page cache; a power loss or
   OS crash may lose the last few commits (never corrupting the file). `synchronous="FULL"`
@@ -36,34 +36,29 @@ Concurrency and durability:
 * Foreign keys are on (`ON DELETE CASCADE` from sessions to timeline); deletes also remove
   the timeline explicitly, so a connection without the pragma cannot leave orphans.
 
-The schema is migrated explicitly (`_migrations.py`): `SqliteStore.open(path)` applies the
+The schema is migrated explicitly (`schema.py`): `SqliteStore.open(path)` applies the
 pending migrations by default; with `migrate=False` an out-of-date file raises
 `SchemaOutOfDate`, which tells the user to run `acp-once db migrate` (see
-`migrate_database`).
+`schema.migrate_database`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import logging
 import os
 import sqlite3
-import threading
 import time
-from typing import TYPE_CHECKING, Any, Final, Literal, Self, TypeVar, get_args
+from typing import TYPE_CHECKING, Final, TypeVar
 
 import anyio
 import anyio.to_thread
 import orjson
 
-from acp_once.storage._migrations import LATEST_VERSION, apply_migrations, current_version
 from acp_once.storage.base import (
     UNCHANGED,
     InsertOutcome,
     KeyRecord,
-    Opening,
-    SchemaOutOfDate,
     SessionExists,
     SessionMissing,
     SessionRecord,
@@ -74,19 +69,23 @@ from acp_once.storage.base import (
     decode_cursor,
     encode_cursor,
 )
-from acp_once.storage.wal import enable_wal
+from acp_once.storage.sqlite.checkpoint import (
+    CHECKPOINT_EVERY,
+    CHECKPOINT_LAG_LIMIT,
+    Checkpointer,
+    truncate_checkpoint,
+)
+from acp_once.storage.sqlite.schema import connect, prepare_schema
+from acp_once.support import sqlite as db
+from acp_once.support.opening import AsyncClosing, Opening
+from acp_once.support.sqlite import Connection, Synchronous
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
-    from types import TracebackType
 
-__all__ = ["LATEST_VERSION", "SqliteStore", "Synchronous", "database_status", "migrate_database"]
-
-Synchronous = Literal["NORMAL", "FULL", "EXTRA"]
-"""Accepted values of SQLite's `synchronous` pragma (`OFF` is refused: it can corrupt)."""
+__all__ = ["BUMP_RESOLUTION", "FIND_KEY_SQL", "SqliteStore", "Synchronous"]
 
 _T = TypeVar("_T")
-_log = logging.getLogger(__name__)
 
 # -- SQL ----------------------------------------------------------------------------------------
 # Module constants so that the tests can run `EXPLAIN QUERY PLAN` on the exact statements.
@@ -187,181 +186,7 @@ def _from_row(row: _SessionRow) -> SessionRecord:
     )
 
 
-# -- synchronous helpers (run in the worker thread) --------------------------------------------
-
-
-class _Connection(sqlite3.Connection):
-    """A connection with one cursor kept for the hot path (`cur`).
-
-    `Connection.execute` makes a new cursor per statement; the store's small transactions run
-    five statements each, and reusing one cursor saves ~7,000 instructions per transaction.
-    Executing a statement on it resets the previous one, so no read stays open between
-    calls. Used by one thread at a time, like the connection itself.
-    """
-
-    cur: sqlite3.Cursor
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.cur = self.cursor()
-
-
-def _connect(path: str, synchronous: Synchronous, busy_timeout_ms: int) -> _Connection:
-    # isolation_level=None: autocommit; we issue BEGIN IMMEDIATE / COMMIT ourselves.
-    conn = sqlite3.connect(
-        path,
-        isolation_level=None,
-        check_same_thread=False,
-        timeout=busy_timeout_ms / 1000,
-        factory=_Connection,
-    )
-    try:
-        conn.execute(f"PRAGMA busy_timeout = {busy_timeout_ms:d}")
-        enable_wal(conn, busy_timeout_ms)
-        conn.execute(f"PRAGMA synchronous = {synchronous}")
-        conn.execute("PRAGMA foreign_keys = ON")
-    except BaseException:
-        conn.close()
-        raise
-    return conn
-
-
-def _prepare_schema(conn: _Connection, *, migrate: bool, where: str) -> None:
-    found = current_version(conn)
-    if found < LATEST_VERSION:
-        if not migrate:
-            raise SchemaOutOfDate(found=found, required=LATEST_VERSION, where=where)
-        apply_migrations(conn)  # reads the version again under the write lock
-        found = current_version(conn)
-    if found > LATEST_VERSION:
-        raise StorageError(
-            f"{where}: database schema version {found} is newer than this acp-once supports"
-            f" ({LATEST_VERSION}); upgrade acp-once"
-        )
-
-
-_CHECKPOINT_EVERY = 250  # inline calls; ~ SQLite's default of a checkpoint per 1000 WAL pages
-_WAL_RESTART_PAGES = 3000  # frames in the log after a passive checkpoint that force a restart
-_IDLE_CHECKPOINT_S = 0.2  # a passive checkpoint this long after the last poke, if no new one
-_CHECKPOINT_LAG_LIMIT = 2 * _CHECKPOINT_EVERY  # inline calls not yet checkpointed: then wait
-_CHECKPOINT_BUSY_MS = 1000  # how long a restarting checkpoint waits for writers and readers
-
-
-def _truncate_checkpoint(conn: _Connection, *, lock: threading.Lock) -> None:
-    # the lock: a checkpoint that finds another one running fails at once (SQLITE_BUSY,
-    # no busy handler), so this one waits for the checkpoint thread's to finish instead
-    with lock:
-        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-
-
-class _Checkpointer:
-    """Checkpoints the write-ahead log in a thread and on a connection of its own.
-
-    Why not on the callers' path: with `synchronous=NORMAL` a checkpoint fsyncs the database
-    file, which costs milliseconds on a disk; run every 250th inline call, it put ~30 us per
-    turn (amortised) on the prompt path. Here `poke()` only sets an event. Should the thread
-    fall behind by more than `_CHECKPOINT_LAG_LIMIT` calls (a burst of writes with no pause),
-    the calling store checkpoints on its own path once, so the log stays bounded anyway.
-
-    Why a restart now and then: a passive checkpoint never blocks a writer, but under a steady
-    write load it never finds the log fully copied either, and SQLite only rewinds the log
-    when it is. When the log holds more than `_WAL_RESTART_PAGES` frames after a passive
-    checkpoint, a RESTART checkpoint (which briefly holds writers off: an inline write that
-    finds the database busy goes to the worker thread and waits there) copies the rest, so
-    the next writer starts the log from its beginning (RESTART, not TRUNCATE: appending to
-    an emptied file allocates blocks again, measurably slower than overwriting them).
-
-    Why also one when the writes pause: a passive checkpoint that runs while nobody writes
-    copies the whole log, and the next writer then rewinds it without any restart. So the
-    thread runs one `_IDLE_CHECKPOINT_S` after the last poke when no other poke came (then
-    waits for the next poke): a restart, which holds writers off for its fsync, is only
-    needed in a burst of more than `_WAL_RESTART_PAGES` frames without such a pause. While it
-    runs, the store sends calls to its worker thread, which waits on `restarting`.
-
-    The thread is the store's: started by `open`, stopped and joined by `aclose`. A daemon
-    thread, so a process that exits without closing the store is not held up by it.
-    """
-
-    def __init__(self, conn: _Connection) -> None:
-        self._conn = conn
-        self._wake = threading.Event()
-        self.lock = threading.Lock()  # held while a checkpoint runs, by this thread or a caller
-        # held only while a RESTART checkpoint runs (it holds writers off): callers wait on it
-        # instead of polling SQLite's write lock, whose busy handler sleeps 1, 2, 5, 10, ... ms
-        self.restarting = threading.Lock()
-        self._stopping = False
-        self.checkpoints = 0  # completed, for the tests
-        self._asked = 0
-        self.done_for = 0  # the inline calls whose writes the last checkpoint covered
-        self.checkpointed = threading.Event()  # set after each completed checkpoint
-        self._thread = threading.Thread(
-            target=self._run, name="acp-once-sqlite-checkpoint", daemon=True
-        )
-        self._thread.start()
-
-    def poke(self, calls: int) -> None:
-        """Ask for a checkpoint of what the first `calls` inline calls wrote; never blocks."""
-        self._asked = calls
-        self._wake.set()
-
-    def close(self) -> None:
-        """Stop the thread after the checkpoint in progress (if any); blocking, idempotent."""
-        self._stopping = True
-        self._wake.set()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join()
-
-    def _run(self) -> None:
-        idle_timeout: float | None = None
-        try:
-            while True:
-                poked = self._wake.wait(idle_timeout)
-                self._wake.clear()
-                if self._stopping:
-                    return
-                # after a poke, one more (passive) checkpoint when the writes pause
-                idle_timeout = _IDLE_CHECKPOINT_S if poked else None
-                asked = self._asked
-                try:
-                    with self.lock:
-                        row: tuple[int, int, int] = self._conn.execute(
-                            "PRAGMA wal_checkpoint(PASSIVE)"
-                        ).fetchone()
-                        if poked and row[1] > _WAL_RESTART_PAGES:  # no rewind for a while
-                            with self.restarting:
-                                self._conn.execute("PRAGMA wal_checkpoint(RESTART)")
-                    self.checkpoints += 1
-                    if poked:
-                        self.done_for = max(self.done_for, asked)
-                    self.checkpointed.set()
-                except sqlite3.Error as exc:
-                    # not fatal: the log only grows until the next checkpoint succeeds
-                    _log.debug("sqlite checkpoint failed: %s", exc)
-        finally:
-            self._conn.close()
-
-
-def _write(conn: _Connection, work: Callable[..., _T], *args: Any) -> _T:
-    """Run `work(conn, *args)` in one `BEGIN IMMEDIATE` transaction: all of it commits, or
-    none of it.
-
-    `work` may end the transaction itself with a ROLLBACK (a keyed retry that must leave
-    nothing written); then there is nothing to commit.
-    """
-    cur = conn.cur
-    cur.execute("BEGIN IMMEDIATE")
-    try:
-        result = work(conn, *args)
-        if conn.in_transaction:
-            cur.execute("COMMIT")
-    except BaseException:
-        if conn.in_transaction:
-            cur.execute("ROLLBACK")
-        raise
-    return result
-
-
-def _insert_session(conn: _Connection, record: SessionRecord) -> None:
+def _insert_session(conn: Connection, record: SessionRecord) -> None:
     try:
         conn.execute(_INSERT_SESSION, _to_row(record))
     except sqlite3.IntegrityError as exc:
@@ -390,12 +215,12 @@ def _find_key(cur: sqlite3.Cursor, session_id: str, key: str) -> KeyRecord | Non
     return None if row is None else KeyRecord(row[0], row[1])
 
 
-def _find_key_call(conn: _Connection, session_id: str, key: str) -> KeyRecord | None:
+def _find_key_call(conn: Connection, session_id: str, key: str) -> KeyRecord | None:
     return _find_key(conn.cur, session_id, key)
 
 
 def _insert_user_row(
-    conn: _Connection,
+    conn: Connection,
     session_id: str,
     message_id: str,
     update: bytes,
@@ -430,7 +255,7 @@ def _insert_user_row(
 
 
 def _append_rows(
-    conn: _Connection,
+    conn: Connection,
     session_id: str,
     entries: Sequence[tuple[bytes, str | None]],
     now: float,
@@ -448,21 +273,21 @@ def _append_rows(
     return first
 
 
-class SqliteStore:
+class SqliteStore(AsyncClosing):
     """A `SessionStore` in one SQLite file. Create it with `SqliteStore.open(path)`."""
 
     def __init__(
         self,
-        conn: _Connection,
+        conn: Connection,
         limiter: anyio.CapacityLimiter,
         *,
         path: str,
         clock: Callable[[], float],
-        fast: _Connection | None = None,
-        checkpointer: _Checkpointer | None = None,
+        fast: Connection | None = None,
+        checkpointer: Checkpointer | None = None,
     ) -> None:
         """Wrap an open, migrated connection; use `SqliteStore.open` instead."""
-        self._conn: _Connection | None = conn
+        self._conn: Connection | None = conn
         self._fast = fast
         self._fast_calls = 0
         self._checkpointer = checkpointer
@@ -498,19 +323,16 @@ class SqliteStore:
             SchemaOutOfDate: `migrate=False` and the schema is older than required.
             StorageError: the file cannot be opened, or its schema is newer than supported.
         """
-        if synchronous not in get_args(Synchronous):
-            raise ValueError(f"synchronous must be one of {get_args(Synchronous)}")
-        if busy_timeout_ms < 0:
-            raise ValueError("busy_timeout_ms must not be negative")
+        db.check_options(synchronous, busy_timeout_ms)
         where = os.fspath(path)
 
-        def connect_and_prepare() -> _Connection:
+        def connect_and_prepare() -> Connection:
             try:
-                conn = _connect(where, synchronous, busy_timeout_ms)
+                conn = connect(where, synchronous, busy_timeout_ms)
             except sqlite3.Error as exc:
                 raise StorageError(f"{where}: cannot open the database: {exc}") from exc
             try:
-                _prepare_schema(conn, migrate=migrate, where=where)
+                prepare_schema(conn, migrate=migrate, where=where)
             except BaseException as exc:
                 conn.close()
                 if isinstance(exc, sqlite3.Error):
@@ -518,12 +340,12 @@ class SqliteStore:
                 raise
             return conn
 
-        def connect_fast() -> _Connection | None:
+        def connect_fast() -> Connection | None:
             if not inline or where == ":memory:" or where.startswith("file::memory:"):
                 return None  # a second connection would be a different database
             # set up with the normal timeout (another opener may be migrating the file), then
             # never wait: a busy inline call goes to the thread instead
-            fast = _connect(where, synchronous, busy_timeout_ms)
+            fast = connect(where, synchronous, busy_timeout_ms)
             fast.execute("PRAGMA busy_timeout = 0")
             fast.execute("PRAGMA wal_autocheckpoint = 0")  # checkpoints run in the thread
             return fast
@@ -534,31 +356,18 @@ class SqliteStore:
             fast = await anyio.to_thread.run_sync(connect_fast, limiter=limiter)
             checkpointer = None
             if fast is not None:
-                ck = await anyio.to_thread.run_sync(
-                    _connect, where, synchronous, _CHECKPOINT_BUSY_MS, limiter=limiter
+                checkpointer = await anyio.to_thread.run_sync(
+                    Checkpointer.open, where, synchronous, limiter=limiter
                 )
-                ck.execute("PRAGMA wal_autocheckpoint = 0")
-                checkpointer = _Checkpointer(ck)
             return cls(conn, limiter, path=where, clock=clock, fast=fast, checkpointer=checkpointer)
 
         return Opening(open_, SqliteStore.aclose)
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     def __repr__(self) -> str:
         state = "closed" if self._conn is None else "open"
         return f"<SqliteStore {self._path!r} {state}>"
 
-    async def _call(self, fn: Callable[[_Connection], _T], *, inline: bool = False) -> _T:
+    async def _call(self, fn: Callable[[Connection], _T], *, inline: bool = False) -> _T:
         """Run `fn(connection)` one call at a time: inline when it is small and the database
         is free, otherwise in the store's worker thread.
 
@@ -568,7 +377,7 @@ class SqliteStore:
         it fails at once without having written anything (`BEGIN IMMEDIATE` is where it
         waits) and the call goes to the thread, which may wait for the lock. Auto-checkpoints
         are off on that connection; every 250th inline call asks the store's checkpoint thread
-        for one (`_Checkpointer`), without waiting for it. While that thread runs a RESTART
+        for one (`Checkpointer`), without waiting for it. While that thread runs a RESTART
         checkpoint (which holds writers off for its copy and fsync), calls go to the worker
         thread, which waits on the checkpointer's `restarting` lock and so wakes the moment
         the checkpoint ends. A call runs inline only when no call runs in or waits for the
@@ -597,12 +406,12 @@ class SqliteStore:
             done, result = self._inline(fn)
             if done:
                 self._fast_calls += 1
-                if checkpointer is not None and self._fast_calls % _CHECKPOINT_EVERY == 0:
-                    if self._fast_calls - checkpointer.done_for > _CHECKPOINT_LAG_LIMIT:
+                if checkpointer is not None and self._fast_calls % CHECKPOINT_EVERY == 0:
+                    if self._fast_calls - checkpointer.done_for > CHECKPOINT_LAG_LIMIT:
                         # back-pressure: the thread is not keeping up (a write burst with no
                         # pause), so this caller checkpoints and waits, as SQLite would
                         await self._threaded(
-                            functools.partial(_truncate_checkpoint, lock=checkpointer.lock)
+                            functools.partial(truncate_checkpoint, lock=checkpointer.lock)
                         )
                         checkpointer.done_for = self._fast_calls
                     checkpointer.poke(self._fast_calls)
@@ -610,7 +419,7 @@ class SqliteStore:
         # a thread call runs or waits (queue behind it), or the database was busy
         return await self._threaded(fn)
 
-    async def _threaded(self, fn: Callable[[_Connection], _T]) -> _T:
+    async def _threaded(self, fn: Callable[[Connection], _T]) -> _T:
         self._thread_calls += 1
         try:
             return await anyio.to_thread.run_sync(
@@ -619,7 +428,7 @@ class SqliteStore:
         finally:
             self._thread_calls -= 1
 
-    def _inline(self, fn: Callable[[_Connection], _T]) -> tuple[bool, _T | None]:
+    def _inline(self, fn: Callable[[Connection], _T]) -> tuple[bool, _T | None]:
         fast = self._fast
         if fast is None or self._conn is None:
             raise StorageError("the store is closed")
@@ -632,7 +441,7 @@ class SqliteStore:
         except sqlite3.Error as exc:
             raise StorageError(f"{self._path}: {exc}") from exc
 
-    def _in_thread(self, fn: Callable[[_Connection], _T]) -> _T:
+    def _in_thread(self, fn: Callable[[Connection], _T]) -> _T:
         conn = self._conn
         if conn is None:
             raise StorageError("the store is closed")
@@ -651,13 +460,13 @@ class SqliteStore:
     # -- sessions ----------------------------------------------------------------------------
 
     async def create_session(self, record: SessionRecord) -> None:
-        def work(conn: _Connection) -> None:
+        def work(conn: Connection) -> None:
             _insert_session(conn, record)
 
-        await self._call(functools.partial(_write, work=work), inline=True)
+        await self._call(functools.partial(db.write, work=work), inline=True)
 
     async def get_session(self, session_id: str) -> SessionRecord | None:
-        def work(conn: _Connection) -> SessionRecord | None:
+        def work(conn: Connection) -> SessionRecord | None:
             row: _SessionRow | None = conn.execute(_GET_SESSION, (session_id,)).fetchone()
             return None if row is None else _from_row(row)
 
@@ -680,7 +489,7 @@ class SqliteStore:
         sql = f"SELECT {_SESSION_COLUMNS} FROM sessions{where}{_LIST_ORDER}"
         params.append(limit + 1)  # one more than asked tells whether a next page exists
 
-        def work(conn: _Connection) -> list[SessionRecord]:
+        def work(conn: Connection) -> list[SessionRecord]:
             rows: list[_SessionRow] = conn.execute(sql, params).fetchall()
             return [_from_row(row) for row in rows]
 
@@ -693,14 +502,14 @@ class SqliteStore:
         return page, next_cursor
 
     async def delete_session(self, session_id: str) -> bool:
-        def work(conn: _Connection) -> bool:
+        def work(conn: Connection) -> bool:
             conn.execute("DELETE FROM timeline WHERE session_id = ?", (session_id,))
             return (
                 conn.execute("DELETE FROM sessions WHERE session_id = ?", (session_id,)).rowcount
                 > 0
             )
 
-        return await self._call(functools.partial(_write, work=work))
+        return await self._call(functools.partial(db.write, work=work))
 
     async def update_session(
         self,
@@ -720,7 +529,7 @@ class SqliteStore:
         params.append(session_id)
         sql = f"UPDATE sessions SET {', '.join(assignments)} WHERE session_id = ?"
 
-        def work(conn: _Connection) -> SessionRecord:
+        def work(conn: Connection) -> SessionRecord:
             if assignments:
                 conn.execute(sql, params)
             row: _SessionRow | None = conn.execute(_GET_SESSION, (session_id,)).fetchone()
@@ -728,16 +537,16 @@ class SqliteStore:
                 raise SessionMissing(session_id)
             return _from_row(row)
 
-        return await self._call(functools.partial(_write, work=work), inline=True)
+        return await self._call(functools.partial(db.write, work=work), inline=True)
 
     async def fork_session(self, source_id: str, new_record: SessionRecord) -> None:
-        def work(conn: _Connection) -> None:
+        def work(conn: Connection) -> None:
             if conn.execute(_SESSION_EXISTS, (source_id,)).fetchone() is None:
                 raise SessionMissing(source_id)
             _insert_session(conn, new_record)
             conn.execute(_COPY_TIMELINE, (new_record.session_id, source_id))
 
-        await self._call(functools.partial(_write, work=work))
+        await self._call(functools.partial(db.write, work=work))
 
     # -- timeline and keys -------------------------------------------------------------------
 
@@ -752,7 +561,7 @@ class SqliteStore:
     ) -> InsertOutcome:
         now = self._clock()
         return await self._call(
-            lambda conn: _write(
+            lambda conn: db.write(
                 conn,
                 _insert_user_row,
                 session_id,
@@ -775,7 +584,7 @@ class SqliteStore:
     ) -> int:
         now = self._clock()
         return await self._call(
-            lambda conn: _write(conn, _append_rows, session_id, ((update, message_id),), now),
+            lambda conn: db.write(conn, _append_rows, session_id, ((update, message_id),), now),
             inline=True,
         )
 
@@ -788,7 +597,7 @@ class SqliteStore:
         entries = list(updates)
         if not entries:
 
-            def exists(conn: _Connection) -> None:
+            def exists(conn: Connection) -> None:
                 if conn.execute(_SESSION_EXISTS, (session_id,)).fetchone() is None:
                     raise SessionMissing(session_id)
 
@@ -796,7 +605,7 @@ class SqliteStore:
             return []
         now = self._clock()
         first = await self._call(
-            lambda conn: _write(conn, _append_rows, session_id, entries, now),
+            lambda conn: db.write(conn, _append_rows, session_id, entries, now),
             inline=True,
         )
         return list(range(first, first + len(entries)))
@@ -806,7 +615,7 @@ class SqliteStore:
     ) -> list[TimelineEntry]:
         check_limit(limit)
 
-        def work(conn: _Connection) -> list[TimelineEntry]:
+        def work(conn: Connection) -> list[TimelineEntry]:
             rows: list[tuple[int, str | None, bytes]] = conn.execute(
                 _READ_TIMELINE, (session_id, after_seq, limit)
             ).fetchall()
@@ -817,7 +626,7 @@ class SqliteStore:
     async def read_timeline_tail(self, session_id: str, *, limit: int = 1) -> list[TimelineEntry]:
         check_limit(limit)
 
-        def work(conn: _Connection) -> list[TimelineEntry]:
+        def work(conn: Connection) -> list[TimelineEntry]:
             rows: list[tuple[int, str | None, bytes]] = conn.execute(
                 _READ_TAIL, (session_id, limit)
             ).fetchall()
@@ -830,7 +639,7 @@ class SqliteStore:
     async def count_user_messages(
         self, session_id: str, *, idempotency_key: str | None = None
     ) -> int:
-        def work(conn: _Connection) -> int:
+        def work(conn: Connection) -> int:
             if idempotency_key is None:
                 row: tuple[int] = conn.execute(_COUNT_USER, (session_id,)).fetchone()
             else:
@@ -842,7 +651,7 @@ class SqliteStore:
     async def aclose(self) -> None:
         """Close the connection after the call in progress (if any). Idempotent."""
 
-        def close(conn: _Connection) -> None:
+        def close(conn: Connection) -> None:
             self._conn = None
             conn.close()
             if self._fast is not None:
@@ -859,46 +668,3 @@ class SqliteStore:
         with anyio.CancelScope(shield=True):
             with contextlib.suppress(StorageError):  # closed meanwhile by another aclose()
                 await self._call(close)
-
-
-async def migrate_database(path: str | os.PathLike[str]) -> tuple[int, int]:
-    """Bring the database at `path` to the latest schema; the `acp-once db migrate` backend.
-
-    Returns (version before, version after). Creates the file if it does not exist.
-    """
-    where = os.fspath(path)
-
-    def work() -> tuple[int, int]:
-        try:
-            conn = _connect(where, "NORMAL", 5000)
-            try:
-                before = current_version(conn)
-                apply_migrations(conn)
-                return before, current_version(conn)
-            finally:
-                conn.close()
-        except sqlite3.Error as exc:
-            raise StorageError(f"{where}: {exc}") from exc
-
-    return await anyio.to_thread.run_sync(work)
-
-
-async def database_status(path: str | os.PathLike[str]) -> tuple[int, int]:
-    """Return (the schema version of the database at `path`, the latest version); the
-    `acp-once db status` backend. A missing file is version 0 and is not created.
-    """
-    where = os.fspath(path)
-
-    def work() -> int:
-        if not os.path.exists(where):
-            return 0
-        try:
-            conn = _connect(where, "NORMAL", 5000)
-            try:
-                return current_version(conn)
-            finally:
-                conn.close()
-        except sqlite3.Error as exc:
-            raise StorageError(f"{where}: {exc}") from exc
-
-    return await anyio.to_thread.run_sync(work), LATEST_VERSION

@@ -23,7 +23,7 @@ Concurrency: every call runs in a worker thread through `anyio.to_thread.run_syn
 connection. Writes are `BEGIN IMMEDIATE ... COMMIT`, with `busy_timeout` (5000 ms by default)
 so that two outboxes (or processes) on one file wait for each other instead of failing.
 
-The schema is migrated when the outbox opens: `_MIGRATIONS` is append-only, and the applied
+The schema is migrated when the outbox opens: `MIGRATIONS` is append-only, and the applied
 versions are rows of `outbox_schema_version`. A file with a newer schema is refused.
 """
 
@@ -34,13 +34,12 @@ import functools
 import os
 import sqlite3
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, Generic, Literal, Self, TypeVar, get_args
+from typing import TYPE_CHECKING, Final, TypeVar
 
 import anyio
 import anyio.to_thread
 
-from acp_once.client.outbox import (
+from acp_once.client.outbox.base import (
     KeyConflict,
     OutboxError,
     Submission,
@@ -48,61 +47,48 @@ from acp_once.client.outbox import (
     new_submission_id,
     validate_add,
 )
-from acp_once.storage.wal import enable_wal
+from acp_once.support import sqlite as db
+from acp_once.support.migrations import Migration, Migrations
+from acp_once.support.opening import AsyncClosing, Opening
+from acp_once.support.sqlite import Connection, Synchronous
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Generator
-    from types import TracebackType
+    from collections.abc import Callable
 
-__all__ = ["LATEST_VERSION", "SqliteOutbox", "Synchronous", "current_version"]
-
-Synchronous = Literal["NORMAL", "FULL", "EXTRA"]
-"""Accepted values of SQLite's `synchronous` pragma (`OFF` is refused: it can lose commits)."""
+__all__ = ["LATEST_VERSION", "MIGRATIONS", "SqliteOutbox", "Synchronous", "current_version"]
 
 _T = TypeVar("_T")
 
 # -- schema -------------------------------------------------------------------------------------
 
-
-@dataclass(frozen=True, slots=True)
-class _Migration:
-    description: str
-    statements: tuple[str, ...]  # single statements: executescript would commit mid-way
-
-
-_MIGRATIONS: Final[tuple[_Migration, ...]] = (
-    _Migration(
-        "pending prompt submissions with their idempotency keys",
-        (
-            """
-            CREATE TABLE outbox_submissions (
-                seq             INTEGER PRIMARY KEY AUTOINCREMENT,
-                submission_id   TEXT NOT NULL UNIQUE,
-                session_id      TEXT NOT NULL,
-                idempotency_key TEXT NOT NULL,
-                prompt          BLOB NOT NULL,    -- the prompt content-block array (JSON)
-                created_at      REAL NOT NULL,
-                attempts        INTEGER NOT NULL DEFAULT 0 CHECK (attempts >= 0)
-            )
-            """,
-            """
-            CREATE UNIQUE INDEX outbox_submissions_by_key
-            ON outbox_submissions (session_id, idempotency_key)
-            """,
+MIGRATIONS: Final = Migrations(
+    (
+        Migration(
+            "pending prompt submissions with their idempotency keys",
+            (
+                """
+                CREATE TABLE outbox_submissions (
+                    seq             INTEGER PRIMARY KEY AUTOINCREMENT,
+                    submission_id   TEXT NOT NULL UNIQUE,
+                    session_id      TEXT NOT NULL,
+                    idempotency_key TEXT NOT NULL,
+                    prompt          BLOB NOT NULL,    -- the prompt content-block array (JSON)
+                    created_at      REAL NOT NULL,
+                    attempts        INTEGER NOT NULL DEFAULT 0 CHECK (attempts >= 0)
+                )
+                """,
+                """
+                CREATE UNIQUE INDEX outbox_submissions_by_key
+                ON outbox_submissions (session_id, idempotency_key)
+                """,
+            ),
         ),
     ),
+    version_table="outbox_schema_version",
 )
 
-LATEST_VERSION: Final = len(_MIGRATIONS)
+LATEST_VERSION: Final = MIGRATIONS.latest
 """The schema version this code needs."""
-
-_CREATE_VERSION_TABLE: Final = """
-    CREATE TABLE IF NOT EXISTS outbox_schema_version (
-        version     INTEGER PRIMARY KEY NOT NULL,
-        applied_at  REAL NOT NULL,
-        description TEXT NOT NULL
-    )
-"""
 
 # -- SQL ----------------------------------------------------------------------------------------
 
@@ -134,113 +120,36 @@ def _from_row(row: _Row) -> Submission:
 
 def current_version(conn: sqlite3.Connection) -> int:
     """Return the highest applied outbox schema version; 0 for a file without the table."""
-    exists = conn.execute(
-        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'outbox_schema_version'"
-    ).fetchone()
-    if exists is None:
-        return 0
-    row = conn.execute("SELECT COALESCE(MAX(version), 0) FROM outbox_schema_version").fetchone()
-    return int(row[0])
+    return db.current_version(conn, MIGRATIONS)
 
 
-def _write(conn: sqlite3.Connection, work: Callable[[sqlite3.Connection], _T]) -> _T:
-    """Run `work` in one `BEGIN IMMEDIATE` transaction: all of it commits, or none of it."""
-    conn.execute("BEGIN IMMEDIATE")
+def _connect(path: str, synchronous: Synchronous, busy_timeout_ms: int) -> Connection:
+    conn = db.connect(path, synchronous, busy_timeout_ms)
     try:
-        result = work(conn)
-        conn.execute("COMMIT")
-    except BaseException:
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
-        raise
-    return result
-
-
-def _migrate(conn: sqlite3.Connection) -> None:
-    """Apply the pending migrations; the version is read again under the write lock."""
-    conn.execute(_CREATE_VERSION_TABLE)  # idempotent, so racing openers are fine
-    found = current_version(conn)
-    for version in range(found + 1, LATEST_VERSION + 1):
-        migration = _MIGRATIONS[version - 1]
-        for statement in migration.statements:
-            conn.execute(statement)
-        conn.execute(
-            "INSERT INTO outbox_schema_version (version, applied_at, description) VALUES (?, ?, ?)",
-            (version, time.time(), migration.description),
-        )
-
-
-def _connect(path: str, synchronous: Synchronous, busy_timeout_ms: int) -> sqlite3.Connection:
-    # isolation_level=None: autocommit; we issue BEGIN IMMEDIATE / COMMIT ourselves.
-    conn = sqlite3.connect(
-        path, isolation_level=None, check_same_thread=False, timeout=busy_timeout_ms / 1000
-    )
-    try:
-        conn.execute(f"PRAGMA busy_timeout = {busy_timeout_ms:d}")
-        enable_wal(conn, busy_timeout_ms)
-        conn.execute(f"PRAGMA synchronous = {synchronous}")
         if current_version(conn) < LATEST_VERSION:
-            _write(conn, _migrate)
-        found = current_version(conn)
-        if found > LATEST_VERSION:
-            raise OutboxError(
-                f"{path}: outbox schema version {found} is newer than this acp-once supports"
-                f" ({LATEST_VERSION}); upgrade acp-once"
-            )
+            db.apply_migrations(conn, MIGRATIONS)  # reads the version again under the lock
+        message = MIGRATIONS.too_new(current_version(conn), path, "outbox")
+        if message is not None:
+            raise OutboxError(message)
     except BaseException:
         conn.close()
         raise
     return conn
 
 
-_OutboxT = TypeVar("_OutboxT")
-
-
-class _Opening(Generic[_OutboxT]):
-    """The result of `SqliteOutbox.open(...)`: await it, or use it as an async context manager."""
-
-    __slots__ = ("_close", "_open", "_opened")
-
-    def __init__(
-        self,
-        open_: Callable[[], Awaitable[_OutboxT]],
-        close: Callable[[_OutboxT], Awaitable[None]],
-    ) -> None:
-        self._open = open_
-        self._close = close
-        self._opened: _OutboxT | None = None
-
-    def __await__(self) -> Generator[Any, None, _OutboxT]:
-        return self._open().__await__()
-
-    async def __aenter__(self) -> _OutboxT:
-        self._opened = await self._open()
-        return self._opened
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        opened, self._opened = self._opened, None
-        if opened is not None:
-            await self._close(opened)
-
-
-class SqliteOutbox:
+class SqliteOutbox(AsyncClosing):
     """An `Outbox` in one SQLite file. Create it with `SqliteOutbox.open(path)`."""
 
     def __init__(
         self,
-        conn: sqlite3.Connection,
+        conn: Connection,
         limiter: anyio.CapacityLimiter,
         *,
         path: str,
         clock: Callable[[], float],
     ) -> None:
         """Wrap an open, migrated connection; use `SqliteOutbox.open` instead."""
-        self._conn: sqlite3.Connection | None = conn
+        self._conn: Connection | None = conn
         self._limiter = limiter
         self._path = path
         self._clock = clock
@@ -253,7 +162,7 @@ class SqliteOutbox:
         synchronous: Synchronous = "NORMAL",
         busy_timeout_ms: int = 5000,
         clock: Callable[[], float] = time.time,
-    ) -> _Opening[SqliteOutbox]:
+    ) -> Opening[SqliteOutbox]:
         """Open (creating and migrating if needed) the outbox at `path`.
 
         `outbox = await SqliteOutbox.open(path)` (then `await outbox.aclose()`), or
@@ -269,13 +178,10 @@ class SqliteOutbox:
         Raises:
             OutboxError: the file cannot be opened, or its schema is newer than supported.
         """
-        if synchronous not in get_args(Synchronous):
-            raise ValueError(f"synchronous must be one of {get_args(Synchronous)}")
-        if busy_timeout_ms < 0:
-            raise ValueError("busy_timeout_ms must not be negative")
+        db.check_options(synchronous, busy_timeout_ms)
         where = os.fspath(path)
 
-        def connect() -> sqlite3.Connection:
+        def connect() -> Connection:
             try:
                 return _connect(where, synchronous, busy_timeout_ms)
             except sqlite3.Error as exc:
@@ -286,24 +192,13 @@ class SqliteOutbox:
             conn = await anyio.to_thread.run_sync(connect, limiter=limiter)
             return cls(conn, limiter, path=where, clock=clock)
 
-        return _Opening(open_, SqliteOutbox.aclose)
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
+        return Opening(open_, SqliteOutbox.aclose)
 
     def __repr__(self) -> str:
         state = "closed" if self._conn is None else "open"
         return f"<SqliteOutbox {self._path!r} {state}>"
 
-    async def _call(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
+    async def _call(self, fn: Callable[[Connection], _T]) -> _T:
         """Run `fn(connection)` in the outbox's worker thread, one call at a time.
 
         Cancellation: `to_thread.run_sync`'s default `abandon_on_cancel=False`. A call
@@ -317,7 +212,7 @@ class SqliteOutbox:
             functools.partial(self._in_thread, fn), limiter=self._limiter
         )
 
-    def _in_thread(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
+    def _in_thread(self, fn: Callable[[Connection], _T]) -> _T:
         conn = self._conn
         if conn is None:
             raise OutboxError("the outbox is closed")
@@ -340,7 +235,7 @@ class SqliteOutbox:
         )
         submission_id = new_submission_id()
 
-        def work(conn: sqlite3.Connection) -> Submission:
+        def work(conn: Connection) -> Submission:
             row: _Row | None = conn.execute(_FIND_KEY, (session_id, key)).fetchone()
             if row is not None:
                 existing = _from_row(row)
@@ -352,23 +247,23 @@ class SqliteOutbox:
             assert seq is not None
             return Submission(submission_id, session_id, key, prompt, created_at, seq, 0)
 
-        return await self._call(functools.partial(_write, work=work))
+        return await self._call(functools.partial(db.write, work=work))
 
     async def record_attempt(self, submission_id: str) -> None:
-        def work(conn: sqlite3.Connection) -> None:
+        def work(conn: Connection) -> None:
             if conn.execute(_COUNT_ATTEMPT, (submission_id,)).rowcount == 0:
                 raise SubmissionNotFound(submission_id)
 
-        await self._call(functools.partial(_write, work=work))
+        await self._call(functools.partial(db.write, work=work))
 
     async def complete(self, submission_id: str) -> None:
-        def work(conn: sqlite3.Connection) -> None:
+        def work(conn: Connection) -> None:
             conn.execute(_DELETE, (submission_id,))
 
-        await self._call(functools.partial(_write, work=work))
+        await self._call(functools.partial(db.write, work=work))
 
     async def pending(self, session_id: str | None = None) -> list[Submission]:
-        def work(conn: sqlite3.Connection) -> list[Submission]:
+        def work(conn: Connection) -> list[Submission]:
             if session_id is None:
                 rows: list[_Row] = conn.execute(_PENDING).fetchall()
             else:
@@ -378,7 +273,7 @@ class SqliteOutbox:
         return await self._call(work)
 
     async def get(self, submission_id: str) -> Submission | None:
-        def work(conn: sqlite3.Connection) -> Submission | None:
+        def work(conn: Connection) -> Submission | None:
             row: _Row | None = conn.execute(_GET, (submission_id,)).fetchone()
             return None if row is None else _from_row(row)
 
@@ -387,7 +282,7 @@ class SqliteOutbox:
     async def aclose(self) -> None:
         """Close the connection after the call in progress (if any). Idempotent."""
 
-        def close(conn: sqlite3.Connection) -> None:
+        def close(conn: Connection) -> None:
             self._conn = None
             conn.close()
 

@@ -1,0 +1,222 @@
+"""Every SQL statement of the PostgreSQL store, composed once per schema, and the mapping
+between session rows and `SessionRecord`s."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
+
+from psycopg import sql
+
+from acp_once.storage.base import SessionRecord
+from acp_once.storage.postgres.connection import compose
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+__all__ = ["SESSION_COLUMNS", "Statements", "from_row", "statements", "to_params"]
+
+SESSION_COLUMNS: Final = (
+    "session_id, cwd, additional_directories, title, created_at, updated_at, forked_from"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Statements:
+    """Every statement of the store, composed once for one schema (`statements`)."""
+
+    insert_session: sql.Composed
+    get_session: sql.Composed
+    list_sessions: sql.Composed
+    delete_session: sql.Composed
+    lock_session: sql.Composed
+    find_key: sql.Composed
+    insert_entry: sql.Composed
+    insert_fenced: sql.Composed
+    append_entry: sql.Composed
+    read_timeline: sql.Composed
+    read_tail: sql.Composed
+    count_user: sql.Composed
+    count_key: sql.Composed
+    fork_session: sql.Composed
+    copy_timeline: sql.Composed
+    append_fenced: sql.Composed
+    append_many: sql.Composed
+    schema: str
+
+
+@functools.lru_cache(maxsize=64)
+def statements(schema: str) -> Statements:
+    """The store's statements for `schema`, composed once per schema."""
+
+    def q(template: str) -> sql.Composed:
+        return compose(template, schema)
+
+    return Statements(
+        insert_session=q(
+            f"INSERT INTO {{s}}.sessions ({SESSION_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s)"
+            " ON CONFLICT (session_id) DO NOTHING RETURNING 1"
+        ),
+        get_session=q(f"SELECT {SESSION_COLUMNS} FROM {{s}}.sessions WHERE session_id = %s"),
+        # %(cwd)s and %(after)s may be NULL: one statement (one plan) for every listing.
+        list_sessions=q(
+            f"SELECT {SESSION_COLUMNS} FROM {{s}}.sessions"
+            " WHERE (%(cwd)s::text IS NULL OR cwd = %(cwd)s::text)"
+            " AND (%(after_at)s::float8 IS NULL OR updated_at < %(after_at)s::float8"
+            "      OR (updated_at = %(after_at)s::float8 AND session_id > %(after_id)s::text))"
+            " ORDER BY updated_at DESC, session_id ASC LIMIT %(limit)s"
+        ),
+        delete_session=q("DELETE FROM {s}.sessions WHERE session_id = %s"),
+        lock_session=q("SELECT next_seq FROM {s}.sessions WHERE session_id = %s FOR NO KEY UPDATE"),
+        find_key=q(
+            "SELECT message_id, prompt_digest FROM {s}.timeline"
+            " WHERE session_id = %s AND idempotency_key = %s"
+        ),
+        # Inserts the row and advances the session in one statement; no row comes back when
+        # the key was recorded meanwhile by a writer that did not take the session lock.
+        insert_entry=q(
+            "WITH ins AS ("
+            " INSERT INTO {s}.timeline (session_id, seq, message_id, payload, is_user_message,"
+            "  idempotency_key, prompt_digest) VALUES (%(sid)s, %(seq)s, %(mid)s, %(payload)s,"
+            "  true, %(key)s, %(digest)s)"
+            " ON CONFLICT (session_id, idempotency_key) WHERE idempotency_key IS NOT NULL"
+            " DO NOTHING RETURNING seq)"
+            " UPDATE {s}.sessions SET next_seq = ins.seq + 1,"
+            "  updated_at = GREATEST(updated_at, %(now)s) FROM ins"
+            " WHERE session_id = %(sid)s RETURNING ins.seq"
+        ),
+        # A whole fenced insert in one statement (autocommit, one trip), in lock order: the
+        # fence (FOR SHARE: a takeover, an UPDATE of the lease row, waits until this write
+        # commits, and a write after it sees the new epoch and is refused), the queued prompt
+        # if any (FOR UPDATE: a withdrawal waits, then finds it inserted), the session row,
+        # then the INSERT, `next_seq`, and the queued row's outcome with its NOTIFY. The key
+        # is looked up in the statement's snapshot, which is enough under the fence: the
+        # session's earlier inserts were the lease owner's, committed before this statement
+        # (this node's, one at a time, or an earlier owner's, before its lease was taken), and
+        # ON CONFLICT still refuses a duplicate.
+        insert_fenced=q(
+            "WITH f AS (SELECT 1 FROM {s}.session_leases WHERE session_id = %(sid)s"
+            "  AND owner = %(owner)s AND epoch = %(epoch)s FOR SHARE),"
+            " r AS (SELECT 1 FROM {s}.prompt_queue WHERE id = %(row)s::bigint"
+            "  AND state = 'queued' FOR UPDATE),"
+            " ok AS (SELECT EXISTS (SELECT 1 FROM f) AS fenced,"
+            "  %(row)s::bigint IS NULL OR EXISTS (SELECT 1 FROM r) AS queued),"
+            " l AS (SELECT next_seq FROM {s}.sessions WHERE session_id = %(sid)s"
+            "  AND (SELECT fenced AND queued FROM ok) FOR NO KEY UPDATE),"
+            " rec AS (SELECT message_id, prompt_digest FROM {s}.timeline"
+            "  WHERE session_id = %(sid)s AND idempotency_key = %(key)s::bytea),"
+            " ins AS (INSERT INTO {s}.timeline (session_id, seq, message_id, payload,"
+            "  is_user_message, idempotency_key, prompt_digest)"
+            "  SELECT %(sid)s, l.next_seq, %(mid)s, %(payload)s::bytea, true, %(key)s::bytea,"
+            "  %(digest)s::bytea FROM l WHERE NOT EXISTS (SELECT 1 FROM rec)"
+            "  ON CONFLICT (session_id, idempotency_key) WHERE idempotency_key IS NOT NULL"
+            "  DO NOTHING RETURNING seq),"
+            " adv AS (UPDATE {s}.sessions SET next_seq = ins.seq + 1,"
+            "  updated_at = GREATEST(updated_at, %(now)s) FROM ins"
+            "  WHERE session_id = %(sid)s RETURNING ins.seq),"
+            " res AS (SELECT (SELECT seq FROM adv) AS seq, (SELECT message_id FROM rec) AS mid,"
+            "  (SELECT prompt_digest FROM rec) AS digest),"
+            " flip AS (UPDATE {s}.prompt_queue AS q SET"
+            "  state = CASE WHEN res.seq IS NULL THEN 'recorded' ELSE 'inserted' END,"
+            "  message_id = COALESCE(res.mid, %(mid)s),"
+            "  same_prompt = res.seq IS NOT NULL OR res.digest IS NULL"
+            "   OR res.digest = %(digest)s::bytea"
+            "  FROM res WHERE q.id = %(row)s::bigint AND EXISTS (SELECT 1 FROM l)"
+            "  AND (res.seq IS NOT NULL OR res.mid IS NOT NULL)"
+            "  RETURNING pg_notify(%(channel)s::text, json_build_object('k', 'o', 'r', q.id,"
+            "   'st', q.state, 'm', q.message_id, 'p', q.same_prompt)::text))"
+            " SELECT ok.fenced, ok.queued,"
+            "  EXISTS (SELECT 1 FROM {s}.sessions WHERE session_id = %(sid)s),"
+            "  res.seq, res.mid, res.digest, (SELECT count(*) FROM flip) FROM ok, res"
+        ),
+        append_entry=q(
+            "WITH s AS ("
+            " UPDATE {s}.sessions SET next_seq = next_seq + 1,"
+            "  updated_at = GREATEST(updated_at, %(now)s)"
+            " WHERE session_id = %(sid)s RETURNING next_seq - 1 AS seq)"
+            " INSERT INTO {s}.timeline (session_id, seq, message_id, payload)"
+            " SELECT %(sid)s, s.seq, %(mid)s, %(payload)s FROM s RETURNING seq"
+        ),
+        read_timeline=q(
+            "SELECT seq, message_id, payload FROM {s}.timeline"
+            " WHERE session_id = %s AND seq > %s ORDER BY seq LIMIT %s"
+        ),
+        read_tail=q(
+            "SELECT seq, message_id, payload FROM {s}.timeline"
+            " WHERE session_id = %s ORDER BY seq DESC LIMIT %s"
+        ),
+        count_user=q("SELECT COUNT(*) FROM {s}.timeline WHERE session_id = %s AND is_user_message"),
+        count_key=q(
+            "SELECT COUNT(*) FROM {s}.timeline WHERE session_id = %s AND idempotency_key = %s"
+        ),
+        fork_session=q(
+            f"INSERT INTO {{s}}.sessions ({SESSION_COLUMNS}, next_seq)"
+            " SELECT %s, %s, %s, %s, %s, %s, %s, src.next_seq FROM {s}.sessions src"
+            " WHERE src.session_id = %s"
+            " ON CONFLICT (session_id) DO NOTHING RETURNING 1"
+        ),
+        # Keys (and digests, which belong to them) are deliberately not copied into a fork.
+        copy_timeline=q(
+            "INSERT INTO {s}.timeline (session_id, seq, message_id, payload, is_user_message)"
+            " SELECT %s, seq, message_id, payload, is_user_message FROM {s}.timeline"
+            " WHERE session_id = %s"
+        ),
+        # `append_entry` and the fence check in one statement: a turn's writes cost one trip.
+        append_fenced=q(
+            "WITH f AS (SELECT 1 FROM {s}.session_leases WHERE session_id = %(sid)s"
+            "  AND owner = %(owner)s AND epoch = %(epoch)s FOR SHARE),"
+            " s AS ("
+            " UPDATE {s}.sessions SET next_seq = next_seq + 1,"
+            "  updated_at = GREATEST(updated_at, %(now)s)"
+            " WHERE session_id = %(sid)s AND EXISTS (SELECT 1 FROM f)"
+            " RETURNING next_seq - 1 AS seq)"
+            " INSERT INTO {s}.timeline (session_id, seq, message_id, payload)"
+            " SELECT %(sid)s, s.seq, %(mid)s, %(payload)s FROM s RETURNING seq"
+        ),
+        # `append_updates`: several entries at consecutive seqs in one statement, fenced when
+        # %(owner)s is not NULL (as `append_fenced`).
+        append_many=q(
+            "WITH f AS (SELECT 1 FROM {s}.session_leases WHERE session_id = %(sid)s"
+            "  AND owner = %(owner)s::text AND epoch = %(epoch)s::bigint FOR SHARE),"
+            " s AS ("
+            " UPDATE {s}.sessions SET next_seq = next_seq + %(n)s::bigint,"
+            "  updated_at = GREATEST(updated_at, %(now)s)"
+            " WHERE session_id = %(sid)s"
+            "  AND (%(owner)s::text IS NULL OR EXISTS (SELECT 1 FROM f))"
+            " RETURNING next_seq - %(n)s::bigint AS first)"
+            " INSERT INTO {s}.timeline (session_id, seq, message_id, payload)"
+            " SELECT %(sid)s, s.first + u.i - 1, u.mid, u.payload FROM s,"
+            "  unnest(%(mids)s::text[], %(payloads)s::bytea[])"
+            "  WITH ORDINALITY AS u(mid, payload, i)"
+            " RETURNING seq"
+        ),
+        schema=schema,
+    )
+
+
+def to_params(record: SessionRecord) -> tuple[object, ...]:
+    """The parameters of a session row, in `SESSION_COLUMNS` order."""
+    return (
+        record.session_id,
+        record.cwd,
+        list(record.additional_directories),
+        record.title,
+        record.created_at,
+        record.updated_at,
+        record.forked_from,
+    )
+
+
+def from_row(row: Sequence[Any]) -> SessionRecord:
+    """The record of a session row selected as `SESSION_COLUMNS`."""
+    session_id, cwd, dirs, title, created_at, updated_at, forked_from = row
+    return SessionRecord(
+        session_id=session_id,
+        cwd=cwd,
+        additional_directories=tuple(dirs),
+        title=title,
+        created_at=float(created_at),
+        updated_at=float(updated_at),
+        forked_from=forked_from,
+    )

@@ -1,0 +1,615 @@
+"""The PostgreSQL store: psycopg 3 async on a connection pool, for several agent nodes.
+
+Layout (see `migrations.py`), every table in one schema (`acp_once` by default, any name with
+`schema=`), so several stores or test runs share a database without meeting:
+
+* `sessions`: one row per session, with `next_seq`, the counter of its timeline;
+* `timeline`: the retained `session/update` objects of each session in `seq` order. **The
+  idempotency key is a nullable column of the user-message row itself** (`bytea`: the key's
+  UTF-8 bytes, so keys compare byte for byte whatever the collation), guarded by the partial
+  unique index `timeline_user_keys (session_id, idempotency_key) WHERE idempotency_key IS NOT
+  NULL`, exactly as in the SQLite store: the key and its message are one row written by one
+  INSERT, so neither can exist without the other; the key is forgotten with its row; a fork
+  copies rows with `idempotency_key = NULL`; `find_key` is one probe of that index.
+
+Concurrency (READ COMMITTED, which every write transaction asks for explicitly):
+
+* `insert_user_message` locks the session row (`SELECT ... FOR NO KEY UPDATE`), looks the key
+  up *after* the lock (a new statement sees every transaction that held the lock before), then
+  inserts the row at `next_seq` and bumps `next_seq` and `updated_at` in one statement. Writers
+  of one session are serialised by that lock, across connections, pools and processes, so
+  `seq` is strictly increasing and two inserts of one new key insert once. The INSERT also says
+  `ON CONFLICT (session_id, idempotency_key) ... DO NOTHING`: a writer that bypasses the lock
+  still cannot record a key twice, and we then answer the recorded message.
+* A fenced insert (several nodes, `fence=`) is one statement instead: under the session's
+  lease only its owner inserts, one at a time, so the statement's snapshot already holds every
+  key recorded before it (see `insert_fenced`); the unique index still refuses a duplicate.
+* `append_update` is one statement (`UPDATE sessions ... RETURNING` feeding the INSERT), atomic
+  on its own and serialised by the same row lock.
+
+Cancellation (the encode/databases #460 lesson): a connection goes back to the pool only when
+it is idle. When a call ends any other way (an error, or a cancellation at any await,
+including in the middle of a statement) the store rolls the transaction back, shielded from
+the cancellation and bounded in time, and closes the connection if it cannot be brought back
+to idle; the pool then replaces it. The COMMIT itself is shielded, so a cancellation delivered
+during it never leaves the caller unsure of the outcome for a reason of ours: once COMMIT is
+sent, the call completes. `insert_user_message` is shielded as a whole (bounded): its fenced
+form is one statement that commits on its own, which a cancellation cannot reliably stop, and
+its caller must learn whether the message was stored (see `_insert_shielded`).
+
+Keys are private (R29): PostgreSQL error messages can quote the values of a unique index
+(`DETAIL: Key (session_id, idempotency_key)=(...)`). Every psycopg error is turned into a
+`StorageError` built from the SQLSTATE and the primary message only, and raised *without* the
+original exception attached (no `__cause__`, no `__context__`), so no traceback prints it.
+
+Lifecycle (the LangGraph lessons #2570, #5327, #6741, #7304): `PostgresStore.open(dsn)` opens
+and owns a pool (closed by `aclose`); `PostgresStore.open(pool)` uses the caller's
+`AsyncConnectionPool` and leaves it open. Connections may be in autocommit mode or not; the
+store opens its own transaction blocks either way. Migrations are explicit and numbered
+(`migrations.py`, a `schema_version` table); `open` applies them unless `migrate=False`, which
+raises `SchemaOutOfDate` naming `acp-once db migrate` instead.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final, TypeVar
+
+import anyio
+import psycopg
+from psycopg import sql
+from psycopg.rows import tuple_row
+from psycopg_pool import AsyncConnectionPool
+
+from acp_once.storage.base import (
+    UNCHANGED,
+    FencingError,
+    InsertOutcome,
+    KeyRecord,
+    SessionExists,
+    SessionMissing,
+    SessionRecord,
+    StorageError,
+    TimelineEntry,
+    Unchanged,
+    check_limit,
+    decode_cursor,
+    encode_cursor,
+)
+from acp_once.storage.postgres.connection import (
+    Conn,
+    Pool,
+    Query,
+    connect,
+    execute,
+    fetch_all,
+    fetch_one,
+    key_bytes,
+    storage_error,
+    transact,
+    use,
+)
+from acp_once.storage.postgres.migrations import prepare_schema
+from acp_once.storage.postgres.sql import SESSION_COLUMNS, from_row, statements, to_params
+from acp_once.storage.postgres.urls import DEFAULT_SCHEMA, check_schema, describe_postgres
+from acp_once.support.opening import AsyncClosing, Opening
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable, Sequence
+
+__all__ = ["Fence", "PostgresStore", "QueueRowGone"]
+
+_T = TypeVar("_T")
+
+_INSERT_TIMEOUT: Final = 60.0
+"""Seconds a user message insert, shielded from cancellation, may take (`_insert_shielded`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Fence:
+    """A fencing token: a write is accepted only while `owner` holds the session's lease at
+    `epoch` (the `session_leases` table; see `acp_once.cluster.sql`)."""
+
+    owner: str
+    epoch: int
+    row: int | None = None
+    """A queued prompt (`prompt_queue.id`) the write inserts: it must still be queued, and it
+    stays locked until the write commits, so a withdrawal that comes meanwhile waits and then
+    finds it inserted (insertion wins, R27)."""
+    channel: str | None = None
+    """With `row`: the insert also marks the row `inserted` (or `recorded`,
+    when the key was) with the message id, and announces that on this NOTIFY channel as
+    `{"k": "o", "r": row, "st": state, "m": message_id, "p": same_prompt}`."""
+
+
+class QueueRowGone(FencingError):
+    """The queued prompt of a fenced insert (`Fence.row`) was withdrawn (or dropped) before
+    the owner could insert it: a normal outcome of a race, nothing was written."""
+
+    def __init__(self, session_id: str, row: int) -> None:
+        StorageError.__init__(self, f"queued prompt {row} was withdrawn before insertion")
+        self.session_id = session_id
+        self.row = row
+
+
+class PostgresStore(AsyncClosing):
+    """A `SessionStore` in a PostgreSQL schema. Create it with `PostgresStore.open(...)`."""
+
+    def __init__(
+        self,
+        pool: Pool,
+        *,
+        schema: str,
+        owns_pool: bool,
+        where: str,
+        clock: Callable[[], float],
+    ) -> None:
+        """Wrap an open pool on a migrated schema; use `PostgresStore.open` instead."""
+        self._pool: Pool | None = pool
+        self._owns_pool = owns_pool
+        self._sql = statements(schema)
+        self._where = where
+        self._clock = clock
+
+    @classmethod
+    def open(
+        cls,
+        dsn_or_pool: str | Pool,
+        *,
+        migrate: bool = True,
+        schema: str = DEFAULT_SCHEMA,
+        min_size: int = 1,
+        max_size: int = 10,
+        prepare_threshold: int | None = 5,
+        connect_timeout: float = 30.0,
+        clock: Callable[[], float] = time.time,
+    ) -> Opening[PostgresStore]:
+        """Open the store in `schema`; await it or `async with` it.
+
+        Args:
+            dsn_or_pool: a libpq connection string or URL (the store then opens, owns and
+                closes an `AsyncConnectionPool`), or the caller's open `AsyncConnectionPool`
+                (left open by `aclose`; its connections may or may not be in autocommit mode).
+            migrate: apply pending schema migrations (creating the schema if needed). With
+                False, an out-of-date schema raises `SchemaOutOfDate` instead.
+            schema: the PostgreSQL schema holding the store's tables.
+            min_size, max_size: the size of the store's own pool.
+            prepare_threshold: psycopg's server-side prepared statements; None turns them off
+                (needed behind PgBouncer in transaction mode). Own pool only.
+            connect_timeout: seconds to wait for the first connections. Own pool only.
+            clock: "now" in seconds since the epoch, for bumping `updated_at`.
+
+        Raises:
+            SchemaOutOfDate: `migrate=False` and the schema is older than required.
+            StorageError: the database cannot be reached, or its schema is newer than
+                supported.
+        """
+        check_schema(schema)
+        if not 1 <= min_size <= max_size:
+            raise ValueError("the pool sizes must satisfy 1 <= min_size <= max_size")
+        if isinstance(dsn_or_pool, AsyncConnectionPool):
+            given: Pool | None = dsn_or_pool
+            conninfo = dsn_or_pool.conninfo if isinstance(dsn_or_pool.conninfo, str) else ""
+        else:
+            given, conninfo = None, dsn_or_pool
+        where = describe_postgres(conninfo, schema)
+
+        async def open_given(pool: Pool) -> PostgresStore:
+            await use(
+                pool,
+                functools.partial(prepare_schema, schema=schema, migrate=migrate, where=where),
+                where=where,
+            )
+            return cls(pool, schema=schema, owns_pool=False, where=where, clock=clock)
+
+        async def open_own() -> PostgresStore:
+            conn = await connect(conninfo, where, connect_timeout)
+            error: StorageError | None = None
+            try:
+                await prepare_schema(conn, schema, migrate=migrate, where=where)
+            except psycopg.Error as exc:
+                error = storage_error(exc, where)
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await conn.close()
+            if error is not None:
+                raise error
+            pool: Pool = AsyncConnectionPool(
+                conninfo,
+                open=False,
+                min_size=min_size,
+                max_size=max_size,
+                kwargs={"autocommit": True, "prepare_threshold": prepare_threshold},
+                name=f"acp-once {schema}",
+            )
+            try:
+                await pool.open(wait=True, timeout=connect_timeout)
+            except BaseException as exc:
+                with anyio.CancelScope(shield=True):
+                    await pool.close()
+                if isinstance(exc, psycopg.Error):
+                    raise StorageError(f"{where}: cannot open the connection pool") from None
+                raise
+            return cls(pool, schema=schema, owns_pool=True, where=where, clock=clock)
+
+        async def open_() -> PostgresStore:
+            return await (open_own() if given is None else open_given(given))
+
+        return Opening(open_, PostgresStore.aclose)
+
+    def __repr__(self) -> str:
+        state = "closed" if self._pool is None else "open"
+        return f"<PostgresStore {self._where} {state}>"
+
+    async def _call(self, work: Callable[[Conn], Awaitable[_T]], *, begin: bool = False) -> _T:
+        pool = self._pool
+        if pool is None:
+            raise StorageError("the store is closed")
+        return await use(
+            pool, functools.partial(transact, work=work, begin=begin), where=self._where
+        )
+
+    # -- sessions ----------------------------------------------------------------------------
+
+    async def create_session(self, record: SessionRecord) -> None:
+        query = self._sql.insert_session
+
+        async def work(conn: Conn) -> None:
+            if await fetch_one(conn, query, to_params(record)) is None:
+                raise SessionExists(record.session_id)
+
+        await self._call(work)
+
+    async def get_session(self, session_id: str) -> SessionRecord | None:
+        query = self._sql.get_session
+
+        async def work(conn: Conn) -> SessionRecord | None:
+            row = await fetch_one(conn, query, (session_id,))
+            return None if row is None else from_row(row)
+
+        return await self._call(work)
+
+    async def list_sessions(
+        self, *, cwd: str | None = None, cursor: str | None = None, limit: int = 100
+    ) -> tuple[list[SessionRecord], str | None]:
+        check_limit(limit)
+        after_at, after_id = (None, None) if cursor is None else decode_cursor(cursor)
+        params: dict[str, object] = {
+            "cwd": cwd,
+            "after_at": after_at,
+            "after_id": after_id,
+            "limit": limit + 1,  # one more than asked tells whether a next page exists
+        }
+        query = self._sql.list_sessions
+
+        async def work(conn: Conn) -> list[SessionRecord]:
+            return [from_row(row) for row in await fetch_all(conn, query, params)]
+
+        records = await self._call(work)
+        page = records[:limit]
+        next_cursor = None
+        if len(records) > limit:
+            last = page[-1]
+            next_cursor = encode_cursor(last.updated_at, last.session_id)
+        return page, next_cursor
+
+    async def delete_session(self, session_id: str) -> bool:
+        query = self._sql.delete_session
+
+        async def work(conn: Conn) -> bool:
+            async with conn.cursor(binary=True, row_factory=tuple_row) as cur:
+                await cur.execute(query, (session_id,))  # the timeline goes by ON DELETE CASCADE
+                return cur.rowcount > 0
+
+        return await self._call(work)
+
+    async def update_session(
+        self,
+        session_id: str,
+        *,
+        title: str | Unchanged | None = UNCHANGED,
+        updated_at: float | Unchanged = UNCHANGED,
+    ) -> SessionRecord:
+        assignments: list[sql.Composable] = []
+        params: list[object] = []
+        if not isinstance(title, Unchanged):
+            assignments.append(sql.SQL("title = %s"))
+            params.append(title)
+        if not isinstance(updated_at, Unchanged):
+            assignments.append(sql.SQL("updated_at = %s"))
+            params.append(updated_at)
+        params.append(session_id)
+        if assignments:
+            query: Query = sql.SQL(
+                "UPDATE {table} SET {assignments} WHERE session_id = %s RETURNING {columns}"
+            ).format(
+                table=sql.Identifier(self._sql.schema, "sessions"),
+                assignments=sql.SQL(", ").join(assignments),
+                columns=sql.SQL(SESSION_COLUMNS),
+            )
+        else:
+            query = self._sql.get_session
+
+        async def work(conn: Conn) -> SessionRecord:
+            row = await fetch_one(conn, query, params)
+            if row is None:
+                raise SessionMissing(session_id)
+            return from_row(row)
+
+        return await self._call(work)
+
+    async def fork_session(self, source_id: str, new_record: SessionRecord) -> None:
+        statements = self._sql
+
+        async def work(conn: Conn) -> None:
+            # The lock keeps the source's timeline and `next_seq` still while we copy them.
+            if await fetch_one(conn, statements.lock_session, (source_id,)) is None:
+                raise SessionMissing(source_id)
+            params = (*to_params(new_record), source_id)
+            if await fetch_one(conn, statements.fork_session, params) is None:
+                raise SessionExists(new_record.session_id)
+            await execute(conn, statements.copy_timeline, (new_record.session_id, source_id))
+
+        await self._call(work, begin=True)
+
+    # -- timeline and keys -------------------------------------------------------------------
+
+    async def insert_user_message(
+        self,
+        session_id: str,
+        *,
+        message_id: str,
+        update: bytes,
+        idempotency_key: str | None,
+        prompt_digest: bytes | None,
+        fence: Fence | None = None,
+    ) -> InsertOutcome:
+        """`SessionStore.insert_user_message`, fenced for several nodes with `fence`.
+
+        With `fence`, one statement (one round trip) that writes only while the fence's owner
+        holds the session's lease at its epoch (else `FencingError`, nothing written); with
+        `fence.row`, only while that queued prompt is still queued (else `QueueRowGone`,
+        nothing written), and the same statement settles the row (see `Fence.channel`).
+        """
+        now = self._clock()
+        key = None if idempotency_key is None else key_bytes(idempotency_key)
+        statements = self._sql
+
+        async def recorded(conn: Conn) -> InsertOutcome | None:
+            row = await fetch_one(conn, statements.find_key, (session_id, key))
+            return None if row is None else InsertOutcome(row[0], False, row[1])
+
+        async def one_statement(conn: Conn, fence: Fence) -> InsertOutcome:
+            params = {
+                "sid": session_id,
+                "owner": fence.owner,
+                "epoch": fence.epoch,
+                "row": fence.row,
+                "channel": fence.channel,
+                "mid": message_id,
+                "payload": update,
+                "key": key,
+                "digest": prompt_digest,
+                "now": now,
+            }
+            found = await fetch_one(conn, statements.insert_fenced, params)
+            assert found is not None  # FROM ok, res: one row
+            fenced, queued, exists, seq, mid, digest, flipped = found
+            if not exists:
+                raise SessionMissing(session_id)
+            if not fenced:
+                raise FencingError(session_id)
+            if not queued:
+                assert fence.row is not None
+                raise QueueRowGone(session_id, fence.row)
+            if seq is not None:
+                outcome = InsertOutcome(message_id, True, prompt_digest)
+            elif mid is not None:
+                outcome = InsertOutcome(mid, False, digest)
+            else:  # pragma: no cover - a key recorded outside the fence, during the statement
+                raise StorageError(f"{self._where}: the key was recorded concurrently")
+            if fence.row is not None and not flipped:  # pragma: no cover - the row was locked
+                raise QueueRowGone(session_id, fence.row)
+            return outcome
+
+        if fence is not None:
+            return await self._insert_shielded(functools.partial(one_statement, fence=fence))
+
+        async def insert(conn: Conn) -> InsertOutcome:
+            locked = await fetch_one(conn, statements.lock_session, (session_id,))
+            if locked is None:
+                raise SessionMissing(session_id)
+            if key is not None and (found := await recorded(conn)) is not None:
+                return found  # nothing written; COMMIT only releases the lock
+            params = {
+                "sid": session_id,
+                "seq": locked[0],
+                "mid": message_id,
+                "payload": update,
+                "key": key,
+                "digest": prompt_digest,
+                "now": now,
+            }
+            if await fetch_one(conn, statements.insert_entry, params) is None:
+                # The unique index refused the key: a writer that bypassed the session lock
+                # recorded it first (and committed, or ON CONFLICT would still wait). It wins.
+                found = await recorded(conn)
+                if found is None:  # pragma: no cover - the index just said it is there
+                    raise StorageError(f"{self._where}: the key vanished during the insert")
+                return found
+            return InsertOutcome(message_id, True, prompt_digest)
+
+        return await self._insert_shielded(insert, begin=True)
+
+    async def _insert_shielded(
+        self, work: Callable[[Conn], Awaitable[InsertOutcome]], *, begin: bool = False
+    ) -> InsertOutcome:
+        """Run an insert to its end, whatever cancels the caller meanwhile.
+
+        A cancellation in the middle of a statement only asks the server to stop it: the
+        fenced insert is one statement that commits on its own (autocommit), and when the
+        cancel comes too late it is stored all the same, while the caller sees only the
+        cancellation. The runtime would then never start the message's turn, and a keyed
+        retry would be answered with its id (`SessionStore.insert_user_message`). Shielded,
+        the caller learns the outcome first; the cancellation comes at its next checkpoint.
+        Bounded by `_INSERT_TIMEOUT`.
+
+        Raises:
+            StorageError: as `_call`, or the insert ran out of time (then it may or may not
+                have been stored; a keyed retry finds it if it was).
+        """
+        with anyio.move_on_after(_INSERT_TIMEOUT, shield=True) as scope:
+            return await self._call(work, begin=begin)
+        assert scope.cancelled_caught
+        raise StorageError(
+            f"{self._where}: a user message insert took over {_INSERT_TIMEOUT:.0f} s"
+            " (it may or may not have been stored)"
+        )
+
+    async def find_key(self, session_id: str, key: str) -> KeyRecord | None:
+        query = self._sql.find_key
+
+        async def work(conn: Conn) -> KeyRecord | None:
+            row = await fetch_one(conn, query, (session_id, key_bytes(key)))
+            return None if row is None else KeyRecord(row[0], row[1])
+
+        return await self._call(work)
+
+    async def append_update(
+        self,
+        session_id: str,
+        update: bytes,
+        *,
+        message_id: str | None = None,
+        fence: Fence | None = None,
+    ) -> int:
+        """`SessionStore.append_update`; with `fence`, only while the fence holds (see
+        `insert_user_message`), else `FencingError` and nothing is written."""
+        params: dict[str, object] = {
+            "sid": session_id,
+            "mid": message_id,
+            "payload": update,
+            "now": self._clock(),
+        }
+        query = self._sql.append_entry
+        if fence is not None:
+            query = self._sql.append_fenced
+            params.update(owner=fence.owner, epoch=fence.epoch)
+
+        async def work(conn: Conn) -> int:
+            row = await fetch_one(conn, query, params)
+            if row is None:
+                raise await self._refused(conn, session_id, fence)
+            return int(row[0])
+
+        return await self._call(work)
+
+    async def append_updates(
+        self,
+        session_id: str,
+        updates: Sequence[tuple[bytes, str | None]],
+        *,
+        fence: Fence | None = None,
+    ) -> list[int]:
+        """`AppendsUpdates.append_updates` in one statement; with `fence`, only while the
+        fence holds (else `FencingError` and nothing is written).
+
+        Raises:
+            SessionMissing: the session does not exist (nothing is written).
+            FencingError: `fence` was given and no longer holds.
+        """
+        if not updates:
+            return []
+        params: dict[str, object] = {
+            "sid": session_id,
+            "owner": None if fence is None else fence.owner,
+            "epoch": None if fence is None else fence.epoch,
+            "n": len(updates),
+            "now": self._clock(),
+            "mids": [mid for _, mid in updates],
+            "payloads": [update for update, _ in updates],
+        }
+
+        async def work(conn: Conn) -> list[int]:
+            rows = await fetch_all(conn, self._sql.append_many, params)
+            if not rows:
+                raise await self._refused(conn, session_id, fence)
+            return sorted(int(row[0]) for row in rows)
+
+        return await self._call(work)
+
+    async def _refused(self, conn: Conn, session_id: str, fence: Fence | None) -> StorageError:
+        """Why a write that wrote no row was refused: the fence no longer holds, or the
+        session does not exist."""
+        if fence is not None and await fetch_one(conn, self._sql.get_session, (session_id,)):
+            return FencingError(session_id)
+        return SessionMissing(session_id)
+
+    @property
+    def schema(self) -> str:
+        """The PostgreSQL schema holding the store's tables."""
+        return self._sql.schema
+
+    @property
+    def where(self) -> str:
+        """Where the store lives, for messages (no password)."""
+        return self._where
+
+    async def run(self, work: Callable[[Conn], Awaitable[_T]], *, begin: bool = True) -> _T:
+        """Run `work(conn)` in one transaction on a pooled connection (for the storage-level
+        helpers next to this module, such as `pg_cluster`).
+
+        Raises:
+            StorageError: the store is closed, or PostgreSQL refused (psycopg errors are
+                wrapped without their values); errors of `work` itself propagate.
+        """
+        return await self._call(work, begin=begin)
+
+    async def read_timeline(
+        self, session_id: str, *, after_seq: int = 0, limit: int = 1000
+    ) -> list[TimelineEntry]:
+        check_limit(limit)
+        query = self._sql.read_timeline
+
+        async def work(conn: Conn) -> list[TimelineEntry]:
+            rows = await fetch_all(conn, query, (session_id, after_seq, limit))
+            return [TimelineEntry(session_id, seq, mid, payload) for seq, mid, payload in rows]
+
+        return await self._call(work)
+
+    async def read_timeline_tail(self, session_id: str, *, limit: int = 1) -> list[TimelineEntry]:
+        check_limit(limit)
+        query = self._sql.read_tail
+
+        async def work(conn: Conn) -> list[TimelineEntry]:
+            rows = await fetch_all(conn, query, (session_id, limit))
+            return [
+                TimelineEntry(session_id, seq, mid, payload) for seq, mid, payload in reversed(rows)
+            ]
+
+        return await self._call(work)
+
+    async def count_user_messages(
+        self, session_id: str, *, idempotency_key: str | None = None
+    ) -> int:
+        statements = self._sql
+
+        async def work(conn: Conn) -> int:
+            if idempotency_key is None:
+                row = await fetch_one(conn, statements.count_user, (session_id,))
+            else:
+                params = (session_id, key_bytes(idempotency_key))
+                row = await fetch_one(conn, statements.count_key, params)
+            assert row is not None
+            return int(row[0])
+
+        return await self._call(work)
+
+    async def aclose(self) -> None:
+        """Stop using the pool, and close it if the store opened it. Idempotent."""
+        pool, self._pool = self._pool, None
+        if pool is not None and self._owns_pool:
+            with anyio.CancelScope(shield=True):  # bounded: the pool's own close timeout
+                await pool.close()
