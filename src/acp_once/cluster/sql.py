@@ -49,19 +49,15 @@ import psycopg
 from psycopg import sql
 
 from acp_once.storage.base import FencingError
-from acp_once.storage.postgres import (
-    Fence,
-    PostgresStore,
-    QueueRowGone,
-    _all,
-    _Conn,
-    _connect,
-    _exec,
-    _key_bytes,
-    _one,
-    _q,
-    _storage_error,
-)
+from acp_once.storage.postgres import Fence, PostgresStore, QueueRowGone
+from acp_once.storage.postgres.connection import Conn as _Conn
+from acp_once.storage.postgres.connection import compose as _q
+from acp_once.storage.postgres.connection import connect as _connect
+from acp_once.storage.postgres.connection import execute as _exec
+from acp_once.storage.postgres.connection import fetch_all as _all
+from acp_once.storage.postgres.connection import fetch_one as _one
+from acp_once.storage.postgres.connection import key_bytes as _key_bytes
+from acp_once.storage.postgres.connection import storage_error as _storage_error
 
 if TYPE_CHECKING:
     from collections.abc import Callable
