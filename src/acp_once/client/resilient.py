@@ -42,7 +42,7 @@ from acp_once.client.connection import ClientSideConnection
 from acp_once.client.interface import Client
 from acp_once.client.launchers import Launcher
 from acp_once.client.outbox import Outbox, Submission, open_outbox
-from acp_once.client.recovery import DEFAULT_MAX_AGE, Backoff, is_stale
+from acp_once.client.recovery import DEFAULT_MAX_AGE, Backoff, plan_resend
 from acp_once.protocol import schema as s
 from acp_once.protocol.errors import AcpError, RequestCancelled, SessionNotFound
 from acp_once.protocol.initialization import PROTOCOL_VERSION
@@ -463,7 +463,8 @@ class AcpClient(anyio.AsyncContextManagerMixin):
         pending = await self.outbox.pending()
         if not pending:
             return
-        now = time.time()
+        # a stale one and everything after it in its session go to the application
+        resend, hand_over = plan_resend(pending, time.time(), self.max_age)
         by_session: dict[str, list[Submission]] = {}
         for sub in pending:
             by_session.setdefault(sub.session_id, []).append(sub)
@@ -480,17 +481,15 @@ class AcpClient(anyio.AsyncContextManagerMixin):
                 self._sessions.pop(session_id, None)
                 self._stale.extend(subs)
                 continue
-            held_back = False
-            for sub in subs:
-                # a stale one and everything after it in its session go to the application
-                if held_back or is_stale(sub, now, self.max_age):
-                    held_back = True
+            assert self._tg is not None
+            for sub in resend:
+                if sub.session_id == session_id:
+                    self._tg.start_soon(self._recover_one, state, sub)
+            for sub in hand_over:
+                if sub.session_id == session_id:
                     self._stale.append(sub)
                     if self.on_stale is not None:
                         await self.on_stale(sub)
-                    continue
-                assert self._tg is not None
-                self._tg.start_soon(self._recover_one, state, sub)
 
     async def _recover_one(self, state: _SessionState, submission: Submission) -> None:
         try:
