@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import uvicorn
 
-from acp_once.cli.serve import serve_reference
 from acp_once.conformance import CHECKS
 from acp_once.server import DEFAULT_MAX_MESSAGE_BYTES
+from acp_once.server.run import serve_reference
 from tests.conformance.test_websocket_target import T3, TOKEN, _check, served_in_thread
 
 

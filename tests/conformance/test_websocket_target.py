@@ -18,11 +18,12 @@ from rich.console import Console
 from acp_once.agent import CallContext
 from acp_once.agent.reference import ReferenceAgent
 from acp_once.cli.check import run_check
-from acp_once.cli.serve import serve_reference, uvicorn_config
 from acp_once.client import WebSocketLauncher
 from acp_once.conformance import CHECKS, Status, run_suite
 from acp_once.protocol import schema as s
 from acp_once.server import DEFAULT_MAX_MESSAGE_BYTES, create_app
+from acp_once.server.listen import uvicorn_config
+from acp_once.server.run import serve_reference
 from acp_once.storage import open_store
 from tests.remote.harness import listening_socket
 

@@ -29,8 +29,8 @@ import pytest
 import uvicorn
 
 from acp_once.agent.reference import ReferenceAgent
-from acp_once.cli.serve import uvicorn_config
 from acp_once.server import DEFAULT_MAX_MESSAGE_BYTES, create_app
+from acp_once.server.listen import uvicorn_config
 from acp_once.storage import open_store
 from tests.interop.node import NodeProject
 

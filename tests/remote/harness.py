@@ -20,7 +20,6 @@ import anyio.abc
 import uvicorn
 
 from acp_once.agent.reference import ReferenceAgent
-from acp_once.cli.serve import uvicorn_config
 from acp_once.server import (
     DEFAULT_IDLE_TIMEOUT,
     DEFAULT_MAX_MESSAGE_BYTES,
@@ -28,6 +27,7 @@ from acp_once.server import (
     AcpServer,
     create_app,
 )
+from acp_once.server.listen import uvicorn_config
 from acp_once.storage import open_store
 
 Fault = Callable[[], Awaitable[None]]

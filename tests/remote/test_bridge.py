@@ -27,7 +27,6 @@ import uvicorn
 from acp_once.agent.runtime import SessionAgent, Turn, TurnContext
 from acp_once.agent.serve import serve_stdio
 from acp_once.bridge import Bridge, BridgeError
-from acp_once.cli.bridge import listen, serve_bridge
 from acp_once.client import AcpClient, Client, ClientSideConnection, HttpLauncher, WebSocketLauncher
 from acp_once.protocol import schema as s
 from acp_once.protocol.errors import (
@@ -40,6 +39,8 @@ from acp_once.protocol.errors import (
 from acp_once.protocol.framing import FrameEvent
 from acp_once.rpc.errors import ConnectionClosed
 from acp_once.rpc.streams import FrameStream
+from acp_once.server import listen
+from acp_once.server.run import serve_bridge
 from acp_once.storage import open_store
 from acp_once.transports.http import connect_http
 from acp_once.transports.websocket import (

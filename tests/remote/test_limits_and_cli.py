@@ -12,10 +12,11 @@ import httpx
 import pytest
 import uvicorn
 
-from acp_once.cli.serve import InsecureListen, check_listen, is_loopback, serve_reference
 from acp_once.client import AcpClient, WebSocketLauncher
 from acp_once.protocol.errors import INVALID_REQUEST, AcpError
 from acp_once.rpc.errors import ConnectionClosed
+from acp_once.server import InsecureListen, check_listen, is_loopback
+from acp_once.server.run import serve_reference
 from acp_once.storage import open_store
 from acp_once.support.backoff import Backoff
 from acp_once.transports.websocket import CLOSE_TOO_BIG, WebSocketRejected, connect_websocket

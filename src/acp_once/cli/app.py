@@ -246,7 +246,8 @@ def serve(
     PostgreSQL store several nodes may serve the same sessions (--node-id, --lease-ttl);
     GET /ops/status shows them.
     """
-    from acp_once.cli.serve import InsecureListen, check_listen, listen, serve_reference
+    from acp_once.server.listen import InsecureListen, check_listen, listen
+    from acp_once.server.run import serve_reference
 
     if policy not in ("hold", "steer"):
         raise typer.BadParameter("policy must be hold or steer")
@@ -335,7 +336,7 @@ def bridge(
     reconnect, resume and resend. Without a token it listens on loopback addresses only.
     """
     from acp_once.cli.bridge import run_bridge
-    from acp_once.cli.serve import InsecureListen, check_listen
+    from acp_once.server.listen import InsecureListen, check_listen
 
     command = list(ctx.args)
     if not command:

@@ -1,4 +1,8 @@
-"""`acp-once serve`: the reference agent over WebSocket, with uvicorn."""
+"""Listening for ACP over the network: the loopback rule, the socket, and uvicorn run on it.
+
+sock = listen("127.0.0.1", 8765)
+await serve_app(create_app(agent, token=token), sock, token=token)
+"""
 
 from __future__ import annotations
 
@@ -9,26 +13,19 @@ import signal
 import socket
 import threading
 from collections.abc import Callable, Iterator
-from pathlib import Path
-from typing import TYPE_CHECKING, Literal, TypeVar
 
 import anyio
 import uvicorn
 from starlette.applications import Starlette
 
-from acp_once.server import DEFAULT_IDLE_TIMEOUT, DEFAULT_WRITE_TIMEOUT, create_app
-
-if TYPE_CHECKING:
-    from acp_once.agent.runtime import SessionAgent
-    from acp_once.storage.base import SessionStore
+from .app import DEFAULT_MAX_MESSAGE_BYTES
 
 __all__ = [
     "InsecureListen",
     "check_listen",
-    "clustered",
     "is_loopback",
     "listen",
-    "serve_reference",
+    "serve_app",
     "serve_until_stopped",
     "uvicorn_config",
 ]
@@ -135,29 +132,6 @@ async def _stop_on_signals(server: uvicorn.Server) -> None:
             server.should_exit = True
 
 
-_Agent = TypeVar("_Agent", bound="SessionAgent")
-
-
-def clustered(
-    agent: _Agent, store: SessionStore, *, node_id: str | None, lease_ttl: float
-) -> _Agent:
-    """`agent` as a cluster node when `store` is PostgreSQL (see `serve_reference`)."""
-    from acp_once.storage.postgres import PostgresStore
-
-    if isinstance(store, PostgresStore):
-        from acp_once.cluster import PostgresCoordinator
-
-        coordinator = PostgresCoordinator(store, node_id=node_id, lease_ttl=lease_ttl)
-        agent.use_coordinator(coordinator)
-        logger.warning(
-            "cluster node %s (instance %s), lease TTL %.1f s",
-            coordinator.node_id,
-            coordinator.instance,
-            lease_ttl,
-        )
-    return agent
-
-
 def uvicorn_config(
     app: Starlette,
     *,
@@ -166,6 +140,8 @@ def uvicorn_config(
     max_message_bytes: int,
     log_level: str = "info",
 ) -> uvicorn.Config:
+    """uvicorn's configuration for an ACP app: its lifespan on, `websockets-sansio`, and a
+    WebSocket size limit just above `max_message_bytes` (the app answers -32600 below it)."""
     return uvicorn.Config(
         app,
         host=host,
@@ -178,71 +154,19 @@ def uvicorn_config(
     )
 
 
-async def serve_reference(
+async def serve_app(
+    app: Starlette,
+    sock: socket.socket,
     *,
-    host: str,
-    port: int,
-    store: str,
     token: str | None,
-    side_effects: Path,
-    policy: Literal["hold", "steer"] = "hold",
-    resume_interrupted: bool = False,
-    max_connections: int,
-    max_message_bytes: int,
-    sock: socket.socket | None = None,
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     on_server: Callable[[uvicorn.Server], None] | None = None,
-    node_id: str | None = None,
-    lease_ttl: float = 10.0,
-    idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT,
-    write_timeout: float = DEFAULT_WRITE_TIMEOUT,
     handle_signals: bool = True,
 ) -> None:
-    """Run the reference agent on `store` behind `create_app` until SIGINT or SIGTERM (with
-    `handle_signals`) or `server.should_exit`; connections are closed, then the agent (a
-    cluster node gives its leases up) and the store.
-
-    `sock`: an already listening socket to serve on instead of binding `host`:`port` (clients
-    may connect at once: they wait in its backlog). `on_server` receives the uvicorn server
-    before it starts (tests stop it with `should_exit`).
-
-    Raises:
-        InsecureListen: `host` is not loopback and there is no token.
-        OSError: `host`:`port` cannot be bound.
-
-    On a PostgreSQL store the agent is a cluster node (`node_id`, default the host name;
-    `lease_ttl` seconds before a dead node's sessions are taken over): any number of
-    processes may serve the same store behind a load balancer (`acp_once.cluster`).
-    """
-    from acp_once.agent.reference import ReferenceAgent
-    from acp_once.storage import open_store
-
-    check_listen(host, token)
-    async with (
-        open_store(store) as opened,
-        clustered(
-            ReferenceAgent(
-                opened,
-                side_effects=side_effects,
-                policy=policy,
-                resume_interrupted=resume_interrupted,
-            ),
-            opened,
-            node_id=node_id,
-            lease_ttl=lease_ttl,
-        ) as agent,
-    ):
-        app = create_app(
-            agent,
-            token=token,
-            max_connections=max_connections,
-            max_message_bytes=max_message_bytes,
-            idle_timeout=idle_timeout,
-            write_timeout=write_timeout,
-        )
-        config = uvicorn_config(app, host=host, port=port, max_message_bytes=max_message_bytes)
-        with contextlib.ExitStack() as owned:
-            if sock is None:
-                sock = owned.enter_context(listen(host, port))
-            await serve_until_stopped(
-                config, sock, token=token, on_server=on_server, handle_signals=handle_signals
-            )
+    """Serve `app` with uvicorn (`uvicorn_config`) on the listening `sock` until stopped
+    (`serve_until_stopped`). `max_message_bytes` must be the app's."""
+    host, port = sock.getsockname()[:2]
+    config = uvicorn_config(app, host=host, port=port, max_message_bytes=max_message_bytes)
+    await serve_until_stopped(
+        config, sock, token=token, on_server=on_server, handle_signals=handle_signals
+    )

@@ -1,0 +1,35 @@
+"""ACP over the network, the server side: the ASGI app and running it.
+
+- `app`: `AcpServer` and `create_app`, the Starlette app serving one agent (or a handler such
+  as `acp_once.bridge.Bridge.serve`) at `/acp` over WebSocket and Streamable HTTP; mountable in
+  any Starlette or FastAPI app.
+- `listen`: the loopback rule (`check_listen`), the listening socket, and uvicorn run on it.
+- `run`: the reference agent (`serve_reference`) and a bridged stdio agent (`serve_bridge`)
+  served until SIGINT or SIGTERM.
+"""
+
+from .app import (
+    DEFAULT_IDLE_TIMEOUT,
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_MESSAGE_BYTES,
+    DEFAULT_WRITE_TIMEOUT,
+    AcpServer,
+    ConnectionHandler,
+    create_app,
+)
+from .listen import InsecureListen, check_listen, is_loopback, listen, serve_app
+
+__all__ = [
+    "DEFAULT_IDLE_TIMEOUT",
+    "DEFAULT_MAX_CONNECTIONS",
+    "DEFAULT_MAX_MESSAGE_BYTES",
+    "DEFAULT_WRITE_TIMEOUT",
+    "AcpServer",
+    "ConnectionHandler",
+    "InsecureListen",
+    "check_listen",
+    "create_app",
+    "is_loopback",
+    "listen",
+    "serve_app",
+]
