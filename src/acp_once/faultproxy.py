@@ -37,9 +37,9 @@ import logging
 import random
 import socket
 import struct
-from collections.abc import Callable, Generator
+from collections.abc import AsyncGenerator, Callable, Generator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Any, Literal, NoReturn, Self
 
 import anyio
@@ -343,7 +343,7 @@ class _Link:
                 return None
 
 
-class FaultProxy:
+class FaultProxy(anyio.AsyncContextManagerMixin):
     """A loopback TCP proxy in front of an ACP server that cuts connections on rules (see the
     module docstring). Use as `async with FaultProxy(("127.0.0.1", port)) as proxy`.
 
@@ -364,7 +364,6 @@ class FaultProxy:
         self.rules: list[Rule] = []
         self._links: set[_Link] = set()
         self._chaos: tuple[float, random.Random, frozenset[Kind]] | None = None
-        self._tg: anyio.abc.TaskGroup | None = None
 
     def url(self, scheme: str = "ws", path: str = "/acp") -> str:
         """`ws://127.0.0.1:PORT/acp` (or `http://...`) through the proxy."""
@@ -432,29 +431,20 @@ class FaultProxy:
                 return chance
         return None
 
-    async def __aenter__(self) -> Self:
-        self._listener = await anyio.create_tcp_listener(
-            local_host="127.0.0.1", local_port=self.port
-        )
-        self.port = self._listener.extra(SocketAttribute.local_port)
-        self._tg = anyio.create_task_group()
-        await self._tg.__aenter__()
-        self._tg.start_soon(self._listener.serve, self._handle)
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool | None:
-        assert self._tg is not None
-        self._tg.cancel_scope.cancel()
+    @asynccontextmanager
+    async def __asynccontextmanager__(self) -> AsyncGenerator[Self]:
+        listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=self.port)
+        self.port = listener.extra(SocketAttribute.local_port)
         try:
-            return await self._tg.__aexit__(exc_type, exc, tb)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(listener.serve, self._handle)
+                try:
+                    yield self
+                finally:
+                    tg.cancel_scope.cancel()
         finally:
-            with anyio.CancelScope(shield=True):
-                await self._listener.aclose()
+            with anyio.CancelScope(shield=True):  # its close checkpoints before it closes
+                await listener.aclose()
 
     async def _handle(self, client: anyio.abc.SocketStream) -> None:
         self.accepted += 1
