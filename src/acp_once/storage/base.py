@@ -55,6 +55,8 @@ __all__ = [
     "check_limit",
     "decode_cursor",
     "encode_cursor",
+    "list_position",
+    "one_page",
 ]
 
 
@@ -378,3 +380,25 @@ def check_limit(limit: int) -> None:
     """Raise ValueError for a page size below 1."""
     if limit < 1:
         raise ValueError(f"limit must be at least 1, got {limit}")
+
+
+def list_position(cursor: str | None, limit: int) -> tuple[float, str] | None:
+    """Check the arguments of `list_sessions`; return the (updated_at, session_id) position
+    its page starts after, None for the first page.
+
+    Raises:
+        InvalidCursor: `cursor` was not produced by `encode_cursor`.
+        ValueError: `limit` is below 1.
+    """
+    check_limit(limit)
+    return None if cursor is None else decode_cursor(cursor)
+
+
+def one_page(records: list[SessionRecord], limit: int) -> tuple[list[SessionRecord], str | None]:
+    """The page of `list_sessions` from `records`, listed in page order with up to one more
+    than `limit` (that one says a next page exists): its first `limit` records, and the cursor
+    of the next page, None on the last."""
+    page = records[:limit]
+    if len(records) <= limit:
+        return page, None
+    return page, encode_cursor(page[-1].updated_at, page[-1].session_id)

@@ -34,8 +34,8 @@ from acp_once.storage.base import (
     TimelineEntry,
     Unchanged,
     check_limit,
-    decode_cursor,
-    encode_cursor,
+    list_position,
+    one_page,
 )
 from acp_once.support.opening import AsyncClosing
 
@@ -138,20 +138,14 @@ class MemoryStore(AsyncClosing):
     async def list_sessions(
         self, *, cwd: str | None = None, cursor: str | None = None, limit: int = 100
     ) -> tuple[list[SessionRecord], str | None]:
-        check_limit(limit)
-        after = None if cursor is None else decode_cursor(cursor)
+        after = list_position(cursor, limit)
         self._check_open()
         records = [s.record for s in self._sessions.values() if cwd is None or s.record.cwd == cwd]
         records.sort(key=_order)
         if after is not None:
             start = bisect.bisect_right(records, (-after[0], after[1]), key=_order)
             records = records[start:]
-        page = records[:limit]
-        next_cursor = None
-        if len(records) > limit:
-            last = page[-1]
-            next_cursor = encode_cursor(last.updated_at, last.session_id)
-        return page, next_cursor
+        return one_page(records, limit)
 
     async def delete_session(self, session_id: str) -> bool:
         self._check_open()

@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Generator
-    from types import TracebackType
 
 __all__ = ["AsyncClosing", "Opening"]
 
@@ -43,12 +42,7 @@ class Opening(Generic[_T]):
         self._opened = await self._open()
         return self._opened
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         opened, self._opened = self._opened, None
         if opened is not None:
             await self._close(opened)
@@ -66,10 +60,5 @@ class AsyncClosing:
     async def __aenter__(self) -> Self:
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()

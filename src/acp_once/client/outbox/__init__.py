@@ -42,8 +42,9 @@ from acp_once.client.outbox.base import (
     OutboxError,
     Submission,
     SubmissionNotFound,
+    new_submission,
     new_submission_id,
-    validate_add,
+    replayed,
 )
 from acp_once.client.outbox.memory import MemoryOutbox
 from acp_once.client.outbox.sqlite import SqliteOutbox
@@ -59,9 +60,10 @@ __all__ = [
     "SqliteOutbox",
     "Submission",
     "SubmissionNotFound",
+    "new_submission",
     "new_submission_id",
     "open_outbox",
-    "validate_add",
+    "replayed",
 ]
 
 

@@ -20,8 +20,9 @@ __all__ = [
     "OutboxError",
     "Submission",
     "SubmissionNotFound",
+    "new_submission",
     "new_submission_id",
-    "validate_add",
+    "replayed",
 ]
 
 
@@ -157,16 +158,23 @@ def new_submission_id() -> str:
     return uuid.uuid4().hex
 
 
-def validate_add(
+def new_submission(
     session_id: object,
     prompt: object,
     idempotency_key: object,
     now: float | None,
     clock: Callable[[], float],
-) -> tuple[bytes, str, float]:
-    """Check the arguments of `add`; return (prompt, key, created_at), making the key if None.
+) -> Submission:
+    """Check the arguments of `add` and return the submission it stores: a fresh id, the key
+    (a new one when None), `created_at` (`clock()` when `now` is None), no attempts, and
+    `seq` 0 until the backend assigns it.
 
     Runs before the outbox does anything, so an invalid call writes nothing.
+
+    Raises:
+        ValueError: an empty session id, an invalid key (the message never contains it), or
+            a non-finite `now`.
+        TypeError: `prompt` is not bytes.
     """
     if not isinstance(session_id, str) or not session_id:
         raise ValueError("session_id must be a non-empty string")
@@ -181,4 +189,18 @@ def validate_add(
     created_at = clock() if now is None else now
     if not math.isfinite(created_at):
         raise ValueError("now must be a finite number of seconds since the epoch")
-    return prompt, idempotency_key, float(created_at)
+    return Submission(
+        new_submission_id(), session_id, idempotency_key, prompt, float(created_at), 0, 0
+    )
+
+
+def replayed(pending: Submission, prompt: bytes) -> Submission:
+    """What `add(prompt)` answers when its key is already pending in the session as
+    `pending`: that submission, when it holds the same prompt.
+
+    Raises:
+        KeyConflict: `pending` holds another prompt (one key never names two, R13).
+    """
+    if pending.prompt != prompt:
+        raise KeyConflict(pending.session_id, pending.submission_id)
+    return pending

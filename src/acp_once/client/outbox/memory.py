@@ -9,12 +9,11 @@ from typing import TYPE_CHECKING
 import anyio.lowlevel
 
 from acp_once.client.outbox.base import (
-    KeyConflict,
     OutboxError,
     Submission,
     SubmissionNotFound,
-    new_submission_id,
-    validate_add,
+    new_submission,
+    replayed,
 )
 from acp_once.support.opening import AsyncClosing
 
@@ -60,28 +59,15 @@ class MemoryOutbox(AsyncClosing):
         idempotency_key: str | None = None,
         now: float | None = None,
     ) -> Submission:
-        prompt, key, created_at = validate_add(
-            session_id, prompt, idempotency_key, now, self._clock
-        )
+        new = new_submission(session_id, prompt, idempotency_key, now, self._clock)
         await self._enter()
-        existing_id = self._by_key.get((session_id, key))
-        if existing_id is not None:
-            existing = self._by_id[existing_id]
-            if existing.prompt != prompt:
-                raise KeyConflict(session_id, existing_id)
-            return existing
+        key = (session_id, new.idempotency_key)
+        if (pending_id := self._by_key.get(key)) is not None:
+            return replayed(self._by_id[pending_id], new.prompt)
         self._last_seq += 1
-        submission = Submission(
-            submission_id=new_submission_id(),
-            session_id=session_id,
-            idempotency_key=key,
-            prompt=prompt,
-            created_at=created_at,
-            seq=self._last_seq,
-            attempts=0,
-        )
+        submission = replace(new, seq=self._last_seq)
         self._by_id[submission.submission_id] = submission
-        self._by_key[(session_id, key)] = submission.submission_id
+        self._by_key[key] = submission.submission_id
         return submission
 
     async def record_attempt(self, submission_id: str) -> None:

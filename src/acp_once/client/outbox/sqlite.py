@@ -34,18 +34,18 @@ import functools
 import os
 import sqlite3
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING, Final, TypeVar
 
 import anyio
 import anyio.to_thread
 
 from acp_once.client.outbox.base import (
-    KeyConflict,
     OutboxError,
     Submission,
     SubmissionNotFound,
-    new_submission_id,
-    validate_add,
+    new_submission,
+    replayed,
 )
 from acp_once.support import sqlite as db
 from acp_once.support.migrations import Migration, Migrations
@@ -230,22 +230,16 @@ class SqliteOutbox(AsyncClosing):
         idempotency_key: str | None = None,
         now: float | None = None,
     ) -> Submission:
-        prompt, key, created_at = validate_add(
-            session_id, prompt, idempotency_key, now, self._clock
-        )
-        submission_id = new_submission_id()
+        new = new_submission(session_id, prompt, idempotency_key, now, self._clock)
+        insert = (new.submission_id, session_id, new.idempotency_key, new.prompt, new.created_at)
 
         def work(conn: Connection) -> Submission:
-            row: _Row | None = conn.execute(_FIND_KEY, (session_id, key)).fetchone()
+            row: _Row | None = conn.execute(_FIND_KEY, insert[1:3]).fetchone()
             if row is not None:
-                existing = _from_row(row)
-                if existing.prompt != prompt:
-                    raise KeyConflict(session_id, existing.submission_id)
-                return existing
-            cursor = conn.execute(_INSERT, (submission_id, session_id, key, prompt, created_at))
-            seq = cursor.lastrowid
+                return replayed(_from_row(row), new.prompt)
+            seq = conn.execute(_INSERT, insert).lastrowid
             assert seq is not None
-            return Submission(submission_id, session_id, key, prompt, created_at, seq, 0)
+            return replace(new, seq=seq)
 
         return await self._call(functools.partial(db.write, work=work))
 

@@ -10,7 +10,6 @@ from acp_once.storage.base import FencingError
 from acp_once.storage.postgres.migrations import (
     LATEST_VERSION,
     MIGRATIONS,
-    Migration,
     apply_migrations,
     current_version,
     migrate_postgres,
@@ -25,7 +24,6 @@ __all__ = [
     "Fence",
     "FencingError",
     "MIGRATIONS",
-    "Migration",
     "PostgresStore",
     "QueueRowGone",
     "apply_migrations",

@@ -32,7 +32,6 @@ if TYPE_CHECKING:
 __all__ = [
     "LATEST_VERSION",
     "MIGRATIONS",
-    "Migration",
     "apply_migrations",
     "current_version",
     "migrate_postgres",

@@ -75,8 +75,8 @@ from acp_once.storage.base import (
     TimelineEntry,
     Unchanged,
     check_limit,
-    decode_cursor,
-    encode_cursor,
+    list_position,
+    one_page,
 )
 from acp_once.storage.postgres.connection import (
     Conn,
@@ -274,8 +274,7 @@ class PostgresStore(AsyncClosing):
     async def list_sessions(
         self, *, cwd: str | None = None, cursor: str | None = None, limit: int = 100
     ) -> tuple[list[SessionRecord], str | None]:
-        check_limit(limit)
-        after_at, after_id = (None, None) if cursor is None else decode_cursor(cursor)
+        after_at, after_id = list_position(cursor, limit) or (None, None)
         params: dict[str, object] = {
             "cwd": cwd,
             "after_at": after_at,
@@ -288,12 +287,7 @@ class PostgresStore(AsyncClosing):
             return [from_row(row) for row in await fetch_all(conn, query, params)]
 
         records = await self._call(work)
-        page = records[:limit]
-        next_cursor = None
-        if len(records) > limit:
-            last = page[-1]
-            next_cursor = encode_cursor(last.updated_at, last.session_id)
-        return page, next_cursor
+        return one_page(records, limit)
 
     async def delete_session(self, session_id: str) -> bool:
         query = self._sql.delete_session

@@ -66,8 +66,8 @@ from acp_once.storage.base import (
     TimelineEntry,
     Unchanged,
     check_limit,
-    decode_cursor,
-    encode_cursor,
+    list_position,
+    one_page,
 )
 from acp_once.storage.sqlite.checkpoint import (
     CHECKPOINT_EVERY,
@@ -475,8 +475,7 @@ class SqliteStore(AsyncClosing):
     async def list_sessions(
         self, *, cwd: str | None = None, cursor: str | None = None, limit: int = 100
     ) -> tuple[list[SessionRecord], str | None]:
-        check_limit(limit)
-        after = None if cursor is None else decode_cursor(cursor)
+        after = list_position(cursor, limit)
         clauses: list[str] = []
         params: list[str | float | int] = []
         if cwd is not None:
@@ -494,12 +493,7 @@ class SqliteStore(AsyncClosing):
             return [_from_row(row) for row in rows]
 
         records = await self._call(work)
-        page = records[:limit]
-        next_cursor = None
-        if len(records) > limit:
-            last = page[-1]
-            next_cursor = encode_cursor(last.updated_at, last.session_id)
-        return page, next_cursor
+        return one_page(records, limit)
 
     async def delete_session(self, session_id: str) -> bool:
         def work(conn: Connection) -> bool:
