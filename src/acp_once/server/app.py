@@ -164,6 +164,11 @@ class AcpServer:
         # websockets logs handshake headers at DEBUG on uvicorn's logger: hide the token
         redact_authorization(logging.getLogger("uvicorn.error"))
 
+    @property
+    def token_required(self) -> bool:
+        """Whether requests at `path` must carry the bearer token."""
+        return self._token_digest is not None
+
     def routes(self) -> list[BaseRoute]:
         return [
             WebSocketRoute(self.path, self._websocket),

@@ -18,7 +18,7 @@ import anyio
 import uvicorn
 from starlette.applications import Starlette
 
-from .app import DEFAULT_MAX_MESSAGE_BYTES
+from .app import AcpServer
 
 __all__ = [
     "InsecureListen",
@@ -26,7 +26,6 @@ __all__ = [
     "is_loopback",
     "listen",
     "serve_app",
-    "serve_until_stopped",
     "uvicorn_config",
 ]
 
@@ -94,36 +93,6 @@ class _Server(uvicorn.Server):
         yield
 
 
-async def serve_until_stopped(
-    config: uvicorn.Config,
-    sock: socket.socket,
-    *,
-    token: str | None,
-    on_server: Callable[[uvicorn.Server], None] | None = None,
-    handle_signals: bool = True,
-) -> None:
-    """Serve `config.app` on `sock` until SIGINT or SIGTERM (a second one stops waiting for
-    open connections) or `server.should_exit`; announces the URL on the `acp_once.server`
-    logger first (tests and the demo read it)."""
-    server = _Server(config)
-    if on_server is not None:
-        on_server(server)
-    host, port = sock.getsockname()[:2]
-    shown = f"[{host}]" if ":" in host else host
-    logger.warning(
-        "ACP over WebSocket at ws://%s:%d/acp (%s)",
-        shown,
-        port,
-        "bearer token required" if token is not None else "no token: loopback only",
-    )
-    async with anyio.create_task_group() as tg:
-        # signal handlers can only be set from the main thread (as in uvicorn's own)
-        if handle_signals and threading.current_thread() is threading.main_thread():
-            tg.start_soon(_stop_on_signals, server)
-        await server.serve(sockets=[sock])
-        tg.cancel_scope.cancel()
-
-
 async def _stop_on_signals(server: uvicorn.Server) -> None:
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async for _ in signals:
@@ -158,15 +127,30 @@ async def serve_app(
     app: Starlette,
     sock: socket.socket,
     *,
-    token: str | None,
-    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     on_server: Callable[[uvicorn.Server], None] | None = None,
     handle_signals: bool = True,
 ) -> None:
-    """Serve `app` with uvicorn (`uvicorn_config`) on the listening `sock` until stopped
-    (`serve_until_stopped`). `max_message_bytes` must be the app's."""
+    """Serve `app` (made by `create_app`) with uvicorn (`uvicorn_config`) on the listening
+    `sock` until SIGINT or SIGTERM (with `handle_signals`; a second one stops waiting for open
+    connections) or `server.should_exit`. The URL is announced first on the `acp_once.server`
+    logger (tests and the demo read it). `on_server` receives the uvicorn server before it
+    starts."""
+    acp: AcpServer = app.state.acp
     host, port = sock.getsockname()[:2]
-    config = uvicorn_config(app, host=host, port=port, max_message_bytes=max_message_bytes)
-    await serve_until_stopped(
-        config, sock, token=token, on_server=on_server, handle_signals=handle_signals
+    config = uvicorn_config(app, host=host, port=port, max_message_bytes=acp.max_message_bytes)
+    server = _Server(config)
+    if on_server is not None:
+        on_server(server)
+    shown = f"[{host}]" if ":" in host else host
+    logger.warning(
+        "ACP over WebSocket at ws://%s:%d/acp (%s)",
+        shown,
+        port,
+        "bearer token required" if acp.token_required else "no token: loopback only",
     )
+    async with anyio.create_task_group() as tg:
+        # signal handlers can only be set from the main thread (as in uvicorn's own)
+        if handle_signals and threading.current_thread() is threading.main_thread():
+            tg.start_soon(_stop_on_signals, server)
+        await server.serve(sockets=[sock])
+        tg.cancel_scope.cancel()

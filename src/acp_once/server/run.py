@@ -113,14 +113,7 @@ async def serve_reference(
         with contextlib.ExitStack() as owned:
             if sock is None:
                 sock = owned.enter_context(listen(host, port))
-            await serve_app(
-                app,
-                sock,
-                token=token,
-                max_message_bytes=max_message_bytes,
-                on_server=on_server,
-                handle_signals=handle_signals,
-            )
+            await serve_app(app, sock, on_server=on_server, handle_signals=handle_signals)
 
 
 async def serve_bridge(
@@ -151,11 +144,4 @@ async def serve_bridge(
             max_message_bytes=max_message_bytes,
             handler=running.serve,
         )
-        await serve_app(
-            app,
-            sock,
-            token=token,
-            max_message_bytes=max_message_bytes,
-            on_server=on_server,
-            handle_signals=handle_signals,
-        )
+        await serve_app(app, sock, on_server=on_server, handle_signals=handle_signals)
