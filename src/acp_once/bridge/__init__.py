@@ -25,7 +25,7 @@ frame is forwarded as it arrived. Keys are never logged or sent anywhere but to 
   serves clients with different capabilities, so it claims only what all of them have). The
   child rejects `initialize` after its first other request, so a remote `initialize` cannot
   be forwarded; the bridge answers it from the child's answer (`info`, `capabilities`,
-  `authMethods`, `_meta` unchanged) with the version negotiated per digest D23 against the
+  `authMethods`, `_meta` unchanged) with the version negotiated per D23 against the
   version the child speaks (-32022 below it). The initialize rules (-32600 before and after)
   apply per remote connection.
 - **Sessions per remote connection.** A session is active on a remote connection once its

@@ -330,7 +330,7 @@ class Bridge(anyio.AsyncContextManagerMixin):
 
     async def _remote_request(self, remote: Remote, msg: jsonrpc.Request) -> None:
         if self._hops.in_use(remote, msg.id):
-            # digest D19: echoing the id would look like the original's answer
+            # D19: echoing the id would look like the original's answer
             await remote.put(_error(None, InvalidRequest("Request id is already in use")))
             return
         try:

@@ -5,9 +5,9 @@
         await uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=8765)).serve()
 
 - `GET /acp` with `Upgrade: websocket`: a new ACP connection (`AgentSideConnection`) on the
-  shared agent, `Acp-Connection-Id` on the 101 response (digest 7.3). Sessions outlive
+  shared agent, `Acp-Connection-Id` on the 101 response (R69). Sessions outlive
   connections: a client whose socket dropped resumes them on a new one.
-- Streamable HTTP at `/acp` (digest 7.2): `POST` initialize (no `Acp-Connection-Id`) creates
+- Streamable HTTP at `/acp` (R68): `POST` initialize (no `Acp-Connection-Id`) creates
   a connection and answers 200 with the initialize response and `Acp-Connection-Id`; any other
   POSTed message answers 202 and its response travels on an SSE `GET` stream (the connection's,
   or with `Acp-Session-Id` a session's); `DELETE` ends the connection (its sessions survive,
