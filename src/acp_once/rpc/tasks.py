@@ -7,16 +7,19 @@ task only when none is. A call still runs in a task of its own while it runs, un
 group's cancel scope, and an exception it raises ends its task and reaches the task group
 exactly as with `TaskGroup.start_soon`.
 
-The difference: consecutive calls may run in the same task, so they share its `contextvars`
-context (a value one call sets is seen by the next call that task runs).
+Each call runs in a copy of the `contextvars` context it was started from, as a task started
+with `TaskGroup.start_soon` does: a call sees the values its starter had set, and a value it
+sets is seen by nobody else, not by the next call that its task runs either.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
+import types
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine, Generator
 from typing import Any, ClassVar
 
 import anyio
@@ -24,7 +27,7 @@ from anyio.abc import TaskGroup
 
 __all__ = ["TaskPool", "cancel_scope_factory"]
 
-_Call = tuple[Callable[..., Awaitable[Any]], tuple[Any, ...]]
+_Call = tuple[Callable[..., Coroutine[Any, Any, Any]], tuple[Any, ...], contextvars.Context]
 
 
 def cancel_scope_factory() -> Callable[[], anyio.CancelScope]:
@@ -35,6 +38,36 @@ def cancel_scope_factory() -> Callable[[], anyio.CancelScope]:
     per prompt turn); the class it returns makes the same scope in ~0.5 us.
     """
     return type(anyio.CancelScope())
+
+
+@types.coroutine
+def _in_context(
+    context: contextvars.Context, coro: Coroutine[Any, Any, Any]
+) -> Generator[Any, Any, Any]:
+    """Await `coro` with each of its steps run in `context`.
+
+    A task's own context cannot be swapped, so a parked task runs its next call this way: the
+    coroutine is stepped by hand (send or throw, under `context.run`), and what it yields to the
+    event loop (a future, a trap) is passed through unchanged, as `yield from` would. A plain
+    generator, not an object with `__await__`: ~0.2 us less per call, ~0.1 us per suspension.
+    """
+    run = context.run
+    step: Callable[[Any], Any] = coro.send
+    value: Any = None
+    while True:
+        try:
+            yielded = run(step, value)
+        except StopIteration as stop:
+            return stop.value
+        try:
+            value = yield yielded
+            step = coro.send
+        except GeneratorExit:
+            run(coro.close)
+            raise
+        except BaseException as exc:  # a cancellation, delivered to the coroutine
+            value = exc
+            step = coro.throw
 
 
 class _Parked:
@@ -99,23 +132,27 @@ class TaskPool:
             pool = cls._shared[tg] = cls(tg)
         return pool
 
-    def start_soon(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
-        """Run `fn(*args)` soon, in a parked task or a new one.
+    def start_soon(self, fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None:
+        """Run `fn(*args)` soon, in a parked task or a new one, in a copy of the current
+        `contextvars` context.
 
         Raises:
             RuntimeError: the task group is no longer active (as `TaskGroup.start_soon`).
         """
-        while self._idle:
-            if self._idle.pop().hand((fn, args)):
-                return
+        if self._idle:
+            call = (fn, args, contextvars.copy_context())
+            while self._idle:
+                if self._idle.pop().hand(call):
+                    return
         tg = self._tg()
         if tg is None:
             raise RuntimeError("This task group is gone; no new tasks can be started.")
+        # a new task's context is already a copy of this one, taken here
         tg.start_soon(self._run, fn, args, name=self._name)
 
     async def _run(self, fn: Callable[..., Awaitable[Any]], args: tuple[Any, ...]) -> None:
+        await fn(*args)
         while True:
-            await fn(*args)
             if len(self._idle) >= self._max_idle:
                 return
             parked = _Parked(self._loop)
@@ -134,4 +171,5 @@ class TaskPool:
                     self._idle.remove(parked)
                 raise
             assert parked.call is not None
-            fn, args = parked.call
+            fn, args, context = parked.call
+            await _in_context(context, fn(*args))

@@ -1,0 +1,75 @@
+"""TaskPool runs each call in a copy of its starter's contextvars context, parked task or not."""
+
+from __future__ import annotations
+
+import contextvars
+
+import anyio
+import pytest
+
+from acp_once.rpc.tasks import TaskPool
+
+pytestmark = pytest.mark.anyio
+
+TIMEOUT = 20
+
+_VAR: contextvars.ContextVar[str] = contextvars.ContextVar("_VAR", default="unset")
+
+
+async def test_each_call_sees_its_starters_context_and_leaks_nothing_to_the_next() -> None:
+    seen: list[tuple[int, str]] = []
+    done = anyio.Event()
+
+    async def call(i: int) -> None:
+        seen.append((i, _VAR.get()))
+        _VAR.set(f"set by call {i}")
+        await anyio.lowlevel.checkpoint()  # a step after a suspension runs in the same context
+        seen.append((i, _VAR.get()))
+        if i == 5:
+            done.set()
+
+    with anyio.fail_after(TIMEOUT):
+        async with anyio.create_task_group() as tg:
+            pool = TaskPool(tg, max_idle=1)
+            for i in range(6):
+                _VAR.set(f"starter {i}")
+                pool.start_soon(call, i)
+                # let the call finish and park its task: the next call reuses it
+                while len(seen) < 2 * (i + 1):
+                    await anyio.lowlevel.checkpoint()
+                await anyio.lowlevel.checkpoint()
+                assert len(pool._idle) == 1
+            await done.wait()
+            assert _VAR.get() == "starter 5"  # a call's value never reaches its starter
+            tg.cancel_scope.cancel()
+    for i in range(6):
+        assert seen[2 * i : 2 * i + 2] == [(i, f"starter {i}"), (i, f"set by call {i}")]
+
+
+async def test_a_call_in_a_parked_task_is_cancelled_and_fails_as_in_a_task_of_its_own() -> None:
+    stages: list[str] = []
+
+    async def quick() -> None:
+        stages.append("quick")
+
+    async def waits(scope: anyio.CancelScope) -> None:
+        with scope:
+            await anyio.sleep_forever()
+        stages.append("cancelled")
+        raise ValueError("after cancel")
+
+    scope = anyio.CancelScope()
+    with anyio.fail_after(TIMEOUT):
+        with pytest.raises(ExceptionGroup) as failed:
+            async with anyio.create_task_group() as tg:
+                pool = TaskPool(tg)
+                pool.start_soon(quick)
+                while not pool._idle:
+                    await anyio.lowlevel.checkpoint()
+                pool.start_soon(waits, scope)  # handed to the parked task
+                assert not pool._idle
+                await anyio.lowlevel.checkpoint()
+                scope.cancel()
+                await anyio.sleep_forever()
+    assert stages == ["quick", "cancelled"]
+    assert [str(e) for e in failed.value.exceptions] == ["after cancel"]
