@@ -26,6 +26,7 @@ from acp_once.conformance import (
     write_json,
     write_junit,
 )
+from tests.conformance.groups import GROUPS, PRIVACY, group_ids, select, ungrouped_or_twice
 
 FIXTURE = Path(__file__).parent / "fixtures" / "broken_agent.py"
 SLOW = "[work:1]"
@@ -80,6 +81,13 @@ def test_requirement_ids_are_stable_unique_and_tied_to_rules() -> None:
     assert all(c.refs and c.title for c in CHECKS)
     assert next(c for c in CHECKS if c.id == "reuse.different-prompt").level is Level.MAY
     assert [c.id for c in checks_for(["key.invalid.*"])] == REQUIREMENT_IDS[8:14]
+
+
+def test_the_groups_cover_every_check_once() -> None:
+    assert ungrouped_or_twice() == []
+    ran = {id for group in GROUPS for id in group_ids(group)}
+    assert ran == set(REQUIREMENT_IDS)
+    assert all(group_ids(group)[-1] == PRIVACY for group in GROUPS)
 
 
 def _result(id: str, level: Level, status: Status) -> CheckResult:
@@ -179,8 +187,10 @@ async def test_an_agent_that_does_not_start_is_reported_not_run(tmp_path: Path) 
 
 
 @pytest.mark.slow
-def test_the_reference_agent_passes_every_check(tmp_path: Path) -> None:
-    """Through `acp-once check` itself: exit code, JSON and JUnit reports."""
+@pytest.mark.parametrize("group", list(GROUPS))
+def test_the_reference_agent_passes_every_check(tmp_path: Path, group: str) -> None:
+    """Through `acp-once check` itself: exit code, JSON and JUnit reports; one group of checks
+    per test (`tests/conformance/groups.py`), every check in one of them."""
     console, out = _console()
     code = run_check(
         target=None,
@@ -191,17 +201,23 @@ def test_the_reference_agent_passes_every_check(tmp_path: Path) -> None:
         slow_prompt=SLOW,
         timeout=15,
         console=console,
+        select=select(group),
     )
+    expected = group_ids(group)
     data = json.loads((tmp_path / "report.json").read_text())
     not_passed = {r["id"]: r["message"] for r in data["results"] if r["status"] != "passed"}
     assert not_passed == {}, out.getvalue()
     assert code == 0
-    assert [r["id"] for r in data["results"]] == REQUIREMENT_IDS
-    reuse = next(r for r in data["results"] if r["id"] == "reuse.different-prompt")
-    assert "-32602" in reuse["message"]  # the reference agent compares prompts
+    assert [r["id"] for r in data["results"]] == expected
+    assert [id for id in REQUIREMENT_IDS if id in expected] == expected
+    if "reuse.different-prompt" in expected:
+        reuse = next(r for r in data["results"] if r["id"] == "reuse.different-prompt")
+        assert "-32602" in reuse["message"]  # the reference agent compares prompts
+    privacy = next(r for r in data["results"] if r["id"] == PRIVACY)
+    assert "scanned" in privacy["message"]
     suite = ET.parse(tmp_path / "report.xml").getroot().find("testsuite")
     assert suite is not None and suite.get("failures") == "0"
-    assert suite.get("tests") == str(len(REQUIREMENT_IDS))
+    assert suite.get("tests") == str(len(expected))
     assert "every MUST requirement holds" in out.getvalue()
 
 

@@ -10,6 +10,7 @@ over Streamable HTTP.
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 import anyio
@@ -51,8 +52,12 @@ def run_check(
     slow_prompt: str,
     timeout: float = 30.0,
     console: Console | None = None,
+    select: Sequence[str] | None = None,
 ) -> int:
-    """Run the conformance suite; return the exit status (1 when a MUST fails, 2 on misuse)."""
+    """Run the conformance suite; return the exit status (1 when a MUST fails, 2 on misuse).
+
+    `select`: fnmatch patterns of the requirement ids to run (default: every check).
+    """
     out = console or Console()
     if target is not None and _is_url(target):
         if not target.startswith(("ws://", "wss://", "http://", "https://")):
@@ -70,7 +75,7 @@ def run_check(
             else HttpLauncher(target, token)
         )
         try:
-            report = _run(remote, out, slow_prompt=slow_prompt, timeout=timeout)
+            report = _run(remote, out, slow_prompt=slow_prompt, timeout=timeout, select=select)
         except (TargetUnavailable, OSError) as exc:
             out.print(f"acp-once check: could not connect to and initialize {target}: {exc}")
             return 2
@@ -87,7 +92,7 @@ def run_check(
         # a short shutdown: every check starts and stops the agent again
         agent = StdioLauncher(command, stderr=stderr.fileno(), shutdown_timeout=3.0)
         try:
-            report = _run(agent, out, slow_prompt=slow_prompt, timeout=timeout)
+            report = _run(agent, out, slow_prompt=slow_prompt, timeout=timeout, select=select)
         except (TargetUnavailable, OSError) as exc:
             stderr.seek(0)
             tail = stderr.read().decode("utf-8", "replace")[-2000:]
@@ -109,8 +114,15 @@ def _finish(out: Console, report: Report, *, json_report: Path | None, junit: Pa
     return report.exit_code
 
 
-def _run(agent: Launcher, out: Console, *, slow_prompt: str, timeout: float) -> Report:
-    checks = checks_for()
+def _run(
+    agent: Launcher,
+    out: Console,
+    *,
+    slow_prompt: str,
+    timeout: float,
+    select: Sequence[str] | None,
+) -> Report:
+    checks = checks_for(select)
 
     with Progress(
         SpinnerColumn(),
@@ -140,6 +152,7 @@ def _run(agent: Launcher, out: Console, *, slow_prompt: str, timeout: float) -> 
                 slow_prompt=slow_prompt,
                 on_result=finished,
                 on_start=started,
+                select=select,
                 timeout=timeout,
             )
         )
