@@ -261,7 +261,6 @@ class Connection(anyio.AsyncContextManagerMixin):
         self._tg: TaskGroup | None = None
         self._closed = anyio.Event()
         self._is_closed = False  # the state, read on the send path; _closed is for waiters
-        self._close_reason: BaseException | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -280,7 +279,7 @@ class Connection(anyio.AsyncContextManagerMixin):
                     try:
                         yield self
                     finally:
-                        self._shutdown(ConnectionClosed("Connection closed"))
+                        self._shutdown()
                         tg.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True), anyio.move_on_after(_SHUTDOWN_WRITE_TIMEOUT):
@@ -308,10 +307,9 @@ class Connection(anyio.AsyncContextManagerMixin):
         """Wait until the connection has ended (peer gone or closed locally)."""
         await self._closed.wait()
 
-    def _shutdown(self, reason: BaseException) -> None:
+    def _shutdown(self) -> None:
         if self._is_closed:
             return
-        self._close_reason = reason
         self._closed.set()
         self._is_closed = True
         pending, self._pending = self._pending, {}
@@ -468,7 +466,7 @@ class Connection(anyio.AsyncContextManagerMixin):
     def _lost_while_sending(self) -> ConnectionClosed:
         """A write failed (the peer is gone): shut the connection down; returns the error for
         the sender to raise."""
-        self._shutdown(ConnectionClosed("Connection lost while sending"))
+        self._shutdown()
         return ConnectionClosed("Connection lost while sending")
 
     def _finish_later(self) -> None:
@@ -478,7 +476,7 @@ class Connection(anyio.AsyncContextManagerMixin):
             assert self._tg is not None
             self._tg.start_soon(self._finish_rest, name=f"{self._name}-writer")
         except RuntimeError:  # the task group has ended: nobody is left to finish it
-            self._shutdown(ConnectionClosed("Connection closed while sending"))
+            self._shutdown()
 
     async def _finish_rest(self) -> None:
         try:
@@ -545,7 +543,6 @@ class Connection(anyio.AsyncContextManagerMixin):
     # -- inbound ---------------------------------------------------------------------------
 
     async def _read_loop(self) -> None:
-        reason: BaseException = ConnectionClosed("Peer closed the connection")
         try:
             while True:
                 try:
@@ -558,9 +555,9 @@ class Connection(anyio.AsyncContextManagerMixin):
                 self._arrivals += 1
                 await self._dispatch(jsonrpc.decode(frame))
         except OSError as exc:
-            reason = ConnectionClosed(f"Connection lost: {exc.strerror or exc}")
+            logger.debug("%s: connection lost: %s", self._name, exc.strerror or exc)
         finally:
-            self._shutdown(reason)
+            self._shutdown()
 
     async def _dispatch(self, msg: jsonrpc.Message) -> None:
         match msg:

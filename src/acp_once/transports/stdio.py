@@ -111,8 +111,13 @@ class ByteStreamFrames:
 
 
 def _pollable(fd: int) -> bool:
+    """True for a pipe or a socket, which is then made non-blocking; False for anything else
+    (a regular file, a terminal), which is read and written in a worker thread."""
     mode = os.fstat(fd).st_mode
-    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
+    if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
+        os.set_blocking(fd, False)
+        return True
+    return False
 
 
 class FdReceiveStream(ByteReceiveStream):
@@ -130,8 +135,6 @@ class FdReceiveStream(ByteReceiveStream):
     def __init__(self, fd: int) -> None:
         self._fd = fd
         self._poll = _pollable(fd)
-        if self._poll:
-            os.set_blocking(fd, False)
         self._closed = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._chunks: collections.deque[bytes] = collections.deque()
@@ -243,8 +246,6 @@ class FdSendStream(ByteSendStream):
     def __init__(self, fd: int) -> None:
         self._fd = fd
         self._poll = _pollable(fd)
-        if self._poll:
-            os.set_blocking(fd, False)
         self._closed = False
 
     def send_nowait(self, item: bytes) -> int:
