@@ -5,6 +5,8 @@
     python3 dev.py test          # lint, format check, types, import layering, tests
                                  # (extra arguments go to pytest, e.g. -k NAME -n 0)
     python3 dev.py run CMD ...   # any command inside the environment (e.g. `acp-once agent`)
+    python3 dev.py verify        # model-check verification/*.pml with SPIN (--mutants: each
+                                 # model with one guard removed at a time must fail)
 
 The first call installs uv into `.tools/` (a private virtual environment) and creates `.venv`
 from the committed `uv.lock`; later calls only check that both are current.
@@ -13,9 +15,13 @@ from the committed `uv.lock`; later calls only check that both are current.
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import venv
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
@@ -61,9 +67,113 @@ def sync() -> Path:
     return uv
 
 
+# -- verify: the Promela models of verification/ (docs/verification.md) ----------------------
+
+# (name, file, flags, bound): each run exhaustively (-DSAFETY: assertions and end states).
+MODELS = [
+    (
+        "agent",
+        "agent.pml",
+        ["-DFAULTS=2"],
+        "1 agent, 2 keys, 4 requests, 2 faults, hold+steer, retained+live-only",
+    ),
+    (
+        "cluster",
+        "cluster.pml",
+        ["-DFAULTS=2"],
+        "2 nodes, 1 key, 2 requests, 2 faults (kill, stall, lost NOTIFY, close, cancel)",
+    ),
+    # the same with the fix the cluster model's counterexample asks for (docs/verification.md)
+    (
+        "cluster+fix",
+        "cluster.pml",
+        ["-DFAULTS=2", "-DFIX_RECORDED_WITHDRAW"],
+        "as cluster, a withdrawal of a row whose key is recorded settles it as recorded",
+    ),
+]
+# (model, guard removed): each must give a counterexample
+MUTANTS = [
+    ("agent", "KEY_APART"),  # the key committed in a transaction apart from its message
+    ("agent", "RETRY_EARLY"),  # a retry answered with the id before the original commits
+    ("agent", "WITHDRAW_ONE"),  # a withdrawal answers only the cancelled request
+    ("agent", "WITHDRAW_INSERTING"),  # a prompt withdrawn while its insert is in flight
+    ("agent", "NO_LOOKUP"),  # a failed insert answered -32603 without looking the key up
+    ("agent", "NO_UNIQUE"),  # no unique (session, key): the insert does not check the key
+    ("cluster+fix", "NO_FENCE"),  # a write that does not check the fencing token
+    ("cluster+fix", "TAKE_UNEXPIRED"),  # a lease taken from a live owner (no expiry)
+    ("cluster+fix", "ROW_UNGUARDED"),  # a queued row inserted without state = 'queued'
+    ("cluster+fix", "NO_POLL"),  # outcomes only by NOTIFY (a lost one leaves a waiter)
+]
+
+
+def _need(tool: str, package: str) -> str:
+    path = shutil.which(tool)
+    if path is None:
+        print(
+            f"dev.py verify: `{tool}` is missing; install Debian's `{package}` package"
+            f" (apt-get install -y {package})",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
+    return path
+
+
+def _check(model: str, flags: list[str]) -> dict[str, str]:
+    """Generate, compile and run one verifier; its states, errors and first message."""
+    spin, gcc = _need("spin", "spin"), _need("gcc", "gcc")
+    with tempfile.TemporaryDirectory(prefix="acp-once-verify-") as tmp:
+        shutil.copy(ROOT / "verification" / model, tmp)
+        subprocess.run([spin, *flags, "-a", model], cwd=tmp, check=True, capture_output=True)
+        cc = [gcc, "-O2", "-w", "-DSAFETY", "-DMEMLIM=2048", "-o", "pan", "pan.c"]
+        subprocess.run(cc, cwd=tmp, check=True, capture_output=True)
+        out = subprocess.run(["./pan", "-m200000"], cwd=tmp, capture_output=True, text=True).stdout
+    errors = re.search(r"errors: (\d+)", out)
+    states = re.search(r"(\d+) states, stored", out)
+    first = re.search(r"pan:1: (.*)", out)
+    return {
+        "errors": errors.group(1) if errors else "?",
+        "states": states.group(1) if states else "?",
+        "why": first.group(1).strip() if first else "",
+    }
+
+
+def verify(args: list[str]) -> None:
+    flags = {name: (model, fl, bound) for name, model, fl, bound in MODELS}
+    failed = False
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        runs = [(n, pool.submit(_check, m, fl)) for n, m, fl, _ in MODELS]
+        for name, run in runs:
+            res = run.result()
+            ok = res["errors"] == "0"
+            failed |= not ok
+            print(f"verify {name:12} bound: {flags[name][2]}")
+            print(
+                f"verify {name:12} states explored: {res['states']:>9}  "
+                + ("no counterexample" if ok else f"COUNTEREXAMPLE: {res['why']}"),
+                flush=True,
+            )
+        if "--mutants" in args:
+            caught = 0
+            jobs = [
+                (n, m, pool.submit(_check, flags[n][0], [*flags[n][1], f"-DMUTANT_{m}"]))
+                for n, m in MUTANTS
+            ]
+            for name, mutant, run in jobs:
+                res = run.result()
+                hit = res["errors"] not in ("0", "?")
+                caught += hit
+                print(f"mutant {name}/{mutant}: " + (res["why"] if hit else "NOT CAUGHT"))
+            print(f"mutants caught: {caught}/{len(MUTANTS)}")
+            failed |= caught != len(MUTANTS)
+    if failed:
+        raise SystemExit(1)
+
+
 def main(argv: list[str]) -> None:
     job = argv[0] if argv else "help"
     if job == "test":
+        # the models first: seconds, and a counterexample says more than a failing example
+        verify(["--mutants"])
         uv = sync()
         for step in (
             ["ruff", "check", "."],
@@ -82,6 +192,8 @@ def main(argv: list[str]) -> None:
     elif job == "run":
         uv = sync()
         _run(str(uv), "run", "--frozen", "--no-sync", *argv[1:])
+    elif job == "verify":
+        verify(argv[1:])
     elif job == "lock":
         _run(str(_uv()), "lock")
     else:
