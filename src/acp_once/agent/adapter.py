@@ -3,7 +3,7 @@
 An adapter (claude-agent-acp over Claude Code, codex-acp over Codex) cannot write the key and the
 message in one step of its own: the runtime stores the session. Both runtimes do store an id that
 the adapter chooses with each user message, so the adapter derives that id from the key (RFD
-"Adapter validation", digest R41 and D14) and the runtime writes key and message in one step:
+"Adapter validation", R41 and D14) and the runtime writes key and message in one step:
 
     keys = AdapterKeys()                                   # one per agent, all sessions
 

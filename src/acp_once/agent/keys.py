@@ -1,7 +1,7 @@
 """`PromptKeys`: the RFD's key table for agents that keep sessions in their own storage.
 
 `SessionAgent` does all of this for you. If you write an `Agent` directly, over storage you own,
-wrap your insertion in `PromptKeys.submit` and the key rules hold (R18-R24 of the digest):
+wrap your insertion in `PromptKeys.submit` and the key rules hold (R18-R24, docs/rules.md):
 
     keys = PromptKeys(lookup=store.message_id_for_key)   # your persistent lookup, or None
 

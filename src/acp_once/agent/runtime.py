@@ -10,7 +10,7 @@ message), and the runtime takes care of the rest of the protocol:
 - `session/prompt` is answered with `{messageId}` once the user message is inserted; prompts
   that arrive during a turn are held and inserted in arrival order (or, with the steer policy,
   inserted at once);
-- keys exactly as the v2 Idempotency Keys RFD says (R18-R41 of the digest): the lookup table
+- keys exactly as the v2 Idempotency Keys RFD says (R18-R41, docs/rules.md): the lookup table
   (nothing recorded / inserted / pending), errors leave the key unused, concurrent requests with
   one new key become one pending prompt, `$/cancel_request` on any of them withdraws it and
   answers all with -32800, scope per session, keys never leave the agent.
@@ -592,7 +592,7 @@ class SessionAgent(Agent, anyio.AsyncContextManagerMixin):
                 # arrives before the turn got going still stops it
                 session.turn_scope = self._new_scope()
                 idle = await self._run_one(session, turn, context, session.turn_scope)
-                # a cancelled turn always ends with its idle update (digest 5.5), even when a
+                # a cancelled turn always ends with its idle update (R57), even when a
                 # prompt sent after the cancel is already waiting
                 if idle["stopReason"] == "cancelled" or not (session.turns or session.held):
                     await context.emit(idle)
@@ -610,7 +610,7 @@ class SessionAgent(Agent, anyio.AsyncContextManagerMixin):
         """Run one turn; return the idle update that ends it.
 
         A failure after insertion is never an error answer: it ends the turn with
-        `stopReason: "error"` (digest 5.4). The retained "idle" marker written at the end says
+        `stopReason: "error"` (R55). The retained "idle" marker written at the end says
         the message's turn finished; a message without one was interrupted by a crash.
         """
         idle: dict[str, Any] = {"sessionUpdate": "state_update", "state": "idle"}
@@ -688,7 +688,7 @@ class SessionAgent(Agent, anyio.AsyncContextManagerMixin):
                 for turn in dropped:
                     await self._mark_turn(session, "idle", turn.message_id)
         if session.worker:
-            # the final updates and the idle state_update go out before we answer (digest 6.4)
+            # the final updates and the idle state_update go out before we answer (R61)
             if session.stopped is None:
                 session.stopped = anyio.Event()
             stopped = session.stopped

@@ -6,7 +6,7 @@
     report.exit_code          # non-zero when a MUST failed
     write_json(report, path); write_junit(report, path)
 
-Every check has a stable requirement id tied to the digest's rules (`CHECKS` lists them), a
+Every check has a stable requirement id tied to rules in docs/rules.md (`CHECKS` lists them), a
 level (MUST/SHOULD/MAY), and runs on fresh connections opened by a client launcher
 (`acp_once.client`; `Target.of(launcher)` says what the suite can do with it). Inserted
 messages are observed on the wire only, so any agent can be checked.

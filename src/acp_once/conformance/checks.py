@@ -1,4 +1,4 @@
-"""The checks: one requirement each, with a stable id tied to the digest's rules.
+"""The checks: one requirement each, with a stable id tied to rules in docs/rules.md.
 
 A check function drives the target through a `CheckContext` and returns nothing (passed), or a
 note to report with the pass (e.g. which of two allowed answers it saw); it raises
@@ -337,7 +337,7 @@ async def _key_case(ctx: CheckContext) -> str | None:
     return None
 
 
-# -- the RFD's traces (digest 8.12) ------------------------------------------------------------
+# -- the RFD's traces (T1-T7, docs/protocol/keys.md) -------------------------------------------
 
 
 @check(

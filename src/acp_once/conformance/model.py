@@ -34,7 +34,7 @@ class CheckResult:
     Attributes:
         id: stable requirement id (e.g. `trace.T1-same-connection`).
         level: MUST, SHOULD or MAY.
-        refs: the digest's rule numbers and sections the check is tied to.
+        refs: the rules the check is tied to (ids defined in docs/rules.md).
         title: one line saying what is checked.
         status: passed, failed or skipped.
         message: why it failed or was skipped, or what was observed (for MAY results).

@@ -117,7 +117,7 @@ class InvalidParams(AcpError):
 
 def key_reused() -> InvalidParams:
     """The -32602 answer to a recorded `idempotencyKey` sent with a different prompt (RFD;
-    digest R23). Its text never quotes the key (keys are private)."""
+    R23). Its text never quotes the key (keys are private)."""
     return InvalidParams("idempotencyKey was already used with a different prompt")
 
 
@@ -195,7 +195,7 @@ def invalid_params_from_validation(exc: ValidationError) -> InvalidParams:
     """Turn a pydantic validation error into -32602 without leaking library text or input.
 
     The message names the offending fields ("prompt.0.text: missing"); `data` lists them as
-    `{"field", "reason"}` pairs (digest D3). Input values never appear: they may hold a key.
+    `{"field", "reason"}` pairs (D3). Input values never appear: they may hold a key.
     """
     problems: list[dict[str, str]] = []
     for err in exc.errors(include_input=False, include_url=False, include_context=False):

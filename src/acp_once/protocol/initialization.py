@@ -1,4 +1,4 @@
-"""The `initialize` rules of ACP v2 as a pure state machine (digest 2.4, D22, D23).
+"""The `initialize` rules of ACP v2 as a pure state machine (R49, D22, D23).
 
 - A request other than `initialize` before an `initialize` has succeeded gets -32600 and changes
   nothing; the client may still initialize.

@@ -1,7 +1,7 @@
 """The `idempotencyKey` of `session/prompt` (v2 Idempotency Keys RFD).
 
 A key is an opaque, case-sensitive string of 1 to 255 characters. "Character" means a Unicode
-code point (digest D1), and a string holding a lone surrogate is not a valid key: it cannot be
+code point (D1), and a string holding a lone surrogate is not a valid key: it cannot be
 stored or compared reliably. Any other value is invalid params (-32602); it is never treated as
 if the key were omitted (R5, R6). Omitted and `null` both mean "no key" (R4).
 """

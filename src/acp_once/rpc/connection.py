@@ -624,7 +624,7 @@ class Connection(anyio.AsyncContextManagerMixin):
 
     async def _on_inbound_request(self, msg: jsonrpc.Request) -> None:
         if msg.id in self._inflight:
-            # digest D19: echoing the id would look like the original's answer
+            # D19: echoing the id would look like the original's answer
             await self._answer_quietly(
                 jsonrpc.encode_error(None, InvalidRequest("Request id is already in use"))
             )

@@ -1,4 +1,4 @@
-"""stdio: newline-delimited JSON over pipes (ACP's baseline transport, digest 7.1).
+"""stdio: newline-delimited JSON over pipes (ACP's baseline transport, R67).
 
 - `stdio_frames()`: the agent side, on the process's own stdin and stdout. Nothing but ACP
   frames is ever written to stdout; logs belong on stderr.

@@ -1,4 +1,4 @@
-"""WebSocket: one text frame = one JSON-RPC message (digest 7.3).
+"""WebSocket: one text frame = one JSON-RPC message (R69).
 
 - `ServerWebSocketFrames`: the agent side, a `FrameStream` over an accepted starlette
   `WebSocket` (any ASGI server). Binary frames are ignored. A text frame above `max_frame`
