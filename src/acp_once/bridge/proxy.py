@@ -51,7 +51,7 @@ _SHIELDED_WRITE = 5.0
 
 
 def _error(id: RequestId | None, error: AcpError | dict[str, Any]) -> bytes:
-    return jsonrpc.encode_error(id, error, lenient=True)
+    return jsonrpc.encode_error(id, error)
 
 
 def _unavailable(id: RequestId) -> bytes:
@@ -345,7 +345,7 @@ class Bridge(anyio.AsyncContextManagerMixin):
         if sid is not None and msg.method == m.SESSION_CLOSE:
             if not remote.active(sid):
                 # D24: closing an inactive session succeeds
-                await remote.put(jsonrpc.encode_result(msg.id, {}, lenient=True))
+                await remote.put(jsonrpc.encode_result(msg.id, {}))
                 return
             if self._router.active_elsewhere(remote, sid):
                 # the child's only connection keeps the session for the others: stop its work
@@ -353,9 +353,7 @@ class Bridge(anyio.AsyncContextManagerMixin):
                 child = self._supervisor.child
                 if child is not None:
                     cancel = {"sessionId": sid}
-                    await child.send(
-                        jsonrpc.encode_notification(m.SESSION_CANCEL, cancel, lenient=True)
-                    )
+                    await child.send(jsonrpc.encode_notification(m.SESSION_CANCEL, cancel))
                 assert remote.tg is not None
                 remote.tg.start_soon(self._close_here, remote, msg.id, sid)
                 return
@@ -377,7 +375,7 @@ class Bridge(anyio.AsyncContextManagerMixin):
         cancelled work's final updates and idle state (bounded), then detach."""
         await self._router.wait_idle(sid, self._close_timeout)
         remote.sessions.discard(sid)
-        await remote.put(jsonrpc.encode_result(id, {}, lenient=True))
+        await remote.put(jsonrpc.encode_result(id, {}))
 
     async def _remote_initialize(self, remote: Remote, msg: jsonrpc.Request) -> None:
         ok = False
@@ -386,7 +384,7 @@ class Bridge(anyio.AsyncContextManagerMixin):
             child = await self._supervisor.ready()
             version = negotiate_version(request.protocol_version, [child.version])
             result = {**child.init_result, "protocolVersion": version}
-            await remote.put(jsonrpc.encode_result(msg.id, result, lenient=True))
+            await remote.put(jsonrpc.encode_result(msg.id, result))
             ok = True
         except ValidationError as exc:
             await remote.put(_error(msg.id, invalid_params_from_validation(exc)))

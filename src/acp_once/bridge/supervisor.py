@@ -111,7 +111,7 @@ class Child:
         """
         id = next(self.ids)
         event = self._calls[id] = anyio.Event()
-        await self.send(jsonrpc.encode_request(id, method, params, lenient=True))
+        await self.send(jsonrpc.encode_request(id, method, params))
         with anyio.fail_after(timeout):
             await event.wait()
         answer = self._answers.pop(id, None)

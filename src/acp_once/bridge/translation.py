@@ -4,8 +4,9 @@ A remote request gets a fresh child-side id (a `Forward`); the child's answer go
 the remote id. A request of the child gets an id of the remote connection it is sent on (an
 `Ask`, ids `bridge-N`), and the answer goes back to the child under the child's id. A
 `$/cancel_request` is translated likewise, each way; one for an unknown or answered id is
-dropped. Every frame is re-encoded leniently (`jsonrpc`'s `lenient`): params and results
-travel untouched, a lone surrogate in an `idempotencyKey` included, for the agent to judge.
+dropped. Every frame is re-encoded by `jsonrpc`'s encoders, which write whatever `decode` read:
+params and results travel untouched, a lone surrogate in an `idempotencyKey` included, for the
+agent to judge.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ def session_id(params: Mapping[str, Any] | None) -> str | None:
 
 
 def _cancel(id: RequestId) -> bytes:
-    return jsonrpc.encode_notification(m.CANCEL_REQUEST, {"requestId": id}, lenient=True)
+    return jsonrpc.encode_notification(m.CANCEL_REQUEST, {"requestId": id})
 
 
 def _cancelled_id(params: Mapping[str, Any] | None) -> RequestId | None:
@@ -42,8 +43,8 @@ def _cancelled_id(params: Mapping[str, Any] | None) -> RequestId | None:
 
 def _answer(id: RequestId, msg: jsonrpc.Response | jsonrpc.ErrorResponse) -> bytes:
     if isinstance(msg, jsonrpc.Response):
-        return jsonrpc.encode_result(id, msg.result, lenient=True)
-    return jsonrpc.encode_error(id, msg.error, lenient=True)
+        return jsonrpc.encode_result(id, msg.result)
+    return jsonrpc.encode_error(id, msg.error)
 
 
 class Forward:
@@ -136,9 +137,7 @@ class Translator:
         forward = Forward(remote, request, child, next(child.ids))
         self._forwards.setdefault(child, {})[forward.child_id] = forward
         self._hop(remote).forwards[request.id] = forward
-        frame = jsonrpc.encode_request(
-            forward.child_id, request.method, request.params, lenient=True
-        )
+        frame = jsonrpc.encode_request(forward.child_id, request.method, request.params)
         return forward, frame
 
     def answered(
@@ -193,16 +192,16 @@ class Translator:
         hop = self._hop(remote)
         ask.remote, ask.remote_id = remote, f"bridge-{next(hop.ids)}"
         hop.asks[ask.remote_id] = ask
-        return jsonrpc.encode_request(ask.remote_id, ask.method, ask.params, lenient=True)
+        return jsonrpc.encode_request(ask.remote_id, ask.method, ask.params)
 
     def withdraw(self, ask: Ask) -> bytes:
         """No client can answer `ask`: the method's cancellation answer for the child."""
         self._asks.get(ask.child, {}).pop(ask.child_id, None)
         if ask.method == m.SESSION_REQUEST_PERMISSION:
             outcome = {"outcome": {"outcome": "cancelled"}}
-            return jsonrpc.encode_result(ask.child_id, outcome, lenient=True)
+            return jsonrpc.encode_result(ask.child_id, outcome)
         error = RequestCancelled("No client can answer it")
-        return jsonrpc.encode_error(ask.child_id, error, lenient=True)
+        return jsonrpc.encode_error(ask.child_id, error)
 
     def answer_ask(
         self, remote: Remote, msg: jsonrpc.Response | jsonrpc.ErrorResponse

@@ -6,7 +6,9 @@
 JSON array gets one -32600 with `id: null` and none of its entries is processed (digest 1.4).
 
 Ids are strings or integers, never null and never fractional (digest 1.2). Encoding uses orjson;
-the hot path builds plain dicts and never goes through pydantic.
+the hot path builds plain dicts and never goes through pydantic. Every value `decode` returns
+can be encoded again (lone surrogates and integers beyond 64 bits included), and `encode_error`
+never raises: an error answer can always be written, whatever the request held.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any
 
 import orjson
 
-from acp_once.protocol.errors import INVALID_REQUEST, PARSE_ERROR, AcpError
+from acp_once.protocol.errors import INTERNAL_ERROR, INVALID_REQUEST, PARSE_ERROR, AcpError
 
 __all__ = [
     "ErrorResponse",
@@ -27,6 +29,7 @@ __all__ = [
     "Request",
     "RequestId",
     "Response",
+    "Unencodable",
     "decode",
     "encode_error",
     "encode_notification",
@@ -94,14 +97,19 @@ class Invalid:
 Message = Request | Notification | Response | ErrorResponse | Invalid
 
 
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
 def _loads(frame: bytes | str) -> Any:
     try:
         return orjson.loads(frame)
     except orjson.JSONDecodeError:
         # orjson refuses escaped lone surrogates ("\ud800"), which JSON allows. Such a frame
         # is valid JSON with a value we cannot use; let the stdlib parse it so that validation
-        # can answer -32602 for the field (an idempotencyKey, say) instead of -32700.
-        return json.loads(frame)
+        # can answer -32602 for the field (an idempotencyKey, say) instead of -32700. The
+        # stdlib also reads NaN and Infinity, which are not JSON: those stay a parse error.
+        return json.loads(frame, parse_constant=_not_json)
 
 
 def decode(frame: bytes | str) -> Message:
@@ -164,41 +172,62 @@ def decode_object(obj: dict[str, Any]) -> Message:
     )
 
 
-def _dumps(message: dict[str, Any], lenient: bool) -> bytes:
-    if not lenient:
-        return orjson.dumps(message)
+class Unencodable(ValueError):
+    """A value JSON cannot carry: not a JSON type (a `set`, a pydantic `AnyUrl`...), NaN or an
+    infinity beside a lone surrogate, or nesting deeper than the encoder goes."""
+
+
+def _dumps(message: dict[str, Any]) -> bytes:
     try:
         return orjson.dumps(message)
     except TypeError:
-        # a lone surrogate ("\ud800", valid JSON that `decode` accepts) or an integer beyond
-        # 64 bits: the stdlib writes them escaped, so a relay passes them on unjudged
-        return json.dumps(message, ensure_ascii=True, separators=(",", ":")).encode("ascii")
+        pass
+    # a lone surrogate ("\ud800", valid JSON that `decode` accepts), an integer beyond 64 bits
+    # or nesting deeper than orjson writes (254 levels): the stdlib writes them, escaped
+    try:
+        text = json.dumps(message, ensure_ascii=True, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise Unencodable(f"Cannot encode as JSON: {type(exc).__name__}") from None
+    return text.encode("ascii")
 
 
-def encode_request(id: RequestId, method: str, params: Any, *, lenient: bool = False) -> bytes:
-    """Encode a request; `params` None leaves the member out. `lenient` (for a relay) also
-    encodes what `decode` accepted but orjson refuses (lone surrogates, integers beyond 64
-    bits) instead of raising TypeError; so do the other encoders."""
+def encode_request(id: RequestId, method: str, params: Any) -> bytes:
+    """Encode a request; `params` None leaves the member out.
+
+    Raises:
+        Unencodable: `params` holds a value JSON cannot carry (also for the other encoders
+            but `encode_error`).
+    """
     if params is None:
-        return _dumps({"jsonrpc": "2.0", "id": id, "method": method}, lenient)
-    return _dumps({"jsonrpc": "2.0", "id": id, "method": method, "params": params}, lenient)
+        return _dumps({"jsonrpc": "2.0", "id": id, "method": method})
+    return _dumps({"jsonrpc": "2.0", "id": id, "method": method, "params": params})
 
 
-def encode_notification(method: str, params: Any, *, lenient: bool = False) -> bytes:
+def encode_notification(method: str, params: Any) -> bytes:
     """Encode a notification; `params` None leaves the member out."""
     if params is None:
-        return _dumps({"jsonrpc": "2.0", "method": method}, lenient)
-    return _dumps({"jsonrpc": "2.0", "method": method, "params": params}, lenient)
+        return _dumps({"jsonrpc": "2.0", "method": method})
+    return _dumps({"jsonrpc": "2.0", "method": method, "params": params})
 
 
-def encode_result(id: RequestId, result: Any, *, lenient: bool = False) -> bytes:
+def encode_result(id: RequestId, result: Any) -> bytes:
     """Encode a success response."""
-    return _dumps({"jsonrpc": "2.0", "id": id, "result": result}, lenient)
+    return _dumps({"jsonrpc": "2.0", "id": id, "result": result})
 
 
-def encode_error(
-    id: RequestId | None, error: AcpError | dict[str, Any], *, lenient: bool = False
-) -> bytes:
-    """Encode an error response; `id` None is written as `null`."""
+def encode_error(id: RequestId | None, error: AcpError | dict[str, Any]) -> bytes:
+    """Encode an error response; `id` None is written as `null`.
+
+    Never raises for an id that `decode` returned: an error whose `data` cannot be encoded is
+    written without it, and one whose code or message cannot be either (a relayed error object
+    holds whatever the peer sent) as -32603 "Internal error".
+    """
     body = error.to_wire() if isinstance(error, AcpError) else error
-    return _dumps({"jsonrpc": "2.0", "id": id, "error": body}, lenient)
+    try:
+        return _dumps({"jsonrpc": "2.0", "id": id, "error": body})
+    except Unencodable:
+        pass
+    short = {"code": body.get("code"), "message": body.get("message")}
+    if not isinstance(short["code"], int) or not isinstance(short["message"], str):
+        short = {"code": INTERNAL_ERROR, "message": "Internal error"}
+    return _dumps({"jsonrpc": "2.0", "id": id, "error": short})

@@ -187,7 +187,7 @@ class ServerHttpFrames:
         self._last_activity = time.monotonic()
         try:
             message = json.loads(frame)
-        except ValueError:
+        except (ValueError, RecursionError):
             message = None
         scope: str | None = None
         if isinstance(message, dict):
@@ -365,7 +365,7 @@ class ClientHttpFrames:
             raise anyio.ClosedResourceError
         try:
             message = json.loads(frame)
-        except ValueError:
+        except (ValueError, RecursionError):
             message = None
         session_id = message_session_id(message) if isinstance(message, dict) else None
         if isinstance(message, dict) and "method" not in message and "id" in message:
@@ -437,7 +437,7 @@ class ClientHttpFrames:
             return  # neither a request nor worth parsing
         try:
             message = json.loads(frame)
-        except ValueError:
+        except (ValueError, RecursionError):
             return
         if isinstance(message, dict) and "method" in message and "id" in message:
             self._response_scopes[_id_key(message["id"])] = session_id
