@@ -269,3 +269,33 @@ async def test_gate_decides_which_requests_it_follows(pair: PairFactory) -> None
             await send(peer, {"jsonrpc": "2.0", "id": id, "method": method})
             assert (await recv(peer))["id"] == id
     assert outcomes == [("watched/ok", True), ("watched/fail", False)]
+
+
+async def test_after_the_peers_last_frame_its_requests_are_still_answered(
+    pair: PairFactory,
+) -> None:
+    """A stream whose peer reads after it stopped sending (stdin closed, stdout open)."""
+    started, release = anyio.Event(), anyio.Event()
+
+    async def handler(method: str, params: dict[str, Any] | None, ctx: RequestContext) -> Any:
+        started.set()
+        await release.wait()
+        return {"done": method}
+
+    ours, peer = pair(16)
+    ours.writable_after_eof = True  # type: ignore[attr-defined]
+    with anyio.fail_after(5):
+        async with Connection(ours, on_request=handler) as conn:
+            asked = await conn.start_request("ours/pending")
+            await send(peer, {"jsonrpc": "2.0", "id": 1, "method": "slow"})
+            await started.wait()
+            await peer._send.aclose()  # the peer's last frame
+            with pytest.raises(ConnectionClosed):
+                await asked.result()  # nobody can answer ours any more
+            with pytest.raises(ConnectionClosed):
+                await conn.request("ours/late")
+            assert not conn.closed
+            release.set()
+            assert (await recv(peer))["method"] == "ours/pending"  # sent before the end
+            assert await recv(peer) == {"jsonrpc": "2.0", "id": 1, "result": {"done": "slow"}}
+            await conn.wait_closed()

@@ -54,3 +54,14 @@ async def test_a_lone_surrogate_in_an_id_or_method_is_answered_and_the_agent_liv
             }
             assert answers[7]["result"] == {"sessions": []}
             assert proc.returncode is None
+
+
+async def test_a_last_frame_without_a_newline_at_eof_is_answered() -> None:
+    # a client that writes its requests and closes the pipe: the last line has no newline
+    session_new = b'{"jsonrpc":"2.0","id":1,"method":"session/new","params":{"cwd":"/tmp"}}'
+    with anyio.fail_after(TIMEOUT):
+        done = await anyio.run_process(AGENT, input=INITIALIZE + b"\n" + session_new, check=False)
+    assert done.returncode == 0, done.stderr.decode(errors="replace")
+    answers = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [a["id"] for a in answers] == [0, 1]
+    assert "sessionId" in answers[1]["result"]

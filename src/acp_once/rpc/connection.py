@@ -64,6 +64,8 @@ __all__ = [
 logger = logging.getLogger("acp_once.rpc")
 
 _SHUTDOWN_WRITE_TIMEOUT = 2.0
+# after the peer's last frame, how long its requests still may take to be answered
+_ANSWER_AFTER_EOF = 2.0
 # what a write raises when the peer is gone (or the stream closed under it)
 _SEND_ERRORS = (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError)
 _OUTBOX_LIMIT = 64 * 1024
@@ -261,6 +263,11 @@ class Connection(anyio.AsyncContextManagerMixin):
         self._tg: TaskGroup | None = None
         self._closed = anyio.Event()
         self._is_closed = False  # the state, read on the send path; _closed is for waiters
+        # the peer may read after it sent its last frame (stdin closed, stdout still open)
+        self._answer_after_eof: bool = getattr(stream, "writable_after_eof", False)
+        self._input_ended = False
+        self._unanswered = 0  # requests handed to a task, until their answer is sent
+        self._all_answered: anyio.Event | None = None  # set up when the reader waits for them
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -496,6 +503,8 @@ class Connection(anyio.AsyncContextManagerMixin):
         Raises:
             ConnectionClosed: the connection is closed, or broke while sending.
         """
+        if self._input_ended:
+            raise ConnectionClosed(f"The peer stopped sending: '{method}' could not be answered")
         id = next(self._ids)
         call = PendingCall(self, id, method)
         self._pending[id] = call
@@ -547,7 +556,11 @@ class Connection(anyio.AsyncContextManagerMixin):
             while True:
                 try:
                     frame = await self._stream.receive()
-                except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
+                except anyio.EndOfStream:
+                    if self._answer_after_eof:
+                        await self._answer_before_closing()
+                    break
+                except (anyio.ClosedResourceError, anyio.BrokenResourceError):
                     break
                 if isinstance(frame, OversizedFrame):
                     await self._on_oversized(frame)
@@ -558,6 +571,22 @@ class Connection(anyio.AsyncContextManagerMixin):
             logger.debug("%s: connection lost: %s", self._name, exc.strerror or exc)
         finally:
             self._shutdown()
+
+    async def _answer_before_closing(self) -> None:
+        """The peer sent its last frame but may still read: answer the requests it sent (a last
+        line without a newline included), for at most `_ANSWER_AFTER_EOF` seconds. Requests of
+        ours can get no answer any more: they fail now."""
+        self._input_ended = True
+        pending, self._pending = self._pending, {}
+        for call in pending.values():
+            call._resolve(
+                False,
+                ConnectionClosed(f"The peer stopped sending before '{call.method}' was answered"),
+            )
+        if self._unanswered:
+            self._all_answered = anyio.Event()
+            with anyio.move_on_after(_ANSWER_AFTER_EOF):
+                await self._all_answered.wait()
 
     async def _dispatch(self, msg: jsonrpc.Message) -> None:
         match msg:
@@ -645,6 +674,7 @@ class Connection(anyio.AsyncContextManagerMixin):
             scope=self._new_scope(),
         )
         self._inflight[msg.id] = ctx
+        self._unanswered += 1
         try:
             self._slots.acquire_nowait()  # free (the common case): no checkpoint needed
         except anyio.WouldBlock:
@@ -685,8 +715,13 @@ class Connection(anyio.AsyncContextManagerMixin):
             self._inflight.pop(msg.id, None)
             if answered is not None:
                 answered(ok)
-        if frame is not None:
-            await self._answer_quietly(frame)
+        try:
+            if frame is not None:
+                await self._answer_quietly(frame)
+        finally:
+            self._unanswered -= 1
+            if self._all_answered is not None and not self._unanswered:
+                self._all_answered.set()
 
     async def _answer_quietly(self, frame: bytes) -> None:
         try:

@@ -5,6 +5,10 @@ JSON-RPC message) or an `OversizedFrame` report, and raises `anyio.EndOfStream` 
 gone; `send(frame)` returns once the transport has accepted the frame (that is the
 backpressure: a slow peer slows the sender, nothing queues without bound); `aclose()` ends it.
 Transports know nothing of methods or ids.
+
+A stream whose peer may still read after the end of what it sends (the agent's own stdin and
+stdout: a client may close our stdin and wait for the answers) says so with a true
+`writable_after_eof` attribute; the engine then answers the requests it has before closing.
 """
 
 from __future__ import annotations

@@ -51,6 +51,7 @@ class ByteStreamFrames:
         send: ByteSendStream,
         *,
         max_frame: int = DEFAULT_MAX_FRAME,
+        writable_after_eof: bool = False,
     ) -> None:
         self._rx = receive
         self._tx = send
@@ -59,6 +60,8 @@ class ByteStreamFrames:
         self._eof = False
         # True until a read brings exactly one frame: see `NowaitFrameStream.burst`
         self.burst = True
+        self.writable_after_eof = writable_after_eof
+        """The peer may still read after the end of what it sends (see `FrameStream`)."""
 
     async def receive(self) -> FrameEvent:
         while not self._events:
@@ -301,7 +304,13 @@ def stdio_frames(max_frame: int = DEFAULT_MAX_FRAME) -> ByteStreamFrames:
     sys.stdout.flush()
     # anything printed from now on goes to stderr, not into the ACP stream
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
-    return ByteStreamFrames(FdReceiveStream(stdin_fd), FdSendStream(stdout_fd), max_frame=max_frame)
+    # a client that closes our stdin has sent everything, and still reads our stdout
+    return ByteStreamFrames(
+        FdReceiveStream(stdin_fd),
+        FdSendStream(stdout_fd),
+        max_frame=max_frame,
+        writable_after_eof=True,
+    )
 
 
 @dataclass(slots=True)
