@@ -3,9 +3,9 @@
 `decode(frame)` never raises: it returns a `Request`, `Notification`, `Response` or
 `ErrorResponse`, or an `Invalid` that says which error to answer (-32700 for invalid JSON,
 -32600 for an invalid envelope or a batch) and to which id, if any. ACP v2 uses no batches, so a
-JSON array gets one -32600 with `id: null` and none of its entries is processed (digest 1.4).
+JSON array gets one -32600 with `id: null` and none of its entries is processed (D21).
 
-Ids are strings or integers, never null and never fractional (digest 1.2). Encoding uses orjson;
+Ids are strings or integers, never null and never fractional (R45). Encoding uses orjson;
 the hot path builds plain dicts and never goes through pydantic. Every value `decode` returns
 can be encoded again (lone surrogates and integers beyond 64 bits included), and `encode_error`
 never raises: an error answer can always be written, whatever the request held.
@@ -152,7 +152,7 @@ def decode_object(obj: dict[str, Any]) -> Message:
         if not has_id:
             return Notification(method, params)
         if not id_ok:
-            # digest 1.2: null or fractional ids get -32600 with id null, unprocessed
+            # R45: null or fractional ids get -32600 with id null, unprocessed
             return Invalid(INVALID_REQUEST, "Request id must be a string or an integer")
         return Request(raw_id, method, params)
     if "result" in obj:

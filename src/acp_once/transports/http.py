@@ -1,4 +1,4 @@
-"""Streamable HTTP (digest 7.2): one ACP connection over POSTs in and SSE GET streams out.
+"""Streamable HTTP (R68): one ACP connection over POSTs in and SSE GET streams out.
 
 - `ServerHttpFrames`: the agent side of one connection, a `FrameStream` fed by the HTTP
   handlers (`post`, `call` for the initialize POST whose answer is its response body) and
@@ -345,7 +345,7 @@ class ClientHttpFrames:
         """The open SSE responses by scope (tests close them to lose what is in flight)."""
         self._response_scopes: dict[str, str] = {}
         # the session stream each agent-to-client request arrived on: its response is POSTed
-        # with that Acp-Session-Id (digest 7.2; the TypeScript SDK's server answers 400 without)
+        # with that Acp-Session-Id (R68; the TypeScript SDK's server answers 400 without)
         self._inbox_send, self._inbox_recv = anyio.create_memory_object_stream[bytes](buffer)
         self.ended = False
         """True once a stream or a POST failed (or `aclose`): `receive()` ends."""
