@@ -222,17 +222,19 @@ end:
        fi }
 #endif
 
-  /* $/cancel_request of a request waiting on the row: PgCluster.withdraw (state = 'queued') */
+  /* $/cancel_request of a request waiting on the row: PgCluster.withdraw. It first waits for
+     the owner's fenced insert in flight (the lease row's lock), then settles a row whose key
+     is recorded already as `recorded` (answered with the message id), and withdraws it only
+     while the key is unused */
   :: atomic { CAN_FAULT && ((rst[0] == WROW && rnode[0] == n) || (rst[1] == WROW && rnode[1] == n)) ->
        faults++;
        if
-#ifdef FIX_RECORDED_WITHDRAW
-       /* the fix proposed for the bug this model found (docs/verification.md): a withdrawal
-          of a row whose key another request already inserted settles it as recorded */
+#ifndef MUTANT_WITHDRAW_RECORDED
        :: qst == QUEUED && skey != 0 -> qst = INSERTED; note[0] = true; note[1] = true;
           answer_row(n, OK)
        :: qst == QUEUED && skey == 0 ->
 #else
+       /* the guard removed: withdrawn on `state = 'queued'` alone */
        :: qst == QUEUED ->
 #endif
           assert(skey == 0);           /* C3: -32800 only while the key is unused */

@@ -340,8 +340,8 @@ class PostgresCoordinator:
         except StorageError:
             logger.exception("session %s: withdrawing queued prompts failed", session.id)
             return
-        for row in rows:
-            self._outcome(RowOutcome(row, "withdrawn", None, None))
+        for outcome in rows:
+            self._outcome(outcome)
 
     async def insert_message(
         self,
@@ -542,12 +542,12 @@ class PostgresCoordinator:
 
     async def _withdraw_row(self, row: int, error: AcpError | None) -> None:
         try:
-            withdrawn = await self.pg.withdraw(row)
+            outcome = await self.pg.withdraw(row)
         except StorageError:
             logger.exception("withdrawing queued prompt %d failed", row)
             return
-        if withdrawn:
-            self._outcome(RowOutcome(row, "withdrawn", None, None), error=error)
+        if outcome is not None:
+            self._outcome(outcome, error=error)
 
     def _outcome(self, outcome: RowOutcome, *, error: AcpError | None = None) -> None:
         entry = self._waiting.get(outcome.row)

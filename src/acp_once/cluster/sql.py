@@ -157,6 +157,8 @@ class _Sql:
     abandon_dead: sql.Composed
     next_row: sql.Composed
     flip: sql.Composed
+    lock_lease_of_row: sql.Composed
+    lock_lease_for_withdraw: sql.Composed
     withdraw: sql.Composed
     withdraw_session: sql.Composed
     detach: sql.Composed
@@ -261,14 +263,22 @@ def _statements(schema: str) -> _Sql:
             "UPDATE {s}.prompt_queue SET state = %s, message_id = %s, same_prompt = %s"
             " WHERE id = %s AND state = 'queued' RETURNING pg_notify(%s, %s)"
         ),
-        withdraw=q(
-            "UPDATE {s}.prompt_queue SET state = 'withdrawn'"
-            " WHERE id = %s AND state = 'queued' RETURNING id"
+        # A withdrawal first waits for the fenced insert in flight, if any (FOR NO KEY UPDATE
+        # conflicts with its FOR SHARE of the lease row), so that the statement after it sees
+        # that insert committed: the owner may have inserted the key directly (a request on
+        # the owner's node) while this row, with the same key, waited in the queue.
+        lock_lease_of_row=q(
+            "SELECT 1 FROM {s}.session_leases l JOIN {s}.prompt_queue q USING (session_id)"
+            " WHERE q.id = %s FOR NO KEY UPDATE OF l"
         ),
-        withdraw_session=q(
-            "UPDATE {s}.prompt_queue SET state = 'withdrawn'"
-            " WHERE session_id = %s AND state = 'queued' RETURNING id"
+        lock_lease_for_withdraw=q(
+            "SELECT 1 FROM {s}.session_leases WHERE session_id = %s FOR NO KEY UPDATE"
         ),
+        # Withdraw queued rows, except those whose key is recorded already: those are settled
+        # as `recorded` with the message id (insertion wins, R27), and the same_prompt flag
+        # the insert would have set.
+        withdraw=q(_WITHDRAW.format(where="id = %(x)s")),
+        withdraw_session=q(_WITHDRAW.format(where="session_id = %(x)s")),
         detach=q(
             "UPDATE {s}.prompt_queue SET waiters = waiters - 1,"
             " state = CASE WHEN waiters <= 1 THEN 'dropped' ELSE state END"
@@ -317,6 +327,20 @@ def _statements(schema: str) -> _Sql:
             " FROM {s}.session_leases WHERE session_id = %s"
         ),
     )
+
+
+_WITHDRAW = (
+    "WITH q AS (SELECT id, session_id, idempotency_key, prompt_digest FROM {{s}}.prompt_queue"
+    "  WHERE {where} AND state = 'queued' FOR UPDATE),"
+    " rec AS (SELECT q.id, t.message_id, t.prompt_digest IS NULL"
+    "  OR t.prompt_digest = q.prompt_digest AS same FROM q JOIN {{s}}.timeline t"
+    "  ON t.session_id = q.session_id AND t.idempotency_key = q.idempotency_key)"
+    " UPDATE {{s}}.prompt_queue p SET"
+    "  state = CASE WHEN rec.id IS NULL THEN 'withdrawn' ELSE 'recorded' END,"
+    "  message_id = rec.message_id, same_prompt = rec.same"
+    " FROM q LEFT JOIN rec ON rec.id = q.id WHERE p.id = q.id"
+    " RETURNING p.id, p.state, p.message_id, p.same_prompt"
+)
 
 
 def _payload(**fields: Any) -> str:
@@ -557,23 +581,45 @@ class PgCluster:
         params = ("inserted", message_id, True, row, self.channel, payload)
         await self.store.run(lambda conn: _one(conn, self._sql.flip, params), begin=False)
 
-    async def withdraw(self, row: int) -> bool:
-        """Withdraw a queued prompt; False when it is no longer queued (inserted: R27)."""
-        return bool(await self._finish_rows(self._sql.withdraw, (row,), "withdrawn"))
+    async def withdraw(self, row: int) -> RowOutcome | None:
+        """Withdraw a queued prompt: its outcome, `withdrawn`, or `recorded` (with the message
+        id) when its key was inserted meanwhile by the owner; None when it is no longer
+        queued (inserted: R27)."""
+
+        async def work(conn: _Conn) -> RowOutcome | None:
+            await _all(conn, self._sql.lock_lease_of_row, (row,))
+            outcomes = await self._withdraw_in(conn, self._sql.withdraw, row)
+            return outcomes[0] if outcomes else None
+
+        return await self.store.run(work)
+
+    async def _withdraw_in(
+        self, conn: _Conn, query: sql.Composed, target: int | str
+    ) -> list[RowOutcome]:
+        found = await _all(conn, query, {"x": target})
+        outcomes = [RowOutcome(int(r), st, mid, same) for r, st, mid, same in found]
+        await self._notify_in(
+            conn,
+            [
+                _payload(k="o", r=o.row, st=o.state, m=o.message_id, p=o.same_prompt)
+                for o in outcomes
+            ],
+        )
+        return outcomes
 
     async def fail(self, row: int) -> bool:
         """Give up a queued prompt the owner could not store (its waiters get -32603)."""
         return bool(await self._finish_rows(self._sql.fail, (row,), "failed"))
 
-    async def cancel_session(self, session_id: str) -> list[int]:
-        """Withdraw every queued prompt of the session and tell its owner to cancel its turn."""
+    async def cancel_session(self, session_id: str) -> list[RowOutcome]:
+        """Withdraw every queued prompt of the session (as `withdraw` does each) and tell its
+        owner to cancel its turn."""
 
-        async def work(conn: _Conn) -> list[int]:
-            rows = [int(r[0]) for r in await _all(conn, self._sql.withdraw_session, (session_id,))]
-            payloads = [_payload(k="o", r=r, st="withdrawn", m=None, p=None) for r in rows]
-            payloads.append(_payload(k="c", s=session_id, n=self.instance))
-            await self._notify_in(conn, payloads)
-            return rows
+        async def work(conn: _Conn) -> list[RowOutcome]:
+            await _all(conn, self._sql.lock_lease_for_withdraw, (session_id,))
+            outcomes = await self._withdraw_in(conn, self._sql.withdraw_session, session_id)
+            await self._notify_in(conn, [_payload(k="c", s=session_id, n=self.instance)])
+            return outcomes
 
         return await self.store.run(work)
 
