@@ -172,3 +172,14 @@ def test_links_between_docs_resolve() -> None:
             elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
                 broken.append(f"{where} (no such heading)")
     assert not broken, "broken links:\n" + "\n".join(broken)
+
+
+def test_every_conformance_check_cites_defined_rule_ids() -> None:
+    """`acp-once check` prints each check's refs: each must be an id a reader can look up."""
+    from acp_once.conformance.checks import CHECKS
+
+    defined = set(_DEFINITION.findall("\n".join(p.read_text() for p in DOCS.rglob("*.md"))))
+    for check in CHECKS:
+        assert check.refs, check.id
+        for ref in check.refs:
+            assert _RULE_ID.fullmatch(ref) and ref in defined, (check.id, ref)

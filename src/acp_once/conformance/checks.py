@@ -74,7 +74,7 @@ def _new(ids: set[str], *old: str) -> set[str]:
 # -- initialize and sessions -------------------------------------------------------------------
 
 
-@check("init.version", Level.MUST, ("2.2", "2.4", "D23"), "initialize negotiates version 2")
+@check("init.version", Level.MUST, ("D23", "R49"), "initialize negotiates version 2")
 async def _init_version(ctx: CheckContext) -> str | None:
     async with ctx.connect(initialize=False) as p:
         first = await p.request("initialize", {"protocolVersion": 2, "info": INFO})
@@ -107,7 +107,7 @@ async def _init_version(ctx: CheckContext) -> str | None:
     return None
 
 
-@check("session.new", Level.MUST, ("6.1", "5.1"), "session/new, then a prompt is echoed")
+@check("session.new", Level.MUST, ("R63", "R50"), "session/new, then a prompt is echoed")
 async def _session_new(ctx: CheckContext) -> str | None:
     async with ctx.connect() as p:
         a, b = await p.new_session(), await p.new_session()
@@ -120,7 +120,7 @@ async def _session_new(ctx: CheckContext) -> str | None:
 @check(
     "resume.state-before-response",
     Level.MUST,
-    ("6.2",),
+    ("R60",),
     "session/resume sends replay, then a state_update, before its response",
 )
 async def _resume_state(ctx: CheckContext) -> str | None:
@@ -172,7 +172,7 @@ async def _resume_state(ctx: CheckContext) -> str | None:
 @check(
     "close.idempotent",
     Level.SHOULD,
-    ("6.4", "D24", "6.3"),
+    ("R61", "D24", "R58"),
     "session/close succeeds again and for unknown sessions; a closed session is not active",
 )
 async def _close(ctx: CheckContext) -> str | None:
@@ -193,7 +193,7 @@ async def _close(ctx: CheckContext) -> str | None:
 @check(
     "delete.idempotent",
     Level.SHOULD,
-    ("6.5", "D24"),
+    ("R62", "D24"),
     "session/delete succeeds again and for unknown sessions; the session leaves session/list",
 )
 async def _delete(ctx: CheckContext) -> str | None:
@@ -218,7 +218,7 @@ async def _delete(ctx: CheckContext) -> str | None:
 @check(
     "cancel-request.exactly-once",
     Level.MUST,
-    ("1.7", "1.3"),
+    ("R47", "R48"),
     "$/cancel_request: exactly one response per request, none for unknown ids",
 )
 async def _cancel_request(ctx: CheckContext) -> str | None:
@@ -253,7 +253,7 @@ async def _cancel_request(ctx: CheckContext) -> str | None:
 # -- key validation ---------------------------------------------------------------------------
 
 
-@check("key.valid", Level.MUST, ("R5", "8.2"), "keys of 1 and 255 characters are accepted")
+@check("key.valid", Level.MUST, ("R5",), "keys of 1 and 255 characters are accepted")
 async def _key_valid(ctx: CheckContext) -> str | None:
     async with ctx.connect() as p:
         sid = await p.new_session()
@@ -343,7 +343,7 @@ async def _key_case(ctx: CheckContext) -> str | None:
 @check(
     "trace.T1-same-connection",
     Level.MUST,
-    ("8.12", "R19", "R21", "D8"),
+    ("R19", "R21", "D8"),
     "a retry on the same connection gets the original messageId and inserts nothing",
 )
 async def _t1(ctx: CheckContext) -> str | None:
@@ -361,7 +361,7 @@ async def _t1(ctx: CheckContext) -> str | None:
 @check(
     "trace.T2-new-connection",
     Level.MUST,
-    ("8.12", "R33", "R35", "D17"),
+    ("R33", "R35", "D17"),
     "after a new connection and session/resume, a retry gets the original messageId",
 )
 async def _t2(ctx: CheckContext) -> str | None:
@@ -391,7 +391,7 @@ async def _t2(ctx: CheckContext) -> str | None:
 @check(
     "trace.T3-agent-restart",
     Level.MUST,
-    ("8.12", "R35", "R38", "R39"),
+    ("R35", "R38", "R39"),
     "after the agent is killed (SIGKILL) and restarted, a retry gets the original messageId",
 )
 async def _t3(ctx: CheckContext) -> str | None:
@@ -414,7 +414,7 @@ async def _t3(ctx: CheckContext) -> str | None:
 @check(
     "trace.T4-retry-while-held",
     Level.MUST,
-    ("8.12", "R20", "R24"),
+    ("R20", "R24"),
     "a retry while the prompt is held is answered with the same outcome; one insertion",
 )
 async def _t4(ctx: CheckContext) -> str | None:
@@ -435,7 +435,7 @@ async def _t4(ctx: CheckContext) -> str | None:
 @check(
     "trace.T5-retry-after-error",
     Level.MUST,
-    ("8.12", "R22", "R28", "D33"),
+    ("R22", "R28", "D33"),
     "after a held prompt is refused (session/cancel, -32800), the retry inserts it once",
 )
 async def _t5(ctx: CheckContext) -> str | None:
@@ -467,7 +467,7 @@ async def _t5(ctx: CheckContext) -> str | None:
 @check(
     "trace.T6-other-session",
     Level.MUST,
-    ("8.12", "R32", "D15"),
+    ("R32", "D15"),
     "the same key in another session (and in a fork) is a new submission",
 )
 async def _t6(ctx: CheckContext) -> str | None:
@@ -494,7 +494,7 @@ async def _t6(ctx: CheckContext) -> str | None:
 @check(
     "trace.T7-inserted-during-work",
     Level.MUST,
-    ("8.12", "R19", "R21"),
+    ("R19", "R21"),
     "a keyed prompt inserted during active work, retried, gets the same messageId",
 )
 async def _t7(ctx: CheckContext) -> str | None:
