@@ -142,9 +142,9 @@ async def waiting_on_locks(dsn: str, *patterns: str) -> bool:
 async def test_a_withdrawal_during_the_owners_insert_waits_and_insertion_wins(
     postgres_dsn: str, schema: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The owner's insert statement holds the queued row (it waits on the session row, which
-    the test holds locked); a cancel on the node that queued it waits for the insert and finds
-    it inserted (R27), and a retry with the key that arrives meanwhile joins the same prompt:
+    """The owner's insert statement holds the lease row and the queued row (it waits on the
+    session row, which the test holds locked); a cancel on the node that queued it waits for
+    the insert and finds it inserted (R27), and a retry with the key that arrives meanwhile joins the same prompt:
     both requests get the one message id."""
     caplog.set_level(logging.DEBUG, logger="acp_once")
     fx = tmp_path / "fx"
@@ -176,9 +176,9 @@ async def test_a_withdrawal_during_the_owners_insert_waits_and_insertion_wins(
             # A's insert locked the queued row and waits on the session row
             await until_async(lambda: waiting_on_locks(postgres_dsn, f"%{schema}%timeline%"))
             await first.cancel()
-            # B's withdrawal waits on the queued row A holds
+            # B's withdrawal waits for A's insert (on the lease row the insert holds)
             await until_async(
-                lambda: waiting_on_locks(postgres_dsn, f"%{schema}%prompt_queue%withdrawn%")
+                lambda: waiting_on_locks(postgres_dsn, f"%{schema}%session_leases%NO KEY UPDATE%")
             )
             results: list[str] = []
             async with anyio.create_task_group() as tg:

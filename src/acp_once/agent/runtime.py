@@ -747,7 +747,9 @@ class SessionAgent(Agent, anyio.AsyncContextManagerMixin):
             session.live_keys.clear()  # R36: live-only keys last while the session is active
 
     def _state(self, session: Session) -> dict[str, Any]:
-        if session.running or self._coordinator.running_elsewhere(session.id):
+        # a worker that only drains the queue (no turn taken or waiting) is not a running turn
+        running = session.running and (session.turn_scope is not None or bool(session.turns))
+        if running or self._coordinator.running_elsewhere(session.id):
             return {"sessionUpdate": "state_update", "state": "running"}
         if session.interrupted:
             return {
