@@ -355,37 +355,33 @@ class PostgresCoordinator:
         """Insert under the session's lease (fenced). A prompt taken from the shared queue
         (`pending.queue_row`) settles its row in the same statement; `QueueRowGone` when it
         was withdrawn meanwhile."""
+        digest = pending.digest if pending.key is not None else None
         return await self.insert_fenced(
-            session_id,
-            message_id=message_id,
-            update=update,
-            idempotency_key=pending.key,
-            prompt_digest=pending.digest if pending.key is not None else None,
-            row=pending.queue_row,
+            session_id, message_id, update, pending.key, digest, pending.queue_row
         )
 
     async def insert_fenced(
         self,
-        session_id: str,
-        *,
-        message_id: str,
+        sid: str,
+        mid: str,
         update: bytes,
-        idempotency_key: str | None,
-        prompt_digest: bytes | None,
+        key: str | None,
+        digest: bytes | None,
         row: int | None,
     ) -> InsertOutcome:
-        """`PostgresStore.insert_user_message` under this node's fence for the session
-        (`FencingError` without the lease); with `row`, it also settles that queued row."""
-        fence = self.fence(session_id)
+        """`PostgresStore.insert_user_message` of message `mid` with `key` and its `digest`,
+        under this node's fence for session `sid` (`FencingError` without the lease); with
+        `row`, it also settles that queued row."""
+        fence = self.fence(sid)
         if row is not None:  # it must still be queued; the insert settles it (one statement)
             fence = dataclasses.replace(fence, row=row, channel=self.pg.channel)
         try:
             outcome = await self.base_store.insert_user_message(
-                session_id,
-                message_id=message_id,
+                sid,
+                message_id=mid,
                 update=update,
-                idempotency_key=idempotency_key,
-                prompt_digest=prompt_digest,
+                idempotency_key=key,
+                prompt_digest=digest,
                 fence=fence,
             )
         except QueueRowGone as exc:
@@ -393,10 +389,10 @@ class PostgresCoordinator:
             raise
         if outcome.inserted:
             self.counters["inserted"] += 1
-            logger.info("message.inserted session=%s message=%s", session_id, message_id)
+            logger.info("message.inserted session=%s message=%s", sid, mid)
         else:
             self.counters["dedup_hits"] += 1
-            logger.info("message.recorded session=%s message=%s", session_id, outcome.message_id)
+            logger.info("message.recorded session=%s message=%s", sid, outcome.message_id)
         return outcome
 
     def may_stop(self, session: Session) -> bool:

@@ -63,12 +63,7 @@ class FencedStore:
     ) -> InsertOutcome:
         """Insert under the session's lease (fenced)."""
         return await self._c.insert_fenced(
-            session_id,
-            message_id=message_id,
-            update=update,
-            idempotency_key=idempotency_key,
-            prompt_digest=prompt_digest,
-            row=None,
+            session_id, message_id, update, idempotency_key, prompt_digest, None
         )
 
     async def find_key(self, session_id: str, key: str) -> KeyRecord | None:
