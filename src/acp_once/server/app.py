@@ -43,7 +43,7 @@ import hmac
 import json
 import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 import anyio
@@ -58,6 +58,7 @@ from acp_once.agent.connection import AgentSideConnection
 from acp_once.agent.interface import Agent
 from acp_once.protocol.methods import INITIALIZE
 from acp_once.rpc.streams import FrameStream
+from acp_once.server.guard import RequestGuard
 from acp_once.transports.http import (
     CONNECTION_ID_HEADER,
     DEFAULT_SSE_KEEPALIVE,
@@ -76,7 +77,10 @@ from acp_once.transports.websocket import (
 )
 
 __all__ = [
+    "DEFAULT_BODY_TIMEOUT",
+    "DEFAULT_HTTP_OPEN_TIMEOUT",
     "DEFAULT_IDLE_TIMEOUT",
+    "DEFAULT_MAX_UNOPENED_HTTP",
     "DEFAULT_MAX_CONNECTIONS",
     "DEFAULT_MAX_MESSAGE_BYTES",
     "DEFAULT_WRITE_TIMEOUT",
@@ -98,6 +102,15 @@ resumable; a client with work pending reconnects and resends by key."""
 DEFAULT_WRITE_TIMEOUT = 30.0
 """Seconds one message may wait for a client that stopped reading (its socket's send buffer
 full) before that connection is dropped: the agent is never held up longer."""
+DEFAULT_HTTP_OPEN_TIMEOUT = 30.0
+"""Seconds a Streamable HTTP connection may live after its initialize without ever opening an
+SSE stream: one POST must not hold a connection (and its engine) for the idle timeout."""
+DEFAULT_MAX_UNOPENED_HTTP = 100
+"""Streamable HTTP connections at most that never opened a stream; they have a cap of their
+own and do not count against `max_connections`, so a flood of initialize POSTs cannot keep
+WebSocket clients or streaming HTTP clients out."""
+DEFAULT_BODY_TIMEOUT = 30.0
+"""Seconds a POST's body may take to arrive (answered 408 after)."""
 
 
 _ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
@@ -130,7 +143,14 @@ class AcpServer:
         idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT,
         write_timeout: float = DEFAULT_WRITE_TIMEOUT,
         sse_keepalive: float | None = DEFAULT_SSE_KEEPALIVE,
+        allowed_origins: Iterable[str] = (),
+        allowed_hosts: Iterable[str] = (),
+        http_open_timeout: float = DEFAULT_HTTP_OPEN_TIMEOUT,
+        max_unopened_http: int = DEFAULT_MAX_UNOPENED_HTTP,
+        body_timeout: float = DEFAULT_BODY_TIMEOUT,
     ) -> None:
+        if http_open_timeout <= 0 or body_timeout <= 0 or max_unopened_http < 1:
+            raise ValueError("http_open_timeout, body_timeout and max_unopened_http: positive")
         if (idle_timeout is not None and idle_timeout <= 0) or write_timeout <= 0:
             raise ValueError("idle_timeout and write_timeout must be positive")
         if agent is None and handler is None:
@@ -149,6 +169,14 @@ class AcpServer:
         """None: connections are never closed for being idle."""
         self.write_timeout = write_timeout
         self.sse_keepalive = sse_keepalive
+        self.guard = RequestGuard(allowed_origins, allowed_hosts)
+        self.http_open_timeout = http_open_timeout
+        self.max_unopened_http = max_unopened_http
+        self.body_timeout = body_timeout
+        self.unopened_closed = 0
+        """How many HTTP connections were closed for never opening a stream."""
+        self.forbidden = 0
+        """How many requests were refused for their Origin or Host."""
         """Seconds of silence before an SSE stream gets a comment line (None: never)."""
         self.idle_closed = 0
         """How many connections were closed for being idle."""
@@ -213,10 +241,29 @@ class AcpServer:
             await http_frames.aclose()
         return len(live) + len(http)
 
+    def _unopened(self) -> int:
+        return sum(not f.opened.is_set() for f in self.http_connections.values())
+
     def _full(self) -> bool:
-        return len(self.connections) + len(self.http_connections) >= self.max_connections
+        # HTTP connections that never opened a stream have a cap of their own (_initialize)
+        live = len(self.connections) + len(self.http_connections) - self._unopened()
+        return live >= self.max_connections
+
+    def _refusal(self, headers: Mapping[str, str], scope: Mapping[str, Any]) -> Response | None:
+        refused = self.guard.refusal(headers, scope)
+        if refused is None:
+            return None
+        self.forbidden += 1
+        client = scope.get("client")
+        logger.warning("refused a request from %s: %s", client[0] if client else "?", refused[1])
+        return _error(*refused)
 
     async def _websocket(self, websocket: WebSocket) -> None:
+        refused = self._refusal(websocket.headers, websocket.scope)
+        if refused is not None:
+            self.rejected += 1
+            await _deny_with(websocket, refused)
+            return
         if not self.authorized(websocket.headers):
             self.rejected += 1
             logger.warning("refused a WebSocket from %s: not authorized", _peer(websocket))
@@ -249,6 +296,9 @@ class AcpServer:
             await frames.close(CLOSE_NORMAL)
 
     async def _http(self, request: Request) -> Response:
+        refused = self._refusal(request.headers, request.scope)
+        if refused is not None:
+            return refused
         if not self.authorized(request.headers):
             return JSONResponse(
                 {"error": "missing or wrong bearer token"},
@@ -276,12 +326,12 @@ class AcpServer:
         content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if content_type != "application/json":
             return _error(415, "POST a JSON-RPC message as application/json")
-        body = await request.body()
-        if len(body) > self.max_message_bytes:
-            return _error(413, "message too large")
+        body = await self._read_body(request)
+        if isinstance(body, Response):
+            return body
         try:
             message: Any = json.loads(body)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nesting deeper than Python's
             return _error(400, "invalid JSON")
         if isinstance(message, list):
             return _error(400, "batches are not supported")
@@ -311,8 +361,27 @@ class AcpServer:
             return _error(404, f"unknown {CONNECTION_ID_HEADER}")
         return Response(status_code=202)
 
+    async def _read_body(self, request: Request) -> bytes | Response:
+        """The body, read as it arrives against `max_message_bytes`: 413 as soon as it is
+        exceeded (the rest is discarded by the ASGI server, never held), 408 when it takes
+        longer than `body_timeout`."""
+        limit = self.max_message_bytes
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            return _error(413, "message too large")
+        chunks: list[bytes] = []
+        size = 0
+        with anyio.move_on_after(self.body_timeout):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    return _error(413, "message too large")
+                chunks.append(chunk)
+            return b"".join(chunks)
+        return _error(408, "the body took too long", {"Connection": "close"})
+
     async def _initialize(self, body: bytes, message: dict[str, Any]) -> Response:
-        if self._full():
+        if self._full() or self._unopened() >= self.max_unopened_http:
             self.rejected += 1
             return _error(503, "too many connections", {"Retry-After": "1"})
         connection_id = uuid.uuid4().hex
@@ -355,6 +424,8 @@ class AcpServer:
     async def _serve_frames(self, frames: FrameStream, name: str) -> None:
         async with anyio.create_task_group() as watch:
             watch.start_soon(self._close_when_idle, frames, name)
+            if isinstance(frames, ServerHttpFrames):
+                watch.start_soon(self._close_unless_opened, frames, name)
             try:
                 if self._handler is not None:
                     await self._handler(frames, name)
@@ -364,6 +435,15 @@ class AcpServer:
                     await conn.wait_closed()
             finally:
                 watch.cancel_scope.cancel()
+
+    async def _close_unless_opened(self, frames: ServerHttpFrames, name: str) -> None:
+        """End an HTTP connection that opened no SSE stream within `http_open_timeout`."""
+        with anyio.move_on_after(self.http_open_timeout):
+            await frames.opened.wait()
+            return
+        self.unopened_closed += 1
+        logger.info("closing the connection %s: no stream opened", name)
+        await frames.aclose()
 
     async def _close_when_idle(self, frames: FrameStream, name: str) -> None:
         """Close `frames` once no message went either way for `idle_timeout` seconds."""
@@ -386,7 +466,7 @@ class AcpServer:
         if isinstance(found, Response):
             return found
         session_id = request.headers.get(SESSION_ID_HEADER) or None
-        if found.outlet(session_id).reading:
+        if found.reading(session_id):
             return _error(409, "this stream already has a reader")
         return SseResponse(found, session_id)
 
@@ -401,6 +481,9 @@ class AcpServer:
         return JSONResponse({"status": "ok"})
 
     async def _ops_status(self, request: Request) -> Response:
+        refused = self._refusal(request.headers, request.scope)
+        if refused is not None:
+            return refused
         # token-protected like /acp: it names sessions' owners and counts
         if not self.authorized(request.headers):
             return JSONResponse(
@@ -430,6 +513,14 @@ async def _deny(websocket: WebSocket, status: int, message: str, headers: dict[s
         await websocket.close(CLOSE_POLICY, message)
 
 
+async def _deny_with(websocket: WebSocket, refused: Response) -> None:
+    """`_deny` with an answer already made (the status and body of `refused`)."""
+    if "websocket.http.response" in websocket.scope.get("extensions", {}):
+        await websocket.send_denial_response(refused)
+    else:
+        await websocket.close(CLOSE_POLICY, "refused")
+
+
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
     return JSONResponse({"error": message}, status, headers=headers)
 
@@ -450,13 +541,23 @@ def create_app(
     idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT,
     write_timeout: float = DEFAULT_WRITE_TIMEOUT,
     sse_keepalive: float | None = DEFAULT_SSE_KEEPALIVE,
+    allowed_origins: Iterable[str] = (),
+    allowed_hosts: Iterable[str] = (),
+    http_open_timeout: float = DEFAULT_HTTP_OPEN_TIMEOUT,
+    max_unopened_http: int = DEFAULT_MAX_UNOPENED_HTTP,
+    body_timeout: float = DEFAULT_BODY_TIMEOUT,
 ) -> Starlette:
     """A Starlette app serving `agent` (entered by the caller) at `path`; see the module
     docstring. `app.state.acp` is its `AcpServer`. With `handler`, each connection is served
     by it instead (the bridge's use; `agent` may then be None).
 
+    `allowed_origins` and `allowed_hosts` extend the `Origin` and `Host` checks (module
+    docstring; `"*"` turns one off); `http_open_timeout`, `max_unopened_http` and
+    `body_timeout` bound what a client may hold without authenticating or streaming.
+
     Raises:
-        ValueError: neither an agent nor a handler, an empty token, or a non-positive limit.
+        ValueError: neither an agent nor a handler, an empty token, or a non-positive limit
+            or timeout.
     """
     server = AcpServer(
         agent,
@@ -468,6 +569,11 @@ def create_app(
         idle_timeout=idle_timeout,
         write_timeout=write_timeout,
         sse_keepalive=sse_keepalive,
+        allowed_origins=allowed_origins,
+        allowed_hosts=allowed_hosts,
+        http_open_timeout=http_open_timeout,
+        max_unopened_http=max_unopened_http,
+        body_timeout=body_timeout,
     )
     app = Starlette(routes=server.routes(), lifespan=server.lifespan)
     app.state.acp = server

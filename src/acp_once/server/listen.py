@@ -7,7 +7,6 @@ await serve_app(create_app(agent, token=token), sock, token=token)
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import logging
 import signal
 import socket
@@ -19,6 +18,14 @@ import uvicorn
 from starlette.applications import Starlette
 
 from .app import AcpServer
+from .guard import (
+    DEFAULT_HEADER_TIMEOUT,
+    DEFAULT_MAX_HALF_OPEN,
+    DEFAULT_MAX_HALF_OPEN_PER_ADDRESS,
+    HalfOpenGuard,
+    guarded_protocol,
+    is_loopback,
+)
 
 __all__ = [
     "InsecureListen",
@@ -38,16 +45,6 @@ is answered -32600 and the connection lives on."""
 
 class InsecureListen(ValueError):
     """Listening beyond this machine without a token."""
-
-
-def is_loopback(host: str) -> bool:
-    """True for an address only this machine can reach (127.0.0.0/8, ::1, localhost)."""
-    if host.lower() in ("localhost", "localhost."):
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False  # a host name: it may resolve to anything
 
 
 def check_listen(host: str, token: str | None) -> None:
@@ -108,13 +105,31 @@ def uvicorn_config(
     port: int,
     max_message_bytes: int,
     log_level: str = "info",
+    header_timeout: float = DEFAULT_HEADER_TIMEOUT,
+    max_half_open: int = DEFAULT_MAX_HALF_OPEN,
+    max_half_open_per_address: int = DEFAULT_MAX_HALF_OPEN_PER_ADDRESS,
 ) -> uvicorn.Config:
-    """uvicorn's configuration for an ACP app: its lifespan on, `websockets-sansio`, and a
-    WebSocket size limit just above `max_message_bytes` (the app answers -32600 below it)."""
+    """uvicorn's configuration for an ACP app: its lifespan on, `websockets-sansio`, a
+    WebSocket size limit just above `max_message_bytes` (the app answers -32600 below it), and
+    h11 with a `HalfOpenGuard` (a request's headers due within `header_timeout` seconds, at
+    most `max_half_open` connections waiting for them, `max_half_open_per_address` per client
+    address; over a cap the oldest is closed).
+
+    Raises:
+        ValueError: a non-positive timeout or cap.
+    """
+    guard = HalfOpenGuard(
+        header_timeout=header_timeout,
+        max_half_open=max_half_open,
+        max_half_open_per_address=max_half_open_per_address,
+    )
     return uvicorn.Config(
         app,
         host=host,
         port=port,
+        http=guarded_protocol(guard),
+        # an idle kept-alive connection is also closed by the guard's header deadline
+        timeout_keep_alive=5,
         lifespan="on",  # the app owns its HTTP connections; the agent is owned by the caller
         ws="websockets-sansio",
         ws_max_size=max_message_bytes + _WS_HEADROOM,

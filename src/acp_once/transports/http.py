@@ -58,6 +58,10 @@ logger = logging.getLogger("acp_once.transports.http")
 SESSION_ID_HEADER = "Acp-Session-Id"
 DEFAULT_STREAM_BUFFER = 1000
 """Messages kept per scope while no SSE reader is attached; one more closes the connection."""
+MAX_SESSION_REQUESTS = 10_000
+"""Requests posted with `Acp-Session-Id` remembered until answered; beyond it the oldest is
+forgotten (its answer then goes to the connection stream). Bounds what a client gets by posting
+requests the engine answers with `id: null` (never matched)."""
 DEFAULT_SSE_KEEPALIVE = 15.0
 """Seconds an SSE stream may be silent before a comment line (`:`) is written on it, as the
 TypeScript SDK's server does: Node's fetch ends a body silent for 300 s (and the SDK's client
@@ -125,10 +129,22 @@ class ServerHttpFrames:
         self._readers: set[anyio.CancelScope] = set()
         self.closed = anyio.Event()
         self.overflowed = False
+        self.opened = anyio.Event()
+        """Set once an SSE stream was opened (the connection is in use, not a lone POST)."""
 
     def idle_for(self) -> float:
         """Seconds since the last message went either way (POSTed in, or sent by the engine)."""
         return time.monotonic() - self._last_activity
+
+    @property
+    def scopes(self) -> int:
+        """How many scopes have a stream entry (a reader, or messages waiting for one)."""
+        return len(self._outlets)
+
+    def reading(self, session_id: str | None) -> bool:
+        """Whether the stream of `session_id` has a reader (creates no entry for it)."""
+        outlet = self._outlets.get(session_id)
+        return outlet is not None and outlet.reading
 
     def outlet(self, session_id: str | None) -> _Outlet:
         outlet = self._outlets.get(session_id)
@@ -145,6 +161,8 @@ class ServerHttpFrames:
         self._last_activity = time.monotonic()
         if session_id is not None and "method" in message and "id" in message:
             self._session_requests[_id_key(message["id"])] = session_id
+            if len(self._session_requests) > MAX_SESSION_REQUESTS:
+                del self._session_requests[next(iter(self._session_requests))]
         try:
             await self._in_send.send(frame)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
@@ -253,6 +271,7 @@ class ServerHttpFrames:
         The caller has checked `outlet(session_id).reading` (409)."""
         outlet = self.outlet(session_id)
         outlet.reading = True
+        self.opened.set()
         cancel = anyio.CancelScope()
         self._readers.add(cancel)
         try:
@@ -306,6 +325,16 @@ class ServerHttpFrames:
         finally:
             self._readers.discard(cancel)
             outlet.reading = False
+            # a session's entry ends with its reader unless messages wait in it: the ids are
+            # the client's to choose, so entries for any number of them must not accumulate
+            if (
+                session_id is not None
+                and self._outlets.get(session_id) is outlet
+                and outlet.recv.statistics().current_buffer_used == 0
+            ):
+                del self._outlets[session_id]
+                outlet.send.close()
+                outlet.recv.close()
 
 
 class SseResponse(Response):
