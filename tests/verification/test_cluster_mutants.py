@@ -1,0 +1,158 @@
+"""The cluster model's mutants (verification/cluster.pml, `MUTANT_*`) played on two real
+nodes on PostgreSQL (WITHDRAW_RECORDED: test_cluster_counterexamples.py).
+
+Each test follows the counterexample SPIN prints for the model with one guard removed, holding
+the nodes at the trace's steps (a turn held open by an event, a stalled lease renewal, a lost
+NOTIFY), and asserts the property that mutant breaks.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from acp_once.agent.runtime import Turn, TurnContext
+from acp_once.client.connection import ClientSideConnection
+from acp_once.protocol.errors import INTERNAL_ERROR, AcpError
+from acp_once.rpc.connection import PendingCall
+from acp_once.testing import connected
+from tests.cluster.harness import Node, initialize, new_session, node, prompt_params, resume, until
+from tests.cluster.test_fencing import expire
+
+pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
+
+TIMEOUT = 20
+
+
+def hold_turns(n: Node) -> anyio.Event:
+    """Node `n`'s turns run until the returned event is set: a turn is running there."""
+    gate = anyio.Event()
+
+    async def run_turn(turn: Turn, ctx: TurnContext) -> str:
+        await gate.wait()
+        return "end_turn"
+
+    n.agent.run_turn = run_turn  # type: ignore[method-assign,assignment]
+    return gate
+
+
+async def outcome(call: PendingCall) -> str:
+    try:
+        return str((await call.result())["messageId"])
+    except AcpError as exc:
+        return f"error {exc.code}"
+
+
+async def send(conn: ClientSideConnection, sid: str, text: str, key: str) -> PendingCall:
+    return await conn.rpc.start_request("session/prompt", prompt_params(sid, text, key))
+
+
+async def test_take_unexpired_a_live_owners_lease_is_not_taken(
+    postgres_dsn: str, schema: str, tmp_path: Path
+) -> None:
+    """TAKE_UNEXPIRED (C5, no turn on two nodes at once). Trace: A owns the session and runs a
+    turn; the client's prompt arrives on B. B must not take A's live lease (nor run a turn):
+    it queues the prompt, which A inserts when its turn ends."""
+    with anyio.fail_after(TIMEOUT):
+        async with (
+            node(postgres_dsn, schema, "a", tmp_path / "fx") as a,
+            node(postgres_dsn, schema, "b", tmp_path / "fx") as b,
+            connected(a.agent) as conn_a,
+            connected(b.agent) as conn_b,
+        ):
+            gate = hold_turns(a)
+            await initialize(conn_a)
+            await initialize(conn_b)
+            sid = await new_session(conn_a)
+            await resume(conn_b, sid)
+            await outcome(await send(conn_a, sid, "busy", "k1"))  # A owns it, its turn runs
+            on_b = await send(conn_b, sid, "second", "k2")
+            # B queued it (waits on the row), or, wrongly, took the lease and inserted it
+            await until(lambda: b.coordinator.stats()["prompts_held"] == 1 or on_b.done)
+            assert sid not in b.coordinator.leases and not on_b.done
+            assert await a.store.count_user_messages(sid, idempotency_key="k2") == 0
+            gate.set()  # A's turn ends: A inserts the queued prompt
+            answer = await outcome(on_b)
+            found = await a.store.find_key(sid, "k2")
+            assert found is not None and answer == found.message_id
+            assert await a.store.count_user_messages(sid) == 2
+
+
+async def test_no_poll_a_lost_notify_still_answers_the_queued_prompt(
+    postgres_dsn: str, schema: str, tmp_path: Path
+) -> None:
+    """NO_POLL (C6, the client gets the id). Trace: B queues the prompt behind A's turn; A
+    inserts it; the NOTIFY of the outcome to B is lost. B's poll must still answer the
+    request with the message id."""
+    with anyio.fail_after(TIMEOUT):
+        async with (
+            node(postgres_dsn, schema, "a", tmp_path / "fx") as a,
+            node(postgres_dsn, schema, "b", tmp_path / "fx") as b,
+            connected(a.agent) as conn_a,
+            connected(b.agent) as conn_b,
+        ):
+            gate = hold_turns(a)
+            heard = b.coordinator._on_notify
+
+            async def lossy(payload: str) -> None:
+                if '"k":"o"' not in payload.replace(" ", ""):  # outcomes never reach B
+                    await heard(payload)
+
+            b.coordinator._on_notify = lossy  # type: ignore[method-assign]
+            await initialize(conn_a)
+            await initialize(conn_b)
+            sid = await new_session(conn_a)
+            await resume(conn_b, sid)
+            await outcome(await send(conn_a, sid, "busy", "k1"))
+            on_b = await send(conn_b, sid, "second", "k2")
+            await until(lambda: b.coordinator.stats()["prompts_held"] == 1)
+            gate.set()
+            # bounded well below TIMEOUT: the poll runs every 0.2 s
+            answer: Any = None
+            with anyio.move_on_after(5):
+                answer = await outcome(on_b)
+            found = await a.store.find_key(sid, "k2")
+            assert found is not None and answer == found.message_id
+
+
+async def test_no_fence_a_stale_owners_insert_is_refused(
+    postgres_dsn: str, schema: str, tmp_path: Path
+) -> None:
+    """NO_FENCE (C4, a write succeeds only under the current lease). Trace: A owns the
+    session; A stalls past the TTL (its renewals stop) and its lease expires; B takes the
+    session over and inserts; A, still believing it owns the lease, inserts a prompt sent to
+    it. A's write must be refused: nothing stored for its key, and its request gets -32603."""
+    with anyio.fail_after(TIMEOUT):
+        async with (
+            node(postgres_dsn, schema, "a", tmp_path / "fx", policy="steer") as a,
+            node(postgres_dsn, schema, "b", tmp_path / "fx") as b,
+            connected(a.agent) as conn_a,
+            connected(b.agent) as conn_b,
+        ):
+            gate = hold_turns(a)
+
+            async def stalled(leases: dict[str, int]) -> set[str]:
+                await anyio.sleep_forever()  # A stalls: it neither renews nor learns
+                raise AssertionError
+
+            a.coordinator.pg.renew = stalled  # type: ignore[method-assign]
+            await initialize(conn_a)
+            await initialize(conn_b)
+            sid = await new_session(conn_a)
+            await resume(conn_b, sid)
+            await outcome(await send(conn_a, sid, "busy", "k1"))  # A owns it
+            epoch_a = a.coordinator.leases[sid]
+            await expire(postgres_dsn, schema, sid)  # past the TTL
+            took = await outcome(await send(conn_b, sid, "taken over", "k2"))
+            assert took.startswith("msg") and sid in b.coordinator.leases
+            assert a.coordinator.leases.get(sid) == epoch_a  # A has not noticed
+            stale = await outcome(await send(conn_a, sid, "stale", "k3"))
+            assert stale == f"error {INTERNAL_ERROR}"
+            assert await a.store.count_user_messages(sid, idempotency_key="k3") == 0
+            owner, _, epoch, live = await b.coordinator.pg.lease_of(sid)
+            assert epoch == b.coordinator.leases[sid] != epoch_a  # the takeover bumped it
+            assert owner == b.coordinator.instance and live
+            gate.set()
