@@ -85,8 +85,11 @@ async def running(
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT,
     write_timeout: float = DEFAULT_WRITE_TIMEOUT,
+    app_options: dict[str, Any] | None = None,
+    listen_options: dict[str, Any] | None = None,
 ) -> AsyncIterator[Running]:
     """The reference agent on SQLite (`tmp/agent.sqlite3`) served at ws://127.0.0.1:PORT/acp.
+    `app_options` go to `create_app`, `listen_options` to `uvicorn_config`.
 
     Leaving the block stops uvicorn (closing its connections and its listening socket), then
     the agent and the store.
@@ -104,6 +107,7 @@ async def running(
             max_message_bytes=max_message_bytes,
             idle_timeout=idle_timeout,
             write_timeout=write_timeout,
+            **(app_options or {}),
         )
         config = uvicorn_config(
             app,
@@ -111,6 +115,7 @@ async def running(
             port=port,
             max_message_bytes=max_message_bytes,
             log_level="warning",
+            **(listen_options or {}),
         )
         server = uvicorn.Server(config)
         async with anyio.create_task_group() as tg:
