@@ -15,6 +15,18 @@ Outbound frames are queued and written together, one system call for all the fra
 woken tasks produce within two turns of the event loop (see `Connection._send`); a frame is
 never torn, and every write that must wait for the peer is bounded by `send_timeout`.
 
+Back-pressure, and the memory of one connection: a request holds one of `max_inflight` slots
+from the moment it is read until its answer has been written to the transport or queued in the
+outbox (at most 64 KiB), and the reader takes no new request while every slot is held. So a
+peer that sends without reading our answers stops being read from (its writes block, or fail on
+its side), and what one connection holds is bounded by: `max_inflight` requests with their
+handlers and answers, the outbox, one half-written chunk, and the transport's own read-ahead
+(stdio: at most 1 MiB unread, then the pipe; see `acp_once.transports.stdio`). Measured with
+`benchmarks/bench_backpressure.py`: 60,000 unread `session/list` requests leave the reference
+agent at ~50 MB (665 MB before the slot was held until the answer was written). Frames the
+reader answers itself (parse errors, refused requests) are written by the reader, which waits
+for them in the same way.
+
 Methods are strings and params are dicts here: typed faces live in `acp_once.agent` and
 `acp_once.client`. The connection's tasks live in a task group that `async with` opens and
 closes in the same task.
@@ -221,7 +233,8 @@ class Connection(anyio.AsyncContextManagerMixin):
         cooperative_cancel: methods whose handlers take `$/cancel_request` into their own hands
             (`RequestContext.on_cancel`), even when it arrives before the handler started: the
             engine then never cancels their scope (an inserted prompt must still succeed).
-        max_inflight: inbound requests handled at once; beyond it the reader waits (bounded).
+        max_inflight: inbound requests handled or being answered at once; beyond it the
+            reader waits (bounded by the peer: a slot frees when an answer is written).
         send_timeout: seconds a frame may wait for the peer to read it before the connection
             is treated as gone.
         name: shown in logs.
@@ -711,7 +724,6 @@ class Connection(anyio.AsyncContextManagerMixin):
             # the cycle it usually closes (callback -> handler state -> this context), which
             # would otherwise leave ~17 objects per prompt for the cyclic garbage collector.
             ctx._cancel_callback = None
-            self._slots.release()
             self._inflight.pop(msg.id, None)
             if answered is not None:
                 answered(ok)
@@ -719,6 +731,10 @@ class Connection(anyio.AsyncContextManagerMixin):
             if frame is not None:
                 await self._answer_quietly(frame)
         finally:
+            # The slot is given back only now that the answer is written (or queued in the
+            # bounded outbox): a peer that does not read keeps every slot taken, so the reader
+            # stops taking its requests instead of making answers nobody reads (issue 20).
+            self._slots.release()
             self._unanswered -= 1
             if self._all_answered is not None and not self._unanswered:
                 self._all_answered.set()
