@@ -14,7 +14,7 @@ import pytest
 
 from acp_once.server.guard import HalfOpenGuard
 from acp_once.transports.http import CONNECTION_ID_HEADER, SESSION_ID_HEADER, connect_http
-from tests.remote.harness import Running, running
+from tests.remote.harness import Running, ServeProcess, running
 from tests.remote.test_websocket import new_session, session_conn
 
 pytestmark = pytest.mark.anyio
@@ -224,3 +224,15 @@ async def test_session_stream_entries_end_with_their_reader(tmp_path: Path) -> N
                     break
                 await anyio.sleep(0.01)
             assert frames.scopes <= 1  # the connection stream's entry at most
+
+
+async def test_serve_flags_allow_an_origin_and_a_host(tmp_path: Path) -> None:
+    extra = ("--allow-origin", "https://editor.example", "--allow-host", "acp.internal")
+    with anyio.fail_after(TIMEOUT):
+        async with ServeProcess(tmp_path, *extra) as srv:
+            port = srv.port
+            # the socket listens before the process serves: these wait in its backlog
+            assert await _status(port, _upgrade(port, origin="https://editor.example")) == 101
+            assert await _status(port, _upgrade(port, host="acp.internal")) == 101
+            assert await _status(port, _upgrade(port, origin="https://other.example")) == 403
+            assert await _status(port, _upgrade(port, host="evil.example")) == 421

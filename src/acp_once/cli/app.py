@@ -238,6 +238,20 @@ def serve(
         float,
         typer.Option(help="drop a client that reads nothing for this many seconds"),
     ] = 30.0,
+    allow_origin: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="a browser origin allowed beside the loopback ones of this port, e.g. "
+            "https://editor.example (repeatable; *: any)"
+        ),
+    ] = None,
+    allow_host: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="a Host name answered beside loopback names and the bound address "
+            "(repeatable; *: any, e.g. behind a proxy that checks it)"
+        ),
+    ] = None,
 ) -> None:
     """Serve the reference agent over WebSocket at ws://HOST:PORT/acp (and GET /healthz).
 
@@ -301,6 +315,8 @@ def serve(
             lease_ttl=lease_ttl,
             idle_timeout=idle_timeout or None,
             write_timeout=write_timeout,
+            allowed_origins=allow_origin or (),
+            allowed_hosts=allow_host or (),
         )
     )
 
@@ -327,6 +343,20 @@ def bridge(
     max_message_bytes: Annotated[
         int, typer.Option(help="largest message read (a larger request is answered -32600)")
     ] = 16 * 1024 * 1024,
+    allow_origin: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="a browser origin allowed beside the loopback ones of this port, e.g. "
+            "https://editor.example (repeatable; *: any)"
+        ),
+    ] = None,
+    allow_host: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="a Host name answered beside loopback names and the bound address "
+            "(repeatable; *: any, e.g. behind a proxy that checks it)"
+        ),
+    ] = None,
 ) -> None:
     """Expose a stdio ACP agent over WebSocket and Streamable HTTP: `acp-once bridge -- CMD ARGS`.
 
@@ -355,6 +385,8 @@ def bridge(
             token=token,
             max_connections=max_connections,
             max_message_bytes=max_message_bytes,
+            allowed_origins=allow_origin or (),
+            allowed_hosts=allow_host or (),
         )
     )
 

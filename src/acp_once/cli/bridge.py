@@ -28,6 +28,8 @@ def run_bridge(
     token: str | None,
     max_connections: int,
     max_message_bytes: int,
+    allowed_origins: Sequence[str] = (),
+    allowed_hosts: Sequence[str] = (),
 ) -> int:
     """What `acp-once bridge` runs; returns the exit code (1: the address or the agent failed,
     with the reason on stderr)."""
@@ -44,6 +46,8 @@ def run_bridge(
                 token=token,
                 max_connections=max_connections,
                 max_message_bytes=max_message_bytes,
+                allowed_origins=allowed_origins,
+                allowed_hosts=allowed_hosts,
             )
         )
     except BridgeError as exc:

@@ -67,6 +67,8 @@ async def serve_reference(
     idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT,
     write_timeout: float = DEFAULT_WRITE_TIMEOUT,
     handle_signals: bool = True,
+    allowed_origins: Sequence[str] = (),
+    allowed_hosts: Sequence[str] = (),
 ) -> None:
     """Run the reference agent on `store` behind `create_app` until SIGINT or SIGTERM (with
     `handle_signals`) or `server.should_exit`; connections are closed, then the agent (a
@@ -109,6 +111,8 @@ async def serve_reference(
             max_message_bytes=max_message_bytes,
             idle_timeout=idle_timeout,
             write_timeout=write_timeout,
+            allowed_origins=allowed_origins,
+            allowed_hosts=allowed_hosts,
         )
         with contextlib.ExitStack() as owned:
             if sock is None:
@@ -126,6 +130,8 @@ async def serve_bridge(
     bridge: Callable[[Sequence[str]], Bridge] = Bridge,
     on_server: Callable[[uvicorn.Server], None] | None = None,
     handle_signals: bool = True,
+    allowed_origins: Sequence[str] = (),
+    allowed_hosts: Sequence[str] = (),
 ) -> None:
     """Start the agent `command`, then serve it at ws://HOST:PORT/acp (and http://) on `sock`
     until SIGINT or SIGTERM (or `server.should_exit`); then the connections are closed and the
@@ -143,5 +149,7 @@ async def serve_bridge(
             max_connections=max_connections,
             max_message_bytes=max_message_bytes,
             handler=running.serve,
+            allowed_origins=allowed_origins,
+            allowed_hosts=allowed_hosts,
         )
         await serve_app(app, sock, on_server=on_server, handle_signals=handle_signals)
