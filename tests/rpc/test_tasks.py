@@ -38,12 +38,34 @@ async def test_each_call_sees_its_starters_context_and_leaks_nothing_to_the_next
                 while len(seen) < 2 * (i + 1):
                     await anyio.lowlevel.checkpoint()
                 await anyio.lowlevel.checkpoint()
-                assert len(pool._idle) == 1
+                assert not pool._idle  # a task whose call set a value is not reused
             await done.wait()
             assert _VAR.get() == "starter 5"  # a call's value never reaches its starter
             tg.cancel_scope.cancel()
     for i in range(6):
         assert seen[2 * i : 2 * i + 2] == [(i, f"starter {i}"), (i, f"set by call {i}")]
+
+
+async def test_a_reused_task_runs_each_call_in_its_starters_context() -> None:
+    """Calls that only read: one task runs them all, each in its own starter's values."""
+    seen: list[str] = []
+
+    async def call() -> None:
+        await anyio.lowlevel.checkpoint()
+        seen.append(_VAR.get())
+
+    with anyio.fail_after(TIMEOUT):
+        async with anyio.create_task_group() as tg:
+            pool = TaskPool(tg, max_idle=1)
+            for i in range(4):
+                _VAR.set(f"starter {i % 2}")  # alternately the task's own values and others
+                pool.start_soon(call)
+                while len(seen) < i + 1:
+                    await anyio.lowlevel.checkpoint()
+                await anyio.lowlevel.checkpoint()
+                assert len(pool._idle) == 1  # parked again: the next call reuses it
+            tg.cancel_scope.cancel()
+    assert seen == ["starter 0", "starter 1", "starter 0", "starter 1"]
 
 
 async def test_a_call_in_a_parked_task_is_cancelled_and_fails_as_in_a_task_of_its_own() -> None:
