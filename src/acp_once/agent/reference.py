@@ -29,7 +29,7 @@ import random
 import re
 import signal
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -75,6 +75,15 @@ class ReferenceAgent(SessionAgent):
         # a new draw per process: with one seed for every launch, a restarted agent would cut
         # the same insertions again and again
         self._random = random.Random(f"{os.environ.get('ACP_ONCE_CRASH_SEED')}-{os.getpid()}")
+
+    def agent_capabilities(self) -> dict[str, Any]:
+        # every content block kind of the schema: the reference agent stores and echoes them all
+        capabilities = super().agent_capabilities()
+        capabilities["session"] = {
+            **capabilities.get("session", {}),
+            "prompt": {"image": {}, "audio": {}, "embeddedContext": {}},
+        }
+        return capabilities
 
     async def after_insert(self, session_id: str, message_id: str) -> None:
         if self._crash != "after-insert":

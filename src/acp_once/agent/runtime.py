@@ -62,6 +62,7 @@ from acp_once.protocol.errors import (
 )
 from acp_once.protocol.initialization import PROTOCOL_VERSION, negotiate_version
 from acp_once.protocol.jsonrpc import encode_notification
+from acp_once.protocol.limits import check_id, check_json_strings, check_path
 from acp_once.protocol.methods import SESSION_UPDATE
 from acp_once.rpc.connection import unwrap_single_exception
 from acp_once.rpc.errors import ConnectionClosed
@@ -93,7 +94,14 @@ _LANDED_TIMEOUT = 10.0  # seconds: looking up whether a failed insert was stored
 _LANDED_WINDOW = 100  # timeline entries searched for an unkeyed message after a failed insert
 INTERRUPTED_MESSAGE = "The agent restarted before the turn finished"
 """The `error.message` of the idle `stopReason: "error"` reported for interrupted work."""
-_SUPPORTED_BLOCKS = (s.ContentBlockText, s.ContentBlockResourceLink)
+_BASELINE_BLOCKS: tuple[type[Any], ...] = (s.ContentBlockText, s.ContentBlockResourceLink)
+"""Every agent accepts these in a prompt (the spec requires both)."""
+_OPTIONAL_BLOCKS: dict[str, type[Any]] = {
+    "image": s.ContentBlockImage,
+    "audio": s.ContentBlockAudio,
+    "embeddedContext": s.ContentBlockResource,
+}
+"""`promptCapabilities` entry -> the content block it lets a prompt carry."""
 
 
 class SessionAgent(Agent, anyio.AsyncContextManagerMixin):
@@ -146,6 +154,7 @@ class SessionAgent(Agent, anyio.AsyncContextManagerMixin):
         self.resume_interrupted = resume_interrupted
         self.info = {"name": name, "version": version}
         self._sessions: dict[str, Session] = {}
+        self._accepted_blocks: tuple[type[Any], ...] | None = None  # from agent_capabilities
         self._tg: TaskGroup | None = None
         self._new_scope: Callable[[], anyio.CancelScope] = anyio.CancelScope
         self._pool: TaskPool | None = None  # the task group's, looked up once (a weak dict)
@@ -206,7 +215,22 @@ class SessionAgent(Agent, anyio.AsyncContextManagerMixin):
         return None
 
     def agent_capabilities(self) -> dict[str, Any]:
+        """What `initialize` advertises. `session.prompt` (`image`, `audio`,
+        `embeddedContext`) also decides which content blocks `session/prompt` accepts beyond
+        text and resource links; any other is refused with -32602."""
         return {"session": {"delete": {}, "fork": {}}}
+
+    def _prompt_blocks(self) -> tuple[type[Any], ...]:
+        # read once: the capabilities a client saw at initialize are the ones enforced
+        if self._accepted_blocks is None:
+            session = self.agent_capabilities().get("session") or {}
+            advertised = session.get("prompt") or {}
+            self._accepted_blocks = _BASELINE_BLOCKS + tuple(
+                block
+                for name, block in _OPTIONAL_BLOCKS.items()
+                if advertised.get(name) is not None
+            )
+        return self._accepted_blocks
 
     # -- initialize, sessions ----------------------------------------------------------------
 
@@ -228,6 +252,7 @@ class SessionAgent(Agent, anyio.AsyncContextManagerMixin):
     async def new_session(
         self, params: s.NewSessionRequest, ctx: CallContext
     ) -> s.NewSessionResponse:
+        _check_paths(params.cwd, params.additional_directories)
         now = time.time()
         record = SessionRecord(
             session_id=new_id("sess"),
@@ -246,6 +271,10 @@ class SessionAgent(Agent, anyio.AsyncContextManagerMixin):
     async def list_sessions(
         self, params: s.ListSessionsRequest, ctx: CallContext
     ) -> s.ListSessionsResponse:
+        if params.cwd is not None:
+            _check_paths(params.cwd, None)
+        if params.cursor is not None:
+            _check_paths(params.cursor, None, field="cursor")  # opaque, but decoded by stores
         try:
             records, next_cursor = await self.store.list_sessions(
                 cwd=params.cwd, cursor=params.cursor
@@ -272,6 +301,8 @@ class SessionAgent(Agent, anyio.AsyncContextManagerMixin):
         replay = params.replay_from
         if replay is not None and not isinstance(replay, s.ReplayFromStartModel):
             raise InvalidParams("Unsupported replayFrom cursor")
+        _check_ids(params.session_id)
+        _check_paths(params.cwd, params.additional_directories)
         session = await self._load(params.session_id)
         conn = ctx.connection
         if replay is not None:
@@ -307,6 +338,7 @@ class SessionAgent(Agent, anyio.AsyncContextManagerMixin):
     async def delete_session(
         self, params: s.DeleteSessionRequest, ctx: CallContext
     ) -> s.DeleteSessionResponse:
+        _check_ids(params.session_id)
         session = self._sessions.pop(params.session_id, None)
         if session is not None:
             await self._cancel_work(session)
@@ -317,6 +349,7 @@ class SessionAgent(Agent, anyio.AsyncContextManagerMixin):
         self, params: s.ForkSessionRequest, ctx: CallContext
     ) -> s.ForkSessionResponse:
         source = self._active(params.session_id, ctx.connection)
+        _check_paths(params.cwd, params.additional_directories)
         now = time.time()
         record = SessionRecord(
             session_id=new_id("sess"),
@@ -359,13 +392,23 @@ class SessionAgent(Agent, anyio.AsyncContextManagerMixin):
     # -- prompts -----------------------------------------------------------------------------
 
     async def prompt(self, params: s.PromptRequest, ctx: CallContext) -> s.PromptResponse:
+        accepted = self._prompt_blocks()
         for block in params.prompt:
-            if not isinstance(block, _SUPPORTED_BLOCKS):
+            if not isinstance(block, accepted):
                 raise InvalidParams("Unsupported content block type in prompt")
         self._check_cancel_mark(params.session_id, ctx)
         session = self._active(params.session_id, ctx.connection)
         key = params.idempotency_key
-        wire = [b.model_dump(by_alias=True, exclude_unset=True) for b in params.prompt]
+        # The stored copy must be JSON data: in Python mode a resource link's `uri` is an
+        # `AnyUrl`, which orjson cannot write (it was -32603 "could not be stored"). Encoded
+        # once with `str` for such values, which also refuses a lone surrogate anywhere (no
+        # store can keep one; pydantic's JSON mode would silently turn one in a key into
+        # U+FFFD), and read back as the wire form.
+        dumped = [b.model_dump(by_alias=True, exclude_unset=True) for b in params.prompt]
+        try:
+            wire: list[dict[str, Any]] = orjson.loads(check_json_strings(dumped))
+        except ValueError as exc:
+            raise InvalidParams(str(exc)) from None
         # only keyed prompts compare digests; a coordinator that needs an unkeyed one's digest
         # computes it from the pending prompt
         digest = wire_digest(wire) if key is not None else None
@@ -827,6 +870,24 @@ class TurnContext:
             except ConnectionClosed:
                 continue
         return s.RequestPermissionResponse.model_validate({"outcome": {"outcome": "cancelled"}})
+
+
+def _check_paths(cwd: str, additional: list[str] | None, field: str = "cwd") -> None:
+    """-32602 for a path no store can keep (`acp_once.protocol.limits`), before any write."""
+    try:
+        check_path(cwd, field)
+        for path in additional or ():
+            check_path(path, "additionalDirectories")
+    except ValueError as exc:
+        raise InvalidParams(str(exc)) from None
+
+
+def _check_ids(value: str, field: str = "sessionId") -> None:
+    """-32602 for an id no store can look up (`acp_once.protocol.limits`)."""
+    try:
+        check_id(value, field)
+    except ValueError as exc:
+        raise InvalidParams(str(exc)) from None
 
 
 def _iso(ts: float) -> str:
