@@ -376,6 +376,8 @@ class SessionAgent(Agent, anyio.AsyncContextManagerMixin):
 
     async def connection_closed(self, connection: AgentSideConnection) -> None:
         for session in list(self._sessions.values()):
+            # no request of a closed connection arrives any more: its mark would only pile up
+            session.cancel_marks.pop(connection.id, None)
             if session.conns.pop(connection.id, None) is None:
                 continue
             # D11: a held prompt stays held while a request for it waits on a live connection;
