@@ -198,8 +198,10 @@ def test_bad_settings_are_refused(tmp_path: Path) -> None:
 
 @pytest.mark.anyio
 async def test_an_unopenable_path_is_a_storage_error(tmp_path: Path) -> None:
+    # a missing directory is created (0700), so the unopenable path is under a regular file
+    (tmp_path / "a-file").write_bytes(b"")
     with pytest.raises(StorageError, match="cannot open"):
-        await SqliteStore.open(tmp_path / "missing-dir" / "a.db")
+        await SqliteStore.open(tmp_path / "a-file" / "a.db")
 
 
 # -- migrations ---------------------------------------------------------------------------------

@@ -38,7 +38,9 @@ def _store_url(store: str | None, default_db: str, *, langgraph: bool = False) -
             param_hint="--store",
         )
     if url.startswith("sqlite:") and url != "sqlite::memory:":
-        Path(url.removeprefix("sqlite:")).parent.mkdir(parents=True, exist_ok=True)
+        # `~` expanded (the store expands it too), the file's own directory private: 0700
+        db_dir = Path(url.removeprefix("sqlite:")).expanduser().parent
+        db_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     return url
 
 
@@ -487,7 +489,7 @@ app.add_typer(db_app, name="db")
 def _sqlite_path(store: str) -> Path:
     if not store.startswith("sqlite:") or store == "sqlite::memory:":
         raise typer.BadParameter("db commands take a sqlite:PATH or postgresql://... store")
-    return Path(store.removeprefix("sqlite:"))
+    return Path(store.removeprefix("sqlite:")).expanduser()
 
 
 def _is_postgres(store: str) -> bool:
@@ -533,7 +535,7 @@ def db_migrate(
     from acp_once.storage.sqlite import migrate_database
 
     path = _sqlite_path(store)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     before, after = anyio.run(migrate_database, path)
     typer.echo(f"{path}: schema version {before} -> {after}")
 

@@ -7,6 +7,7 @@ released step is never edited); applied versions are rows of `schema_version`
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 from typing import TYPE_CHECKING, Final
@@ -28,6 +29,7 @@ __all__ = [
     "current_version",
     "database_status",
     "migrate_database",
+    "prepare_file",
     "prepare_schema",
 ]
 
@@ -93,6 +95,29 @@ def apply_migrations(conn: Connection, *, target: int = LATEST_VERSION) -> list[
     return db.apply_migrations(conn, MIGRATIONS, target=target)
 
 
+def prepare_file(path: str) -> str:
+    """Expand `~` in `path` and create the database file if it is missing; return the path.
+
+    The file holds users' prompts: it is created 0600 (SQLite gives its `-wal` and `-shm`
+    files the database file's mode), and a missing parent directory is created 0700. An
+    existing file or directory keeps its mode (the user chose it). In-memory databases and
+    `file:` URIs are returned unchanged. `~` is expanded here, not by a shell: `sqlite:~/x.db`
+    would otherwise create a directory named `~` in the working directory.
+
+    Raises:
+        OSError: the directory or the file cannot be created.
+    """
+    if path == ":memory:" or path.startswith("file:"):
+        return path
+    path = os.path.expanduser(path)
+    parent = os.path.dirname(path)
+    if parent and not os.path.isdir(parent):
+        os.makedirs(parent, mode=0o700, exist_ok=True)  # makedirs applies the mode to each
+    with contextlib.suppress(FileExistsError):  # an existing file keeps its mode
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    return path
+
+
 def connect(path: str, synchronous: Synchronous, busy_timeout_ms: int) -> Connection:
     """A connection to the store's file (`acp_once.support.sqlite.connect`), foreign keys on.
 
@@ -138,14 +163,14 @@ async def migrate_database(path: str | os.PathLike[str]) -> tuple[int, int]:
 
     def work() -> tuple[int, int]:
         try:
-            conn = connect(where, "NORMAL", 5000)
+            conn = connect(prepare_file(where), "NORMAL", 5000)
             try:
                 before = current_version(conn)
                 apply_migrations(conn)
                 return before, current_version(conn)
             finally:
                 conn.close()
-        except sqlite3.Error as exc:
+        except (sqlite3.Error, OSError) as exc:
             raise StorageError(f"{where}: {exc}") from exc
 
     return await anyio.to_thread.run_sync(work)
@@ -161,15 +186,16 @@ async def database_status(path: str | os.PathLike[str]) -> tuple[int, int]:
     where = os.fspath(path)
 
     def work() -> int:
-        if not os.path.exists(where):
+        full = os.path.expanduser(where)  # `~` is the home directory, as when opening
+        if not os.path.exists(full):
             return 0
         try:
-            conn = connect(where, "NORMAL", 5000)
+            conn = connect(full, "NORMAL", 5000)
             try:
                 return current_version(conn)
             finally:
                 conn.close()
-        except sqlite3.Error as exc:
+        except (sqlite3.Error, OSError) as exc:
             raise StorageError(f"{where}: {exc}") from exc
 
     return await anyio.to_thread.run_sync(work), LATEST_VERSION

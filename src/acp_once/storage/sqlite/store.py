@@ -75,7 +75,7 @@ from acp_once.storage.sqlite.checkpoint import (
     Checkpointer,
     truncate_checkpoint,
 )
-from acp_once.storage.sqlite.schema import connect, prepare_schema
+from acp_once.storage.sqlite.schema import connect, prepare_file, prepare_schema
 from acp_once.support import sqlite as db
 from acp_once.support.opening import AsyncClosing, Opening
 from acp_once.support.sqlite import Connection, Synchronous
@@ -324,12 +324,12 @@ class SqliteStore(AsyncClosing):
             StorageError: the file cannot be opened, or its schema is newer than supported.
         """
         db.check_options(synchronous, busy_timeout_ms)
-        where = os.fspath(path)
+        where = os.path.expanduser(os.fspath(path))  # also for the connections opened below
 
         def connect_and_prepare() -> Connection:
             try:
-                conn = connect(where, synchronous, busy_timeout_ms)
-            except sqlite3.Error as exc:
+                conn = connect(prepare_file(where), synchronous, busy_timeout_ms)
+            except (sqlite3.Error, OSError) as exc:
                 raise StorageError(f"{where}: cannot open the database: {exc}") from exc
             try:
                 prepare_schema(conn, migrate=migrate, where=where)
