@@ -169,7 +169,8 @@ async def test_definite_errors_reach_the_caller_and_leave_the_outbox_clean(env: 
         async with AcpClient(env.launcher(), outbox=env.outbox, backoff=FAST) as client:
             session = await client.new_session("/tmp/project")
             with pytest.raises(AcpError) as info:
-                await session.prompt([{"type": "image", "data": "aGk=", "mimeType": "image/png"}])
+                # a block kind no agent advertises (the reference agent accepts images now)
+                await session.prompt([{"type": "_acp_once_unknown", "data": "aGk="}])
             assert info.value.code == INVALID_PARAMS
             assert not await client.outbox.pending()
             await session.prompt("long [work:5]")

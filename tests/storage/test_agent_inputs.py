@@ -286,22 +286,3 @@ async def test_bad_strings_are_invalid_params_and_write_nothing(
                 assert await store.count_user_messages(session) == 1
             listed = (await conn.rpc.request("session/list", {}))["sessions"]
             assert {x["sessionId"] for x in listed} == {sid, other}
-
-
-# -- finding 10: per-connection entries end with their connection ------------------------------
-
-
-async def test_cancel_marks_of_closed_connections_are_evicted(tmp_path: Path) -> None:
-    from acp_once.storage import MemoryStore
-
-    with anyio.fail_after(20):
-        async with MemoryStore() as store, agent_on(store, tmp_path) as agent:
-            async with client(agent) as first:
-                sid = await new_session(first)
-            for _ in range(20):
-                async with client(agent) as conn:
-                    await conn.rpc.request("session/resume", {"sessionId": sid, "cwd": "/w"})
-                    await conn.rpc.notify("session/cancel", {"sessionId": sid})
-                    await conn.rpc.request("session/close", {"sessionId": sid})
-            session = agent._sessions[sid]
-            assert session.cancel_marks == {}

@@ -304,8 +304,16 @@ class SessionAgent(Agent, anyio.AsyncContextManagerMixin):
         _check_ids(params.session_id)
         _check_paths(params.cwd, params.additional_directories)
         session = await self._load(params.session_id)
-        conn = ctx.connection
-        if replay is not None:
+        session.users += 1  # no await since `_load` returned: it cannot have been evicted
+        try:
+            await self._resume_on(session, ctx.connection, replay is not None)
+        finally:
+            session.users -= 1
+            self._evict_if_idle(session)
+        return s.ResumeSessionResponse()
+
+    async def _resume_on(self, session: Session, conn: AgentSideConnection, replay: bool) -> None:
+        if replay:
             after = 0
             while True:
                 page = await self.store.read_timeline(session.id, after_seq=after, limit=500)
@@ -320,7 +328,6 @@ class SessionAgent(Agent, anyio.AsyncContextManagerMixin):
         self._attach(session, conn)
         await conn.client.session_update({"sessionId": session.id, "update": self._state(session)})
         session.interrupted = False
-        return s.ResumeSessionResponse()
 
     async def close_session(
         self, params: s.CloseSessionRequest, ctx: CallContext
@@ -379,6 +386,7 @@ class SessionAgent(Agent, anyio.AsyncContextManagerMixin):
             # no request of a closed connection arrives any more: its mark would only pile up
             session.cancel_marks.pop(connection.id, None)
             if session.conns.pop(connection.id, None) is None:
+                self._evict_if_idle(session)
                 continue
             # D11: a held prompt stays held while a request for it waits on a live connection;
             # otherwise nobody can hear its answer, so it is withdrawn and its key stays unused.
@@ -390,6 +398,7 @@ class SessionAgent(Agent, anyio.AsyncContextManagerMixin):
                     self._withdraw(session, pending)
             if not session.conns:
                 self._forget_live_keys(session)
+            self._evict_if_idle(session)
 
     # -- prompts -----------------------------------------------------------------------------
 
@@ -648,6 +657,7 @@ class SessionAgent(Agent, anyio.AsyncContextManagerMixin):
             if session.stopped is not None:
                 session.stopped.set()
                 session.stopped = None
+            self._evict_if_idle(session)  # its last connection may have gone during the turn
 
     async def _run_one(
         self, session: Session, turn: Turn, context: TurnContext, scope: anyio.CancelScope
@@ -768,11 +778,28 @@ class SessionAgent(Agent, anyio.AsyncContextManagerMixin):
             # Shielded (bounded): the session is registered now, so this is the one chance to
             # deal with its interrupted turns; a request cancelled half-way (its connection
             # closed) must not leave them neither run nor reported until the next restart.
-            with anyio.move_on_after(RECOVER_TIMEOUT, shield=True) as scope:
-                await self._coordinator.recover(session, unfinished)
+            session.users += 1  # not evicted while it recovers: its caller has not attached
+            try:
+                with anyio.move_on_after(RECOVER_TIMEOUT, shield=True) as scope:
+                    await self._coordinator.recover(session, unfinished)
+            finally:
+                session.users -= 1
             if scope.cancelled_caught:
                 logger.warning("session %s: recovering interrupted turns timed out", session_id)
         return session
+
+    def _evict_if_idle(self, session: Session) -> None:
+        """Drop `session` from memory when nothing holds it there (`Session.idle`); it reloads
+        from the store on resume. Otherwise `_sessions` grew by every session ever resumed.
+
+        Only with the in-process coordinator: a cluster coordinator keeps state per session
+        id (its lease, prompts other nodes queued for it) and looks the session up by id, so
+        a session it still owns must stay where it can be found.
+        """
+        if not isinstance(self._coordinator, LocalCoordinator):
+            return
+        if session.idle() and self._sessions.get(session.id) is session:
+            del self._sessions[session.id]
 
     async def _handle_unfinished(self, session: Session, unfinished: list[Turn]) -> None:
         """Run again (`resume_interrupted`) or report as interrupted the turns an earlier

@@ -202,6 +202,9 @@ class Session:
     """Per connection: arrival seq of its latest session/cancel or session/close (D33)."""
     stopped: anyio.Event | None = None
     """Set when the running worker ends; made only when someone waits for that."""
+    users: int = 0
+    """Requests using the session while it is active on no connection (a `session/resume`
+    between loading it and attaching): it must not be dropped from memory meanwhile."""
     id: str = field(init=False)
     """The session id (an attribute: read ~10 times per prompt turn)."""
 
@@ -225,6 +228,24 @@ class Session:
         """Forget `pending` and answer every request waiting for it."""
         self.forget(pending)
         pending.finish(message_id=message_id, error=error)
+
+    def idle(self) -> bool:
+        """Nothing holds this session in memory: no connection, request, worker, prompt,
+        turn, lock holder or cancel mark, and no interruption left to report. Such a session
+        can be dropped from memory; it reloads from the store when resumed."""
+        return not (
+            self.conns
+            or self.users
+            or self.worker
+            or self.held
+            or self.pending_by_key
+            or self.turns
+            or self.live_keys
+            or self.cancel_marks
+            or self.interrupted
+            or self.turn_scope is not None
+            or self.lock.locked()
+        )
 
     def stop_turns(self) -> None:
         """Drop the turns waiting to run and cancel the running one (the session's lease was
