@@ -121,7 +121,8 @@ class SessionAgent(Agent, anyio.AsyncContextManagerMixin):
             idle with `stopReason: "error"` and `INTERRUPTED_MESSAGE`. Turns must then be safe
             to run again from the start (e.g. idempotent tools keyed by message id). Only the
             last 500 timeline entries are searched.
-        name, version: what `initialize` reports.
+        name: the agent's name in what `initialize` reports.
+        version: the agent's version in what `initialize` reports.
         coordinator: where held prompts wait and who inserts them
             (`acp_once.agent.coordinator`): None or a `LocalCoordinator` keeps sessions in
             this process; `acp_once.cluster.PostgresCoordinator` shares them with every node on

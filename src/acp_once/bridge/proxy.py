@@ -67,7 +67,8 @@ class Bridge(anyio.AsyncContextManagerMixin):
 
     Args:
         command: the agent's command line.
-        env, cwd: the child's environment and working directory (default: ours).
+        env: the child's environment (default: ours).
+        cwd: the child's working directory (default: ours).
         client_capabilities: the `capabilities` the bridge's `initialize` gives the child.
         info: the bridge's `Implementation` in that `initialize`.
         backoff: delays between restarts of a dead child.
