@@ -16,13 +16,18 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 from acp_once.protocol.framing import DEFAULT_MAX_FRAME
 from acp_once.rpc.streams import FrameStream
-from acp_once.transports.http import ClientHttpFrames, connect_http
 from acp_once.transports.stdio import AgentProcess, spawn
-from acp_once.transports.websocket import ClientWebSocketFrames, connect_websocket
+
+if TYPE_CHECKING:
+    # The network transports need the `server` extra (websockets, httpx, starlette): they are
+    # imported when a WebSocket or HTTP launcher connects, so a stdio client runs without it.
+    # (Used in the quoted base classes below, which ruff does not read as annotations.)
+    from acp_once.transports.http import ClientHttpFrames  # noqa: F401
+    from acp_once.transports.websocket import ClientWebSocketFrames  # noqa: F401
 
 __all__ = ["HttpLauncher", "Launcher", "StdioLauncher", "WebSocketLauncher"]
 
@@ -120,7 +125,7 @@ def _check_url(url: str, schemes: tuple[str, ...], what: str) -> str:
     return url
 
 
-class WebSocketLauncher(_Tracked[ClientWebSocketFrames]):
+class WebSocketLauncher(_Tracked["ClientWebSocketFrames"]):
     """An agent served over WebSocket (`acp-once serve`): each `connect()` opens a new
     WebSocket, i.e. a new ACP connection, to the same server.
 
@@ -156,6 +161,8 @@ class WebSocketLauncher(_Tracked[ClientWebSocketFrames]):
         return f"WebSocketLauncher({self.url!r})"
 
     def connect(self) -> AbstractAsyncContextManager[FrameStream]:
+        from acp_once.transports.websocket import connect_websocket
+
         return self._track(
             connect_websocket(
                 self.url,
@@ -166,7 +173,7 @@ class WebSocketLauncher(_Tracked[ClientWebSocketFrames]):
         )
 
 
-class HttpLauncher(_Tracked[ClientHttpFrames]):
+class HttpLauncher(_Tracked["ClientHttpFrames"]):
     """An agent served over Streamable HTTP (`acp-once serve`).
 
     Each `connect()` is a new ACP connection (a new initialize POST, new GET streams). A failed
@@ -196,4 +203,6 @@ class HttpLauncher(_Tracked[ClientHttpFrames]):
         return f"HttpLauncher({self.url!r})"
 
     def connect(self) -> AbstractAsyncContextManager[FrameStream]:
+        from acp_once.transports.http import connect_http
+
         return self._track(connect_http(self.url, token=self._token, timeout=self.timeout))
