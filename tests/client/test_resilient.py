@@ -59,8 +59,8 @@ async def test_prompt_returns_the_inserted_message_id_and_updates_flow(env: Env)
             seen: list[dict[str, Any]] = []
             done = anyio.Event()
 
-            async def on_update(n: Any) -> None:
-                seen.append(n.update.model_dump(by_alias=True, exclude_unset=True))
+            async def on_update(update: Any) -> None:
+                seen.append(update.model_dump(by_alias=True, exclude_unset=True))
                 if seen[-1].get("stopReason") == "end_turn":
                     done.set()
 

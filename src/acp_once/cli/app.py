@@ -397,8 +397,16 @@ def bridge(
 def prompt(
     text: Annotated[str, typer.Argument(help="the prompt text")],
     agent: Annotated[
-        str, typer.Option(help='the agent command, e.g. "acp-once agent --store sqlite:s.db"')
+        str,
+        typer.Option(
+            help='the agent: a command (e.g. "acp-once agent --store sqlite:s.db"), or the URL '
+            "of a served agent (ws://, wss://, http://, https://)"
+        ),
     ],
+    token: Annotated[
+        str | None,
+        typer.Option(envvar="ACP_ONCE_TOKEN", help="bearer token for a served agent"),
+    ] = None,
     session: Annotated[str | None, typer.Option(help="resume this session id")] = None,
     cwd: Annotated[str, typer.Option(help="the session's working directory")] = ".",
     outbox: Annotated[
@@ -415,14 +423,13 @@ def prompt(
     is sent. If the command is killed and run again with the same outbox and text, it finishes
     that submission instead of starting a new one: the agent inserts it once.
     """
-    import shlex
-
     from acp_once.cli.prompt import run_prompt
 
     raise typer.Exit(
         _eventloop.run(
             lambda: run_prompt(
-                command=shlex.split(agent),
+                agent=agent,
+                token=token,
                 text=text,
                 session_id=session,
                 cwd=str(Path(cwd).resolve()),
@@ -447,11 +454,28 @@ def check(
     slow_prompt: Annotated[
         str, typer.Option(help="a prompt that keeps the agent busy (for held-prompt traces)")
     ] = "[work:2]",
+    timeout: Annotated[
+        float,
+        typer.Option(help="seconds any one answer may take (raise it for slow, LLM-backed agents)"),
+    ] = 30.0,
+    only: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--only",
+            metavar="ID",
+            help="run only this check (repeatable or comma-separated; * patterns; see --list)",
+        ),
+    ] = None,
+    list_: Annotated[
+        bool, typer.Option("--list", help="print the checks (id, level, title, rules) and exit")
+    ] = False,
 ) -> None:
     """Check whether an ACP v2 agent honours idempotency keys: `acp-once check -- CMD ARGS`,
     or `acp-once check ws://HOST:PORT/acp [--token T]` for a running server."""
-    from acp_once.cli.check import run_check
+    from acp_once.cli.check import list_checks, run_check
 
+    if list_:
+        raise typer.Exit(list_checks())
     command = list(ctx.args)
     raise typer.Exit(
         run_check(
@@ -461,6 +485,8 @@ def check(
             json_report=json_report,
             junit=junit,
             slow_prompt=slow_prompt,
+            timeout=timeout,
+            select=only,
         )
     )
 

@@ -1,8 +1,13 @@
-"""`acp-once prompt`: one prompt, its streamed updates printed readably."""
+"""`acp-once prompt`: one prompt, its turn streamed readably as it arrives.
+
+The agent is a command (run over stdio), a `ws://`/`wss://` URL (WebSocket) or an
+`http(s)://` URL (Streamable HTTP), both as served by `acp-once serve`.
+"""
 
 from __future__ import annotations
 
 import os
+import shlex
 from typing import Any
 
 import anyio
@@ -10,13 +15,35 @@ import orjson
 from rich.console import Console
 from rich.markup import escape
 
-from acp_once.client import AcpClient, ClientSession, StdioLauncher
-from acp_once.client.outbox import Submission
-from acp_once.protocol import schema as s
+from acp_once.client import (
+    AcpClient,
+    ClientSession,
+    HttpLauncher,
+    Launcher,
+    PromptHandle,
+    SessionUpdate,
+    StdioLauncher,
+    WebSocketLauncher,
+)
 from acp_once.protocol.errors import AcpError
 from acp_once.rpc.errors import TransportError
+from acp_once.support.backoff import Backoff
 
-__all__ = ["run_prompt"]
+__all__ = ["Renderer", "launcher_for", "run_prompt"]
+
+
+def launcher_for(agent: str, token: str | None = None) -> Launcher:
+    """How to reach `agent`: a `ws://`/`wss://` URL, an `http://`/`https://` URL (both with
+    the bearer `token`, if any), or else a command line run over stdio.
+
+    Raises:
+        ValueError: the command is empty.
+    """
+    if agent.startswith(("ws://", "wss://")):
+        return WebSocketLauncher(agent, token)
+    if agent.startswith(("http://", "https://")):
+        return HttpLauncher(agent, token)
+    return StdioLauncher(shlex.split(agent), env=dict(os.environ))
 
 
 def _text(update: dict[str, Any]) -> str:
@@ -26,39 +53,91 @@ def _text(update: dict[str, Any]) -> str:
     return escape("".join(b.get("text", "") for b in content if isinstance(b, dict)))
 
 
-def render(console: Console, update: dict[str, Any]) -> None:
-    """Print one `session/update` `update` object as a line a person can read."""
-    kind = update.get("sessionUpdate")
-    if kind == "user_message":
-        console.print(f"[bold cyan]you[/] [dim]({update.get('messageId')})[/] {_text(update)}")
-    elif kind in ("agent_message", "agent_message_chunk"):
-        console.print(f"[bold green]agent[/] {_text(update)}")
-    elif kind == "tool_call_update":
-        title = escape(str(update.get("title") or update.get("toolCallId")))
-        console.print(f"[magenta]tool[/] {title}: {update.get('status', '')}")
-    elif kind == "state_update":
-        stop = update.get("stopReason")
-        console.print(f"[dim]state {update.get('state')}{f' ({stop})' if stop else ''}[/]")
-    elif kind is not None:
-        console.print(f"[dim]{kind}[/]")
+class Renderer:
+    """Prints a turn's updates as lines a person can read: the chunks of one agent message
+    joined on one line, tool calls with their title (or kind) and status."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self._open: str | None = None  # the message whose chunks are being printed on a line
+        self._tools: dict[str, str] = {}  # toolCallId -> the title (or kind) seen for it
+
+    def _end_line(self) -> None:
+        if self._open is not None:
+            self.console.print()
+            self._open = None
+
+    def update(self, update: SessionUpdate) -> None:
+        """Print one update (a chunk continues the line of its message)."""
+        data = update.model_dump(by_alias=True, exclude_unset=True, mode="json")
+        kind = data.get("sessionUpdate")
+        if kind == "agent_message_chunk":
+            message = str(data.get("messageId") or "")
+            if self._open != message:
+                self._end_line()
+                self.console.print("[bold green]agent[/] ", end="")
+                self._open = message
+            self.console.print(_text(data), end="", soft_wrap=True)
+            return
+        self._end_line()
+        if kind == "user_message":
+            self.console.print(f"[bold cyan]you[/] [dim]({data.get('messageId')})[/] {_text(data)}")
+        elif kind == "agent_message":
+            self.console.print(f"[bold green]agent[/] {_text(data)}", soft_wrap=True)
+        elif kind == "tool_call_update":
+            tool = str(data.get("toolCallId"))
+            # a later update names only the id: show what the first one called it
+            name = data.get("title") or data.get("kind") or self._tools.get(tool) or "tool"
+            self._tools.setdefault(tool, str(name))
+            status = data.get("status")
+            suffix = f": {escape(str(status))}" if status else ""
+            self.console.print(f"[magenta]tool[/] {escape(self._tools[tool])}{suffix}")
+        elif kind == "state_update":
+            if data.get("state") != "idle" or not data.get("stopReason"):
+                self.console.print(f"[dim]state {escape(str(data.get('state')))}[/]")
+        elif kind is not None:
+            self.console.print(f"[dim]{escape(str(kind))}[/]")
+
+    def finish(self) -> None:
+        """End a line of chunks still open."""
+        self._end_line()
+
+
+async def _follow(turn: PromptHandle, renderer: Renderer, console: Console) -> int:
+    async for update in turn.updates():
+        renderer.update(update)
+    renderer.finish()
+    result = await turn.finished()
+    reason = result.stop_reason or "not reported"
+    console.print(f"[bold]stop reason:[/] {escape(reason)}")
+    if result.stop_reason == "error":
+        message = (result.error or {}).get("message", "")
+        console.print(f"[bold red]the turn failed[/] {escape(str(message))}")
+        return 1
+    return 0
 
 
 async def run_prompt(
-    *, command: list[str], text: str, session_id: str | None, cwd: str, outbox: str, wait: float
+    *,
+    agent: str,
+    text: str,
+    session_id: str | None,
+    cwd: str,
+    outbox: str,
+    wait: float,
+    token: str | None = None,
 ) -> int:
-    """Run the command; return the exit status (0 inserted, 1 refused or failed)."""
+    """Send `text` to `agent` (see `launcher_for`) and print its turn; return the exit status:
+    0 the turn ended (or was not waited for), 1 refused, unreachable, a failed turn, or no end
+    within `wait` seconds. Failures are one line on stdout, never a traceback."""
     console = Console(stderr=False, highlight=False)
     blocks = orjson.dumps([{"type": "text", "text": text}])
-    recovered: dict[str, str] = {}
-    done = anyio.Event()
-
-    async def on_recovered(submission: Submission, message_id: str) -> None:
-        recovered[submission.submission_id] = message_id
-
+    status = 0
     try:
-        async with AcpClient(
-            StdioLauncher(command, env=dict(os.environ)), outbox=outbox, on_recovered=on_recovered
-        ) as client:
+        launcher = launcher_for(agent, token)
+        # a stdio agent that exits is started again; a server that is gone is not waited for
+        backoff = Backoff(max_attempts=5) if not isinstance(launcher, StdioLauncher) else None
+        async with AcpClient(launcher, outbox=outbox, backoff=backoff) as client:
             # A pending submission of a killed run with this text is this submission: finish it.
             pending = [
                 p
@@ -74,27 +153,40 @@ async def run_prompt(
                 target = await client.new_session(cwd)
             assert target is not None
             console.print(f"[dim]session {target.session_id}[/]")
-
-            async def on_update(n: s.UpdateSessionNotification) -> None:
-                update = n.update.model_dump(by_alias=True, exclude_unset=True)
-                render(console, update)
-                if update.get("sessionUpdate") == "state_update" and update.get("stopReason"):
-                    done.set()
-
-            target.on_update(on_update)
+            key = pending[0].idempotency_key if pending else None
+            turn = target.prompt(text, idempotency_key=key)
+            message_id = await turn
             if pending:
-                message_id = await target.prompt(text, idempotency_key=pending[0].idempotency_key)
                 console.print(f"[bold]finished a pending submission:[/] {message_id}")
             else:
-                message_id = await target.prompt(text)
                 console.print(f"[bold]inserted as[/] {message_id}")
             if wait > 0:
-                with anyio.move_on_after(wait):
-                    await done.wait()
+                renderer = Renderer(console)
+                with anyio.move_on_after(wait) as scope:
+                    status = await _follow(turn, renderer, console)
+                if scope.cancelled_caught:
+                    renderer.finish()
+                    console.print(f"[bold red]the turn did not end within {wait:g} s[/]")
+                    status = 1
     except AcpError as exc:
         console.print(f"[bold red]refused[/] ({exc.code}): {escape(exc.message)}")
         return 1
-    except (TransportError, OSError) as exc:
-        console.print(f"[bold red]could not reach the agent:[/] {escape(str(exc))}")
+    except (TransportError, OSError, TimeoutError, anyio.BrokenResourceError) as exc:
+        console.print(f"[bold red]could not reach the agent:[/] {escape(_reason(exc))}")
         return 1
-    return 0
+    except ValueError as exc:
+        console.print(f"[bold red]bad --agent:[/] {escape(str(exc))}")
+        return 1
+    return status
+
+
+def _reason(exc: BaseException) -> str:
+    """The most telling text along the exception's causes (a lost HTTP POST says its status
+    only in its cause)."""
+    seen: list[str] = []
+    while exc is not None and len(seen) < 5:
+        text = str(exc)
+        if text:
+            seen.append(text)
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    return seen[0] if seen else type(exc).__name__

@@ -5,10 +5,13 @@
     async with AcpClient(StdioLauncher(["acp-once", "agent"]), outbox="sqlite:pending.db") as c:
         session = await c.new_session("/home/me/project")
         message_id = await session.prompt("Run the database migration")
+        result = await session.prompt("Now deploy it").finished()   # waits for the turn's end
 
 * `AcpClient` and its `ClientSession`s: a key for every submission, a durable outbox
   (`open_outbox`, `Submission`), reconnect with `Backoff`, resume, resend by retry class;
-  `PromptCancelled` and `OutcomeUnknown` are the errors it adds.
+  `PromptCancelled` and `OutcomeUnknown` are the errors it adds. `ClientSession.prompt`
+  returns a `PromptHandle`: awaited, the `messageId` at insertion; `finished()`, the
+  `TurnResult` (stop reason, the agent's messages); `updates()`, the turn's `SessionUpdate`s.
 * The launchers it reaches the agent with: `StdioLauncher`, `WebSocketLauncher`,
   `HttpLauncher`, or anything that satisfies `Launcher`.
 * The raw connection, for clients that do their own retrying: subclass `Client` and serve it
@@ -20,6 +23,7 @@ from acp_once.client.interface import Client
 from acp_once.client.launchers import HttpLauncher, Launcher, StdioLauncher, WebSocketLauncher
 from acp_once.client.outbox import Outbox, Submission, open_outbox
 from acp_once.client.resilient import AcpClient, ClientSession, OutcomeUnknown, PromptCancelled
+from acp_once.client.turns import PromptHandle, SessionUpdate, TurnResult
 from acp_once.support.backoff import Backoff
 
 __all__ = [
@@ -34,8 +38,11 @@ __all__ = [
     "OutcomeUnknown",
     "Outbox",
     "PromptCancelled",
+    "PromptHandle",
+    "SessionUpdate",
     "StdioLauncher",
     "Submission",
+    "TurnResult",
     "WebSocketLauncher",
     "open_outbox",
 ]

@@ -3,7 +3,10 @@
     launcher = StdioLauncher(["acp-once", "agent"])
     async with AcpClient(launcher, outbox="sqlite:pending.db") as client:
         session = await client.new_session("/home/me/project")
-        message_id = await session.prompt("Run the database migration")
+        message_id = await session.prompt("Run the database migration")   # at insertion
+
+        turn = session.prompt("Deploy it")          # a `PromptHandle`, already on its way
+        result = await turn.finished()              # the end of its turn: stop reason, messages
 
 What it does for you (the RFD's "shiny future"):
 
@@ -27,6 +30,7 @@ permission, or an agent the application does not trust with keys).
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -43,6 +47,7 @@ from acp_once.client.interface import Client
 from acp_once.client.launchers import Launcher
 from acp_once.client.outbox import Outbox, Submission, open_outbox
 from acp_once.client.recovery import DEFAULT_MAX_AGE, Backoff, plan_resend
+from acp_once.client.turns import PromptHandle, UpdateCallback
 from acp_once.protocol import schema as s
 from acp_once.protocol.errors import AcpError, RequestCancelled, SessionNotFound
 from acp_once.protocol.initialization import PROTOCOL_VERSION
@@ -77,6 +82,7 @@ class _Job:
     done: anyio.Event = field(default_factory=anyio.Event)
     message_id: str | None = None
     error: BaseException | None = None
+    attempts: int = 0
 
 
 @dataclass(eq=False)
@@ -89,9 +95,14 @@ class _SessionState:
     subscribers: list[MemoryObjectSendStream[s.UpdateSessionNotification]] = field(
         default_factory=list
     )
-    callbacks: list[Callable[[s.UpdateSessionNotification], Awaitable[None]]] = field(
-        default_factory=list
-    )
+    callbacks: list[UpdateCallback] = field(default_factory=list)
+    handles: list[PromptHandle] = field(default_factory=list)
+    # set once the previous `prompt()` call's submission is in the outbox and queued: calls
+    # are written and sent in the order they were made
+    added: anyio.Event = field(default_factory=anyio.Event)
+
+    def __post_init__(self) -> None:
+        self.added.set()
 
 
 class _Handler(Client):
@@ -121,25 +132,30 @@ class ClientSession:
     def session_id(self) -> str:
         return self._state.session_id
 
-    async def prompt(
+    def prompt(
         self, prompt: str | Sequence[dict[str, Any]], *, idempotency_key: str | None = None
-    ) -> str:
-        """Submit user input; return the `messageId` of the inserted user message.
+    ) -> PromptHandle:
+        """Submit user input; return its `PromptHandle` (`acp_once.client.turns`).
+
+        The submission is written to the outbox and sent in the background, after the
+        session's earlier calls. `await session.prompt(...)` returns the `messageId` of the
+        inserted user message; keep the handle to wait for the turn (`await
+        handle.finished()`) or follow it (`async for update in handle.updates()`).
 
         A new call is a new submission with a new key (unless `idempotency_key` is given: pass
         the key you stored with your own pending input). Retries after lost answers happen
         inside, with the same key.
 
         Raises:
+            RuntimeError: the client is not running (use it inside `async with AcpClient(...)`).
+
+        Awaiting the handle raises:
             PromptCancelled: withdrawn or cancelled before insertion.
             AcpError: the agent refused it (e.g. -32602); nothing was inserted.
             OutcomeUnknown: the answer was lost and automatic resends are refused.
         """
         blocks = [{"type": "text", "text": prompt}] if isinstance(prompt, str) else list(prompt)
-        submission = await self._client.outbox.add(
-            self.session_id, orjson.dumps(blocks), idempotency_key=idempotency_key or new_key()
-        )
-        return await self._client._submit(self._state, submission)
+        return self._client._start_prompt(self._state, blocks, idempotency_key or new_key())
 
     async def cancel(self) -> None:
         """Send `session/cancel` (a notification: never resent)."""
@@ -151,8 +167,13 @@ class ClientSession:
         await self._client._call("session/close", {"sessionId": self.session_id})
         self._client._sessions.pop(self.session_id, None)
 
-    def on_update(self, callback: Callable[[s.UpdateSessionNotification], Awaitable[None]]) -> None:
-        """Call `callback` for every update of this session, in order (do not block in it)."""
+    def on_update(self, callback: UpdateCallback) -> None:
+        """Call `callback` with every update of this session, in order: the validated `update`
+        model (`acp_once.client.turns.SessionUpdate`, e.g. `s.SessionUpdateAgentMessage`).
+
+        `callback` may be a plain or an async function; it runs in the connection's reader, so
+        it must not block (an exception it raises is logged, and the next update still comes).
+        """
         self._state.callbacks.append(callback)
 
     @contextlib.asynccontextmanager
@@ -259,6 +280,7 @@ class AcpClient(anyio.AsyncContextManagerMixin):
                     finally:
                         self._closing = True
                         tg.cancel_scope.cancel()
+                        self._abandon_turns()
 
     @property
     def connected(self) -> bool:
@@ -370,6 +392,8 @@ class AcpClient(anyio.AsyncContextManagerMixin):
             )
         # resume every session this client had, before anything is resent (R15, R33)
         for state in list(self._sessions.values()):
+            for handle in list(state.handles):
+                handle._reconnected()  # before the resume's state report, which may end a turn
             try:
                 await conn.agent.resume_session(
                     s.ResumeSessionRequest(session_id=state.session_id, cwd=state.cwd)
@@ -399,7 +423,54 @@ class AcpClient(anyio.AsyncContextManagerMixin):
 
     # -- prompts -------------------------------------------------------------------------------
 
-    async def _submit(self, state: _SessionState, submission: Submission) -> str:
+    def _start_prompt(
+        self, state: _SessionState, blocks: list[dict[str, Any]], key: str
+    ) -> PromptHandle:
+        if self._tg is None or self._closing:
+            raise RuntimeError("the client is not running: use it inside `async with AcpClient`")
+        handle = PromptHandle(state.session_id)
+        # registered now, so it sees every update from here on (the turn's start among them)
+        state.handles.append(handle)
+        handle._on_end = lambda h: state.handles.remove(h) if h in state.handles else None
+        previous, state.added = state.added, anyio.Event()
+        self._tg.start_soon(self._run_prompt, state, handle, blocks, key, previous, state.added)
+        return handle
+
+    async def _run_prompt(
+        self,
+        state: _SessionState,
+        handle: PromptHandle,
+        blocks: list[dict[str, Any]],
+        key: str,
+        previous: anyio.Event,
+        added: anyio.Event,
+    ) -> None:
+        try:
+            try:
+                await previous.wait()
+                submission = await self.outbox.add(
+                    state.session_id, orjson.dumps(blocks), idempotency_key=key
+                )
+                job = self._enqueue(state, submission)
+            finally:
+                added.set()
+            await job.done.wait()
+        except Exception as exc:  # the outbox failed: the caller hears it from the handle
+            handle._set_failed(exc)
+            return
+        if job.error is not None:
+            handle._set_failed(job.error)
+        else:
+            assert job.message_id is not None
+            handle._set_inserted(job.message_id, retried=job.attempts > 1)
+
+    def _abandon_turns(self) -> None:
+        error = OutcomeUnknown("The client closed before the turn ended")
+        for state in self._sessions.values():
+            for handle in list(state.handles):
+                handle._set_failed(error)
+
+    def _enqueue(self, state: _SessionState, submission: Submission) -> _Job:
         job = state.jobs.get(submission.submission_id)
         if job is None:
             # one sender per submission: a recovered submission that the application submits
@@ -407,6 +478,10 @@ class AcpClient(anyio.AsyncContextManagerMixin):
             job = state.jobs[submission.submission_id] = _Job(submission)
             state.queue.append(job)
             state.wake.set()
+        return job
+
+    async def _submit(self, state: _SessionState, submission: Submission) -> str:
+        job = self._enqueue(state, submission)
         await job.done.wait()
         if job.error is not None:
             raise job.error
@@ -421,14 +496,15 @@ class AcpClient(anyio.AsyncContextManagerMixin):
                 state.wake = anyio.Event()
             job = state.queue.pop(0)
             try:
-                job.message_id = await self._send_until_definite(state, job.submission)
+                job.message_id = await self._send_until_definite(state, job)
             except Exception as exc:
                 job.error = exc
             finally:
                 state.jobs.pop(job.submission.submission_id, None)
                 job.done.set()
 
-    async def _send_until_definite(self, state: _SessionState, submission: Submission) -> str:
+    async def _send_until_definite(self, state: _SessionState, job: _Job) -> str:
+        submission = job.submission
         params: dict[str, Any] = {
             "sessionId": submission.session_id,
             "prompt": orjson.loads(submission.prompt),
@@ -438,6 +514,7 @@ class AcpClient(anyio.AsyncContextManagerMixin):
         while True:
             conn = await self._ready()
             await self.outbox.record_attempt(submission.submission_id)
+            job.attempts += 1
             try:
                 result = await conn.rpc.request("session/prompt", params)
             except TransportError:
@@ -506,9 +583,15 @@ class AcpClient(anyio.AsyncContextManagerMixin):
         state = self._sessions.get(params.session_id)
         if state is None:
             return
+        update = params.update
+        for handle in list(state.handles):
+            handle._feed(update)
         for callback in state.callbacks:
             try:
-                await callback(params)
+                # a plain function or an async one: call it, await what it returns if awaitable
+                result = callback(update)
+                if inspect.isawaitable(result):
+                    await result
             except Exception:
                 logger.exception("an update callback failed")
         for send in list(state.subscribers):
