@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import sys
@@ -16,6 +17,53 @@ from acp_once.cli import _eventloop
 app = typer.Typer(
     no_args_is_help=True, help="acp-once: ACP v2 where a prompt is inserted at most once."
 )
+
+# What each extra installs, by import name: the base install runs `agent`, `prompt`, `demo`,
+# `check` and `db` over stdio and SQLite; a command or URL that needs more says which extra.
+_EXTRAS = {
+    "server": ("starlette", "uvicorn", "websockets", "httpx", "h11"),
+    "postgres": ("psycopg", "psycopg_pool"),
+    "langgraph": ("langgraph", "langchain_core"),
+}
+_HINTS = {"postgres": " (and 'psycopg[binary]' for psycopg's bundled libpq)"}
+_URL_SCHEMES = ("ws://", "wss://", "http://", "https://")
+
+
+def _missing_extra(extra: str, missing: list[str], what: str) -> typer.Exit:
+    typer.echo(
+        f"acp-once: {what} needs the {extra} extra (missing: {', '.join(missing)}): "
+        f"install acp-once[{extra}], e.g. pip install 'acp-once[{extra}]'" + _HINTS.get(extra, ""),
+        err=True,
+    )
+    return typer.Exit(2)
+
+
+def _require(extra: str, what: str) -> None:
+    """Exit 2 naming `extra` when one of its packages is not installed (nothing is imported:
+    the check runs before the command starts anything)."""
+    missing = [name for name in _EXTRAS[extra] if importlib.util.find_spec(name) is None]
+    if missing:
+        raise _missing_extra(extra, missing, what)
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        from acp_once import __version__
+
+        typer.echo(f"acp-once {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_show_version, is_eager=True, help="print the version and exit"
+        ),
+    ] = False,
+) -> None:
+    pass
 
 
 def _data_dir() -> Path:
@@ -32,6 +80,8 @@ def _store_url(store: str | None, default_db: str, *, langgraph: bool = False) -
         url = check_store_url(store or f"sqlite:{_data_dir() / default_db}")
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--store") from None
+    if url.startswith(("postgresql:", "postgres:")):
+        _require("postgres", "a PostgreSQL --store")
     if langgraph and not url.startswith(("memory:", "sqlite:")):
         raise typer.BadParameter(
             "the langgraph runtime keeps its threads in memory: or sqlite:PATH",
@@ -64,6 +114,8 @@ def demo(
     """
     from acp_once.cli.demo_view import show_demo
 
+    if transport in ("ws", "http"):
+        _require("server", f"demo --transport {transport}")
     if transport == "stdio":
         raise typer.Exit(show_demo(submissions=submissions, seed=seed))
     if transport == "ws":
@@ -262,6 +314,7 @@ def serve(
     PostgreSQL store several nodes may serve the same sessions (--node-id, --lease-ttl);
     GET /ops/status shows them.
     """
+    _require("server", "serve")
     from acp_once.server.listen import InsecureListen, check_listen, listen
     from acp_once.server.run import serve_reference
 
@@ -367,6 +420,7 @@ def bridge(
     dies it is started again, and the connections that depended on it are closed: clients
     reconnect, resume and resend. Without a token it listens on loopback addresses only.
     """
+    _require("server", "bridge")
     from acp_once.cli.bridge import run_bridge
     from acp_once.server.listen import InsecureListen, check_listen
 
@@ -423,6 +477,8 @@ def prompt(
     is sent. If the command is killed and run again with the same outbox and text, it finishes
     that submission instead of starting a new one: the agent inserts it once.
     """
+    if agent.startswith(_URL_SCHEMES):
+        _require("server", "a served agent (prompt --agent URL)")
     from acp_once.cli.prompt import run_prompt
 
     raise typer.Exit(
@@ -476,6 +532,8 @@ def check(
 
     if list_:
         raise typer.Exit(list_checks())
+    if target is not None and target.startswith(_URL_SCHEMES):
+        _require("server", "check URL")
     command = list(ctx.args)
     raise typer.Exit(
         run_check(
@@ -503,6 +561,7 @@ def status(
 
     Reads GET URL/ops/status (token-protected like /acp). Exits 1 when it cannot be read.
     """
+    _require("server", "status")
     from acp_once.cli.cluster_status import show_status
 
     raise typer.Exit(show_status(url, token=token or None))
@@ -524,6 +583,7 @@ def _is_postgres(store: str) -> bool:
 
 def _postgres_db(store: str, *, migrate: bool) -> tuple[str, int, int]:
     """Run `db migrate` or `db status` on a PostgreSQL store URL (`?schema=NAME` allowed)."""
+    _require("postgres", "a PostgreSQL --store")
     from acp_once.storage import StorageError
     from acp_once.storage.postgres import (
         describe_postgres,
@@ -588,4 +648,14 @@ def db_status(
 
 
 def main() -> None:
-    app()
+    """Run the `acp-once` command line. A module of an extra that is still missing when a
+    command imports it (past the checks above) ends the command with exit status 2 and the
+    extra's name, not a traceback."""
+    try:
+        app()
+    except ModuleNotFoundError as exc:
+        root = (exc.name or "").partition(".")[0]
+        extra = next((e for e, names in _EXTRAS.items() if root in names), None)
+        if extra is None:
+            raise
+        raise SystemExit(_missing_extra(extra, [root], "this command").exit_code) from None
