@@ -175,7 +175,8 @@ class PostgresStore(AsyncClosing):
             migrate: apply pending schema migrations (creating the schema if needed). With
                 False, an out-of-date schema raises `SchemaOutOfDate` instead.
             schema: the PostgreSQL schema holding the store's tables.
-            min_size, max_size: the size of the store's own pool.
+            min_size: the smallest size of the store's own pool.
+            max_size: the largest size of the store's own pool.
             prepare_threshold: psycopg's server-side prepared statements; None turns them off
                 (needed behind PgBouncer in transaction mode). Own pool only.
             connect_timeout: seconds to wait for the first connections. Own pool only.
