@@ -49,7 +49,8 @@ async def test_a_handle_gives_the_message_id_the_turn_updates_and_its_end(
             session.on_update(plain.append)  # a plain function: called, nothing awaited
             session.on_update(async_callback)
             turn = session.prompt("build it [tool]")
-            assert isinstance(turn, PromptHandle) and turn.message_id is None
+            before = turn.message_id  # sent in the background: not inserted yet
+            assert isinstance(turn, PromptHandle) and before is None
             streamed = [u async for u in turn.updates()]
             result = await turn.finished()
             assert turn.done and turn.message_id == result.message_id == await turn
