@@ -175,9 +175,8 @@ class PromptHandle:
     async def finished(self) -> TurnResult:
         """Wait for the end of the turn (bound it with `anyio.fail_after`: a turn may run long).
 
-        Raises:
-            the errors of `inserted()`; `OutcomeUnknown` also when the client closed, or gave up
-            reconnecting, before the turn ended.
+        Raises the errors of `inserted()`, and `OutcomeUnknown` also when the client closed, or
+        gave up reconnecting, before the turn ended.
         """
         await self.inserted()
         await self._ended.wait()
@@ -190,8 +189,7 @@ class PromptHandle:
         """Yield the turn's updates in order, from its user message to the update that ends it
         (earlier ones first, if the turn began before the call); several iterations may run.
 
-        Raises:
-            the errors of `finished()`.
+        Raises the errors of `finished()`.
         """
         await self.inserted()
         index = 0
