@@ -5,6 +5,8 @@
     python3 dev.py test          # lint, format check, types, import layering, tests
                                  # (extra arguments go to pytest, e.g. -k NAME -n 0)
     python3 dev.py run CMD ...   # any command inside the environment (e.g. `acp-once agent`)
+    python3 dev.py docs          # the documentation site into build/site/ (mkdocs, warnings
+                                 # are errors; `test` runs the same build)
     python3 dev.py verify        # model-check verification/*.pml with SPIN (--mutants: each
                                  # model with one guard removed at a time must fail)
 
@@ -163,6 +165,19 @@ def verify(args: list[str]) -> None:
         raise SystemExit(1)
 
 
+def docs(uv: Path, site_dir: str | None = None) -> None:
+    """Build the site (mkdocs.yml) with warnings as errors: a broken link, a docstring griffe
+    cannot read, a public name without its API entry or a guide's code that is gone fails."""
+    env = {**_env(), "NO_MKDOCS_2_WARNING": "1"}  # the theme's banner about MkDocs 2.0
+    args = [str(uv), "run", "--frozen", "--no-sync", "mkdocs", "build", "--strict"]
+    if site_dir is not None:
+        args += ["--site-dir", site_dir]
+    print(f"dev.py: {' '.join(args[4:])}", file=sys.stderr, flush=True)
+    code = subprocess.run(args, cwd=ROOT, env=env).returncode
+    if code != 0:
+        raise SystemExit(code)
+
+
 def main(argv: list[str]) -> None:
     job = argv[0] if argv else "help"
     if job == "test":
@@ -180,12 +195,18 @@ def main(argv: list[str]) -> None:
         ):
             print(f"dev.py: {' '.join(step)}", file=sys.stderr, flush=True)
             _run(str(uv), "run", "--frozen", "--no-sync", *step)
+            if step == ["lint-imports"]:
+                # the docs after the linters, before the tests (a few seconds)
+                with tempfile.TemporaryDirectory(prefix="acp-once-site-") as site:
+                    docs(uv, site)
     elif job == "demo":
         uv = sync()
         _run(str(uv), "run", "--frozen", "--no-sync", "acp-once", "demo", *argv[1:])
     elif job == "run":
         uv = sync()
         _run(str(uv), "run", "--frozen", "--no-sync", *argv[1:])
+    elif job == "docs":
+        docs(sync())
     elif job == "verify":
         verify(argv[1:])
     elif job == "lock":
