@@ -5,6 +5,11 @@ storage must persist across launches: same command, same store). `acp-once check
 ws://HOST:PORT/acp [--token T]` opens fresh WebSocket connections to a running server instead
 (a check that needs an agent restart is skipped there); `http://HOST:PORT/acp` does the same
 over Streamable HTTP.
+
+Each result is printed once, as its check ends: a failure with what was sent, what was expected,
+what came back, and each rule it cites with the page of docs/ that explains it. A failed SHOULD
+is a warning and a failed MAY is "not implemented"; only a failed MUST fails the run.
+`--list` prints the checks; `--only ID` (repeatable, fnmatch patterns) runs some of them.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from rich.table import Table
 
 from acp_once.client import HttpLauncher, Launcher, StdioLauncher, WebSocketLauncher
 from acp_once.conformance import (
+    CHECKS,
     Check,
     CheckResult,
     Level,
@@ -31,11 +37,30 @@ from acp_once.conformance import (
     write_json,
     write_junit,
 )
+from acp_once.conformance.rules import explain_refs
 
-__all__ = ["run_check"]
+__all__ = ["list_checks", "run_check"]
 
 _STYLE = {Status.PASSED: "green", Status.FAILED: "red", Status.SKIPPED: "yellow"}
 _MARK = {Status.PASSED: "✓", Status.FAILED: "✗", Status.SKIPPED: "-"}
+# a failed SHOULD or MAY does not fail the run: shown as a warning, not in red
+_LEVEL_STYLE = {Level.MUST: "red", Level.SHOULD: "yellow", Level.MAY: "yellow"}
+
+
+def list_checks(console: Console | None = None) -> int:
+    """Print every check (id, level, title, rules with their docs/ pages); return 0."""
+    out = console or Console()
+    for check in CHECKS:
+        line = f"{check.id}  {check.level}  {check.title}\n    rules: {explain_refs(check.refs)}"
+        out.print(line, highlight=False, markup=False, soft_wrap=True)
+    return 0
+
+
+def _patterns(only: Sequence[str] | None) -> list[str] | None:
+    """`--only` values: repeatable, each may hold several ids separated by commas."""
+    if not only:
+        return None
+    return [part.strip() for value in only for part in value.split(",") if part.strip()]
 
 
 def _is_url(target: str) -> bool:
@@ -54,11 +79,28 @@ def run_check(
     console: Console | None = None,
     select: Sequence[str] | None = None,
 ) -> int:
-    """Run the conformance suite; return the exit status (1 when a MUST fails, 2 on misuse).
+    """Run the conformance suite; return the exit status (1 when a MUST fails, 2 on misuse:
+    no target, a bad URL, a target that did not start or initialize, an `--only` pattern that
+    matches no check, a timeout that is not positive).
 
-    `select`: fnmatch patterns of the requirement ids to run (default: every check).
+    `select`: fnmatch patterns of the requirement ids to run (default: every check); a value
+    may hold several, separated by commas. `timeout`: seconds any one answer may take.
     """
     out = console or Console()
+    select = _patterns(select)
+    if select is not None:
+        unknown = [p for p in select if not checks_for([p])]
+        if unknown:
+            out.print(
+                f"acp-once check: no check matches {', '.join(unknown)} "
+                "(acp-once check --list prints the ids)",
+                highlight=False,
+                markup=False,
+            )
+            return 2
+    if not timeout > 0:
+        out.print(f"acp-once check: --timeout must be positive, not {timeout}", markup=False)
+        return 2
     if target is not None and _is_url(target):
         if not target.startswith(("ws://", "wss://", "http://", "https://")):
             out.print(
@@ -138,12 +180,7 @@ def _run(
             progress.update(task, description=check.id)
 
         def finished(result: CheckResult) -> None:
-            style = _STYLE[result.status]
-            note = f" [dim]{result.message}[/]" if result.message else ""
-            progress.console.print(
-                f"[{style}]{_MARK[result.status]}[/] {result.id} [dim]({result.level})[/]{note}",
-                highlight=False,
-            )
+            _print_result(progress.console, result)
             progress.advance(task)
 
         return anyio.run(
@@ -175,13 +212,7 @@ def _print_summary(out: Console, report: Report) -> None:
             ),
         )
     out.print(table)
-    for r in report.results:
-        if r.status is not Status.PASSED:
-            out.print(
-                f"[{_STYLE[r.status]}]{r.status}[/] {r.id} ({r.level}; {', '.join(r.refs)}): "
-                f"{r.message}",
-                highlight=False,
-            )
+    # the failures were printed once, as their checks ended; here only the counts
     summary = report.summary()
     verdict = (
         "[red]FAILED: a MUST requirement is broken[/]"
@@ -189,7 +220,32 @@ def _print_summary(out: Console, report: Report) -> None:
         else "[green]every MUST requirement holds[/]"
     )
     out.print(
-        f"{summary['passed']} passed, {summary['failed']} failed "
-        f"({summary['failed_must']} MUST), {summary['skipped']} skipped "
-        f"in {report.duration:.1f} s: {verdict}"
+        f"{summary['passed']} passed, {summary['failed_must']} MUST failed, "
+        f"{summary['failed_should']} SHOULD warnings, "
+        f"{summary['failed_may']} MAY not implemented, {summary['skipped']} skipped "
+        f"in {report.duration:.1f} s: {verdict}",
+        highlight=False,
     )
+
+
+def _print_result(out: Console, result: CheckResult) -> None:
+    """One result, once: a line, and for a failure what was sent, expected and received."""
+    style = _STYLE[result.status]
+    if result.status is Status.FAILED:
+        style = _LEVEL_STYLE[result.level]
+    out.print(
+        f"[{style}]{_MARK[result.status]} {result.verdict}[/] {result.id} [dim]({result.level})[/]",
+        highlight=False,
+    )
+    if result.status is Status.PASSED and not result.message:
+        return
+    lines = [result.message] if result.message else []
+    if result.status is Status.FAILED:
+        lines += [
+            f"sent:     {result.sent}",
+            f"expected: {result.expected}",
+            f"received: {result.received}",
+            f"rules:    {explain_refs(result.refs)}",
+        ]
+    for line in lines:
+        out.print(f"    {line}", highlight=False, markup=False, soft_wrap=True)

@@ -20,6 +20,7 @@ from acp_once.conformance.harness import (
     Probe,
     error_code,
     expect,
+    short,
 )
 from acp_once.conformance.model import Level
 from acp_once.protocol.errors import (
@@ -98,7 +99,8 @@ async def _init_version(ctx: CheckContext) -> str | None:
             f"a repeated initialize asking for 7 must get the highest supported version <= 7; "
             f"got {version!r} (D23)",
         )
-        await p.request("session/list", {})
+        # any other request will do; session/new is one every agent checked here must have
+        await p.request("session/new", {"cwd": ctx.cwd})
         code = await _code_of(p, "initialize", {"protocolVersion": 2, "info": INFO})
         expect(
             code == INVALID_REQUEST,
@@ -113,7 +115,10 @@ async def _session_new(ctx: CheckContext) -> str | None:
         a, b = await p.new_session(), await p.new_session()
         expect(a != b, f"two session/new calls gave the same sessionId {a!r}")
         mid = await p.prompt(a, "hello")
-        await p.wait_for(lambda: mid in p.user_message_updates(a))
+        await p.wait_for(
+            lambda: mid in p.user_message_updates(a),
+            f"a user_message update with messageId {mid} (the prompt's message, inserted)",
+        )
     return None
 
 
@@ -225,13 +230,13 @@ async def _cancel_request(ctx: CheckContext) -> str | None:
     async with ctx.connect() as p:
         sid = await p.new_session()
         done = await p.start_prompt(sid, "answered first")
-        await done.result(ctx.timeout)
+        await p.result(done)
         await p.notify("$/cancel_request", {"requestId": done.id})  # already answered: ignore
         await p.notify("$/cancel_request", {"requestId": "acp-once-unknown-request"})
         await p.prompt(sid, ctx.slow_prompt)
         held = await p.start_prompt(sid, "cancel me", ctx.key())
         await held.cancel()
-        outcome = await error_code(held, ctx.timeout)
+        outcome = await error_code(p, held)
         expect(
             isinstance(outcome, str) or outcome == REQUEST_CANCELLED,
             f"a cancelled prompt must succeed or get -32800; got {outcome}",
@@ -424,7 +429,7 @@ async def _t4(ctx: CheckContext) -> str | None:
         busy = await p.prompt(sid, ctx.slow_prompt)
         first = await p.start_prompt(sid, "T4 prompt", key)
         retry = await p.start_prompt(sid, "T4 prompt", key)
-        a, b = await error_code(first, ctx.timeout), await error_code(retry, ctx.timeout)
+        a, b = await error_code(p, first), await error_code(p, retry)
         expect(isinstance(a, str), f"the held prompt was not inserted: {a}")
         expect(a == b, f"the original got {a}, the retry {b} (R20: same outcome)")
         inserted = _new(await p.inserted(sid), busy)
@@ -445,7 +450,7 @@ async def _t5(ctx: CheckContext) -> str | None:
         busy = await p.prompt(sid, ctx.slow_prompt)
         held = await p.start_prompt(sid, "T5 prompt", key)
         await p.notify("session/cancel", {"sessionId": sid})
-        outcome = await error_code(held, ctx.timeout)
+        outcome = await error_code(p, held)
         if isinstance(outcome, str):
             raise CheckSkipped(
                 "the prompt was inserted during active work, so session/cancel could not "
@@ -527,7 +532,7 @@ async def _withdraw(ctx: CheckContext) -> str | None:
         first = await p.start_prompt(sid, "withdrawn prompt", key)
         retry = await p.start_prompt(sid, "withdrawn prompt", key)
         await retry.cancel()
-        a, b = await error_code(first, ctx.timeout), await error_code(retry, ctx.timeout)
+        a, b = await error_code(p, first), await error_code(p, retry)
         if isinstance(a, str) and a == b:
             raise CheckSkipped("the prompt was inserted at once (not held): nothing to withdraw")
         expect(
@@ -560,7 +565,11 @@ async def _reuse(ctx: CheckContext) -> str | None:
             expect(exc.code == INVALID_PARAMS, f"answered {exc.code}; allowed: id or -32602")
             seen = "refused with -32602 (the agent compares prompts)"
         else:
-            expect(other == original, f"a second message {other} was inserted (R23 MUST NOT)")
+            expect(
+                other == original,
+                f"the reused key got a new messageId {other}, not the original {original}: "
+                "neither answered as a retry nor refused with -32602",
+            )
             seen = "answered as a retry with the original messageId"
         expect(await p.prompt(sid, "first text", key) == original, "the original retry changed")
         inserted = await p.inserted(sid)
@@ -596,10 +605,6 @@ async def _privacy(ctx: CheckContext) -> str | None:
         )
         raise CheckFailed(
             f"{len(leaks)} frame(s) from the agent contain an idempotency key; the first: "
-            f"{_short(leaks[0])}"
+            f"{short(leaks[0])}"
         )
     return f"scanned {len(ctx.suite.received)} frames for {len(keys)} keys"
-
-
-def _short(frame: str, limit: int = 300) -> str:
-    return frame if len(frame) <= limit else frame[:limit] + "..."

@@ -29,15 +29,17 @@ from acp_once.client import (
     WebSocketLauncher,
 )
 from acp_once.protocol import schema as s
-from acp_once.protocol.errors import AcpError
+from acp_once.protocol.errors import METHOD_NOT_FOUND, AcpError
 from acp_once.protocol.framing import FrameEvent
 from acp_once.rpc.connection import PendingCall
+from acp_once.rpc.errors import ConnectionClosed, RequestTimeout
 from acp_once.rpc.streams import FrameStream
 
 __all__ = [
     "CheckContext",
     "CheckFailed",
     "CheckSkipped",
+    "Exchange",
     "Link",
     "Probe",
     "SuiteState",
@@ -49,11 +51,53 @@ NO_KEY: Any = object()
 
 
 class CheckFailed(AssertionError):
-    """The target broke the requirement; the message says how."""
+    """The target broke the requirement; the message says how.
+
+    `sent`, `expected` and `received` say what was sent, what the check expected and what came
+    back; left empty, the report fills them from the check's last request and its title.
+    """
+
+    def __init__(
+        self, message: str, *, sent: str = "", expected: str = "", received: str = ""
+    ) -> None:
+        super().__init__(message)
+        self.sent = sent
+        self.expected = expected
+        self.received = received
 
 
 class CheckSkipped(Exception):
     """The requirement could not be exercised on this target; the message says why."""
+
+
+def short(text: str, limit: int = 300) -> str:
+    """`text` cut to `limit` characters (a report line, not a dump)."""
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def describe_request(method: str, params: Any) -> str:
+    """`method {params as compact JSON}`, cut to a report line."""
+    try:
+        body = orjson.dumps(params).decode()
+    except TypeError:
+        body = repr(params)
+    return short(f"{method} {body}")
+
+
+def describe_answer(value: Any) -> str:
+    try:
+        return short(orjson.dumps(value).decode())
+    except TypeError:
+        return short(repr(value))
+
+
+@dataclass(slots=True)
+class Exchange:
+    """The last request a check sent, and what came back for it so far."""
+
+    sent: str
+    started: float
+    received: str = ""
 
 
 def expect(condition: bool, message: str) -> None:
@@ -163,10 +207,16 @@ class _Tap:
         if isinstance(frame, bytes):
             self.ctx._record(self.conn, "received", frame)
             self.ctx.suite.received.append(frame)
-            with contextlib.suppress(orjson.JSONDecodeError):
+            try:
                 parsed = orjson.loads(frame)
-                if isinstance(parsed, dict):
-                    self.frames.append(parsed)
+            except orjson.JSONDecodeError:
+                # An ACP peer writes nothing but JSON-RPC (stdout of a stdio agent is the
+                # wire). Waiting on would end in a timeout that says nothing; end the
+                # connection now so the check fails at once, naming the line.
+                self.ctx.non_json = frame.decode("utf-8", "replace")
+                raise anyio.BrokenResourceError from None
+            if isinstance(parsed, dict):
+                self.frames.append(parsed)
             self._arrived.set()
             self._arrived = anyio.Event()
         return frame
@@ -205,17 +255,60 @@ class Probe:
         self.link = link
         self.recorder: _Recorder = conn.client  # type: ignore[assignment]
         self.initialize_result: dict[str, Any] = {}
+        self._sent: dict[Any, Exchange] = {}
 
     @property
     def timeout(self) -> float:
         return self.ctx.timeout
 
     async def request(self, method: str, params: Any) -> Any:
-        """A raw request; raises `AcpError` for an error answer."""
-        return await self.conn.rpc.request(method, params, timeout=self.timeout)
+        """A raw request and its result.
+
+        Raises:
+            AcpError: an error answer (other than -32601).
+            CheckFailed: no answer within the timeout, -32601 (the agent does not implement
+                `method`), non-JSON from the agent, or the connection ended.
+        """
+        return await self.result(await self.start(method, params))
 
     async def start(self, method: str, params: Any) -> PendingCall:
-        return await self.conn.rpc.start_request(method, params)
+        """Send a request without waiting; `result(call)` waits for its answer."""
+        call = await self.conn.rpc.start_request(method, params)
+        self._sent[call.id] = Exchange(describe_request(method, params), time.monotonic())
+        return call
+
+    async def result(self, call: PendingCall) -> Any:
+        """The result of a call from `start`, with the failures of `request`."""
+        exchange = self._sent.get(call.id) or Exchange(call.method, time.monotonic())
+        self.ctx.last = exchange
+        try:
+            value = await call.result(self.timeout)
+        except RequestTimeout:
+            waited = time.monotonic() - exchange.started
+            exchange.received = f"nothing after {waited:.1f} s"
+            raise CheckFailed(
+                f"no answer to {call.method} after {waited:.1f} s",
+                sent=exchange.sent,
+                expected=f"an answer within {self.timeout:g} s (--timeout)",
+                received=exchange.received,
+            ) from None
+        except AcpError as exc:
+            exchange.received = f"error {exc.code}: {exc.message}"
+            if exc.code == METHOD_NOT_FOUND:
+                raise CheckFailed(
+                    f"the agent does not implement {call.method} (-32601)",
+                    sent=exchange.sent,
+                    expected=f"a result for {call.method}",
+                    received=exchange.received,
+                ) from None
+            raise
+        except ConnectionClosed:
+            self.ctx.raise_non_json()
+            raise
+        exchange.received = (
+            f"{describe_answer(value)} (after {time.monotonic() - exchange.started:.2f} s)"
+        )
+        return value
 
     async def notify(self, method: str, params: Any) -> None:
         await self.conn.rpc.notify(method, params)
@@ -247,7 +340,7 @@ class Probe:
         if replay:
             params["replayFrom"] = {"type": "start"}
         call = await self.start("session/resume", params)
-        await call.result(self.timeout)
+        await self.result(call)
         return call
 
     async def inserted(self, sid: str) -> set[str]:
@@ -263,11 +356,25 @@ class Probe:
             if s_id == sid and u.get("sessionUpdate") in ("user_message", "user_message_chunk")
         ]
 
-    async def wait_for(self, predicate: Callable[[], bool]) -> None:
-        """Wait (bounded by the check timeout) until `predicate()` holds after a frame."""
-        with anyio.fail_after(self.timeout):
+    async def wait_for(self, predicate: Callable[[], bool], what: str) -> None:
+        """Wait (bounded by the check timeout) until `predicate()` holds after a frame.
+
+        Raises:
+            CheckFailed: it did not hold within the timeout; the message names `what`.
+        """
+        started = time.monotonic()
+        with anyio.move_on_after(self.timeout):
             while not predicate():
                 await self.tap._arrived.wait()
+            return
+        kinds = [u.get("sessionUpdate") for _, u in self.recorder.updates]
+        seen = ", ".join(str(k) for k in kinds[-10:]) if kinds else "no session/update at all"
+        raise CheckFailed(
+            f"waited {time.monotonic() - started:.1f} s for {what}; it did not come",
+            sent=self.ctx.last.sent if self.ctx.last else "",
+            expected=what,
+            received=f"session/update kinds: {seen}",
+        )
 
     async def kill(self) -> None:
         """Kill the agent abruptly (SIGKILL) and wait until the connection has ended."""
@@ -287,10 +394,11 @@ def message_id_of(result: Any) -> str:
     return mid
 
 
-async def error_code(call: PendingCall, timeout: float) -> int | str:
-    """The error code of the call's answer, or its `messageId` when it succeeded."""
+async def error_code(probe: Probe, call: PendingCall) -> int | str:
+    """The error code of the call's answer, or its `messageId` when it succeeded (failures as
+    `Probe.result`)."""
     try:
-        return message_id_of(await call.result(timeout))
+        return message_id_of(await probe.result(call))
     except AcpError as exc:
         return exc.code
 
@@ -309,6 +417,8 @@ class CheckContext:
         self.transcript: list[dict[str, Any]] = []
         self.user_ids: dict[str, set[str]] = {}
         self.notes: list[str] = []
+        self.last: Exchange | None = None
+        self.non_json: str | None = None
         self._conns = 0
         self._t0 = time.monotonic()
 
@@ -330,6 +440,24 @@ class CheckContext:
 
     def note(self, text: str) -> None:
         self.notes.append(text)
+
+    def non_json_failure(self) -> CheckFailed | None:
+        """The failure to report when the agent sent something that is not JSON, else None."""
+        if self.non_json is None:
+            return None
+        where = "stdout" if isinstance(self.target.launcher, StdioLauncher) else "the connection"
+        return CheckFailed(
+            f"non-JSON on {where}: {short(self.non_json.rstrip(), 200)!r}",
+            sent=self.last.sent if self.last else "",
+            expected="only JSON-RPC messages, one per line",
+            received=short(self.non_json.rstrip(), 200),
+        )
+
+    def raise_non_json(self) -> None:
+        """Raise `non_json_failure()` if there is one."""
+        failure = self.non_json_failure()
+        if failure is not None:
+            raise failure
 
     @contextlib.asynccontextmanager
     async def connect(self, *, initialize: bool = True) -> AsyncIterator[Probe]:

@@ -10,6 +10,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from acp_once.conformance.rules import explain_refs
+
 __all__ = ["CheckResult", "Level", "Report", "Status", "write_json", "write_junit"]
 
 
@@ -41,6 +43,9 @@ class CheckResult:
         duration: seconds.
         transcript: every frame both ways during the check, kept for failed checks only:
             `{"conn": n, "dir": "sent"|"received", "t": seconds, "frame": text}`.
+        sent: for a failed check, the request it sent last (method and params).
+        expected: for a failed check, what it expected.
+        received: for a failed check, what came back (or that nothing did, after how long).
     """
 
     id: str
@@ -51,6 +56,17 @@ class CheckResult:
     message: str = ""
     duration: float = 0.0
     transcript: list[dict[str, Any]] = field(default_factory=list)
+    sent: str = ""
+    expected: str = ""
+    received: str = ""
+
+    @property
+    def verdict(self) -> str:
+        """The status in the words of the check's level: a failed MUST is `failed`, a failed
+        SHOULD a `warning`, a failed MAY `not implemented` (optional)."""
+        if self.status is not Status.FAILED:
+            return str(self.status)
+        return {Level.MUST: "failed", Level.SHOULD: "warning"}.get(self.level, "not implemented")
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -59,7 +75,11 @@ class CheckResult:
             "refs": list(self.refs),
             "title": self.title,
             "status": str(self.status),
+            "verdict": self.verdict,
             "message": self.message,
+            "sent": self.sent,
+            "expected": self.expected,
+            "received": self.received,
             "duration": round(self.duration, 3),
             "transcript": self.transcript,
         }
@@ -150,10 +170,12 @@ def write_junit(report: Report, path: Path) -> None:
         )
         if result.status is Status.FAILED:
             failure = ET.SubElement(
-                case, "failure", message=result.message, type=f"{result.level} violated"
+                case, "failure", message=result.message, type=f"{result.level} {result.verdict}"
             )
             failure.text = (
-                f"{result.title}\nrefs: {', '.join(result.refs)}\n\n{_transcript_text(result)}"
+                f"{result.title}\nsent: {result.sent}\nexpected: {result.expected}\n"
+                f"received: {result.received}\nrefs: {explain_refs(result.refs)}\n\n"
+                f"{_transcript_text(result)}"
             )
         elif result.status is Status.SKIPPED:
             ET.SubElement(case, "skipped", message=result.message)

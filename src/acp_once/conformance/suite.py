@@ -38,12 +38,23 @@ async def preflight(target: Launcher | Target, timeout: float = 30.0) -> None:
     """
     ctx = CheckContext(Target.of(target), SuiteState(), slow_prompt="", timeout=timeout)
     try:
+        # the start as well as the answer: a command that never opens its pipes
         with anyio.fail_after(timeout):
             async with ctx.connect():
                 pass
     except Exception as raised:  # reported as one clear error
         exc = _leaf(raised)
-        raise TargetUnavailable(f"{type(exc).__name__}: {exc}") from exc
+        failure = ctx.non_json_failure()
+        if failure is not None:
+            raise TargetUnavailable(str(failure)) from exc
+        match exc:
+            case CheckFailed():
+                message = str(exc)
+            case TimeoutError():
+                message = f"no answer to initialize within {timeout:g} s"
+            case _:
+                message = f"{type(exc).__name__}: {exc}"
+        raise TargetUnavailable(message) from exc
 
 
 def checks_for(select: Iterable[str] | None = None) -> list[Check]:
@@ -72,29 +83,25 @@ async def run_check(
     ctx = CheckContext(Target.of(target), suite, slow_prompt=slow_prompt, timeout=timeout)
     started = time.monotonic()
     status, message = Status.PASSED, ""
+    failure: CheckFailed | None = None
     try:
         # a check may wait for several slow turns and restarts; bound the whole of it too
         with anyio.fail_after(timeout * 4):
             message = await check.run(ctx) or ""
     except Exception as raised:  # every failure is reported
         exc = _leaf(raised)
-        match exc:
-            case CheckFailed():
-                status, message = Status.FAILED, str(exc)
-            case CheckSkipped():
-                status, message = Status.SKIPPED, str(exc)
-            case AcpError():
-                status = Status.FAILED
-                message = f"unexpected error answer {exc.code}: {exc.message}"
-            case TimeoutError():
-                status, message = Status.FAILED, f"no answer in time ({exc or 'timeout'})"
-            case ConnectionClosed() | TransportError():
-                status, message = Status.FAILED, f"the connection was lost: {exc}"
-            case _:
-                status, message = Status.FAILED, f"{type(exc).__name__}: {exc}"
+        # non-JSON from the agent ends the connection; whatever that caused, it is the cause
+        failure = ctx.non_json_failure()
+        if failure is None:
+            failure = _as_failure(exc, ctx, time.monotonic() - started)
+        if isinstance(exc, CheckSkipped) and failure is None:
+            status, message = Status.SKIPPED, str(exc)
+        else:
+            assert failure is not None
+            status, message = Status.FAILED, str(failure)
     if ctx.notes:
         message = "; ".join([message, *ctx.notes]) if message else "; ".join(ctx.notes)
-    return CheckResult(
+    result = CheckResult(
         id=check.id,
         level=check.level,
         refs=check.refs,
@@ -104,6 +111,49 @@ async def run_check(
         duration=time.monotonic() - started,
         transcript=ctx.transcript if status is Status.FAILED else [],
     )
+    if failure is not None and status is Status.FAILED:
+        last = ctx.last
+        result.sent = failure.sent or (last.sent if last else "nothing")
+        result.expected = failure.expected or check.title
+        result.received = failure.received or (
+            last.received or "nothing yet" if last else "nothing"
+        )
+    return result
+
+
+def _as_failure(exc: BaseException, ctx: CheckContext, elapsed: float) -> CheckFailed | None:
+    """What a check's exception means as a failure (None for a skip)."""
+    last = ctx.last
+    sent = last.sent if last else ""
+    match exc:
+        case CheckFailed():
+            return exc
+        case CheckSkipped():
+            return None
+        case AcpError():
+            return CheckFailed(
+                f"unexpected error answer {exc.code}: {exc.message}",
+                sent=sent,
+                expected="a result",
+                received=f"error {exc.code}: {exc.message}",
+            )
+        case TimeoutError():
+            # the bound of the whole check (answers have their own, reported by the probe)
+            return CheckFailed(
+                f"the check did not finish within {elapsed:.1f} s "
+                f"(4 x --timeout {ctx.timeout:g} s)",
+                sent=sent,
+                expected=f"the check's answers within {ctx.timeout * 4:g} s in all",
+                received=(last.received if last else "") or f"nothing after {elapsed:.1f} s",
+            )
+        case ConnectionClosed() | TransportError():
+            return CheckFailed(
+                f"the connection was lost: {exc}",
+                sent=sent,
+                received=f"the connection ended after {elapsed:.1f} s",
+            )
+        case _:
+            return CheckFailed(f"{type(exc).__name__}: {exc}", sent=sent)
 
 
 async def run_suite(
