@@ -12,6 +12,7 @@ import pytest
 import acp_once.client
 
 PUBLIC: dict[str, list[str]] = {
+    "acp_once": ["__version__"],
     "acp_once.agent": [
         "Agent",
         "AgentSideConnection",
