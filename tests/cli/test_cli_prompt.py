@@ -3,6 +3,7 @@ same submission without inserting it twice."""
 
 from __future__ import annotations
 
+import io
 import os
 import subprocess
 import sys
@@ -10,9 +11,13 @@ from pathlib import Path
 
 import anyio
 import pytest
+from rich.console import Console
 
+from acp_once.cli.prompt import Renderer
+from acp_once.client import SessionUpdate
 from acp_once.client.outbox import open_outbox
 from acp_once.storage import open_store
+from tests.remote.harness import ServeProcess
 
 pytestmark = pytest.mark.slow
 
@@ -33,7 +38,99 @@ def test_prompt_prints_the_turn(tmp_path: Path) -> None:
     out = done.stdout
     assert "inserted as msg_user_" in out
     assert "hi [tool]" in out  # user text is shown as typed, not as markup
-    assert "completed" in out and "end_turn" in out
+    # the completing update names only the id: the title of the call is shown again
+    assert "tool append to the side-effect log: completed" in out
+    assert "tool_" not in out  # never a raw toolCallId
+    assert out.rstrip().endswith("stop reason: end_turn")
+
+
+def test_unreachable_agents_fail_in_one_line(tmp_path: Path) -> None:
+    for agent in ("ws://127.0.0.1:1/acp", str(tmp_path / "no-such-agent")):
+        done = subprocess.run(
+            [sys.executable, "-m", "acp_once", "prompt", "--agent", agent, "hi"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 1
+        assert done.stdout.strip().startswith("could not reach the agent:")
+        assert len(done.stdout.strip().splitlines()) == 1
+        assert "Traceback" not in done.stdout + done.stderr
+
+
+def test_chunks_are_joined_and_a_missing_title_shows_the_kind() -> None:
+    from acp_once.protocol.updates import validate_update_notification
+
+    def update(**fields: object) -> SessionUpdate:
+        return validate_update_notification({"sessionId": "s", "update": fields}).update
+
+    out = io.StringIO()
+    renderer = Renderer(Console(file=out, width=40, highlight=False, color_system=None))
+    chunk = {"sessionUpdate": "agent_message_chunk", "messageId": "m1"}
+    for text in ("The answer ", "is [42]", ", and it is long enough to pass forty columns."):
+        renderer.update(update(**chunk, content={"type": "text", "text": text}))
+    renderer.update(update(sessionUpdate="tool_call_update", toolCallId="tool_1", kind="read"))
+    renderer.update(update(sessionUpdate="tool_call_update", toolCallId="tool_1", status="done"))
+    renderer.update(update(sessionUpdate="state_update", state="idle", stopReason="end_turn"))
+    renderer.finish()
+    assert out.getvalue().splitlines() == [
+        "agent The answer is [42], and it is long enough to pass forty columns.",
+        "tool read",
+        "tool read: done",
+    ]
+
+
+async def _prompt(agent: str, *args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
+    done = await anyio.run_process(
+        [sys.executable, "-m", "acp_once", "prompt", "--agent", agent, *args],
+        check=False,
+        env={**os.environ, **(env or {})},
+    )
+    out = done.stdout.decode() + done.stderr.decode()
+    assert "Traceback" not in out
+    return done.returncode or 0, done.stdout.decode()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("token", [None, "s3cret-token"])
+async def test_prompt_over_websocket_and_http_against_serve(
+    tmp_path: Path, token: str | None
+) -> None:
+    """A real `acp-once serve`, reached over ws:// and http://: the token by flag (ws) and by
+    ACP_ONCE_TOKEN (http); a wrong token fails with a clear line."""
+    extra = ("--token", token) if token else ()
+    results: dict[str, tuple[int, str]] = {}
+    with anyio.fail_after(60):
+        async with ServeProcess(tmp_path, *extra) as server:
+            ws, http = f"ws://127.0.0.1:{server.port}/acp", f"http://127.0.0.1:{server.port}/acp"
+            by_flag = ("--token", token) if token else ()
+            by_env = {"ACP_ONCE_TOKEN": token} if token else {}
+
+            async def run(
+                name: str, agent: str, args: tuple[str, ...], env: dict[str, str]
+            ) -> None:
+                results[name] = await _prompt(agent, *args, env=env)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(run, "ws", ws, (*by_flag, "over ws [tool]"), {})
+                tg.start_soon(run, "http", http, ("over http [tool]",), by_env)
+                if token:
+                    tg.start_soon(run, "ws wrong", ws, ("--token", "wrong", "x"), {})
+                    tg.start_soon(run, "http wrong", http, ("x",), {"ACP_ONCE_TOKEN": "wrong"})
+    for name in ("ws", "http"):
+        status, out = results[name]
+        assert status == 0, out
+        assert f"agent over {name} [tool]" in out
+        assert "tool append to the side-effect log: completed" in out
+        assert out.rstrip().endswith("stop reason: end_turn")
+    for name in ("ws wrong", "http wrong") if token else ():
+        status, out = results[name]
+        assert status == 1
+        assert out.strip() == (
+            "could not reach the agent: the server refused the token (HTTP 401): "
+            "check --token or ACP_ONCE_TOKEN"
+        )
 
 
 def test_killed_prompt_rerun_with_outbox_inserts_once(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ The agent is a command (run over stdio), a `ws://`/`wss://` URL (WebSocket) or a
 from __future__ import annotations
 
 import os
+import re
 import shlex
 from typing import Any
 
@@ -131,6 +132,7 @@ async def run_prompt(
     0 the turn ended (or was not waited for), 1 refused, unreachable, a failed turn, or no end
     within `wait` seconds. Failures are one line on stdout, never a traceback."""
     console = Console(stderr=False, highlight=False)
+    launcher: Launcher | None = None
     blocks = orjson.dumps([{"type": "text", "text": text}])
     status = 0
     try:
@@ -169,24 +171,35 @@ async def run_prompt(
                     console.print(f"[bold red]the turn did not end within {wait:g} s[/]")
                     status = 1
     except AcpError as exc:
-        console.print(f"[bold red]refused[/] ({exc.code}): {escape(exc.message)}")
+        console.print(f"[bold red]refused[/] ({exc.code}): {escape(exc.message)}", soft_wrap=True)
         return 1
     except (TransportError, OSError, TimeoutError, anyio.BrokenResourceError) as exc:
-        console.print(f"[bold red]could not reach the agent:[/] {escape(_reason(exc))}")
+        noted = getattr(launcher, "last_failure", None)
+        reason = escape(_reason(exc, noted))
+        console.print(f"[bold red]could not reach the agent:[/] {reason}", soft_wrap=True)
         return 1
     except ValueError as exc:
-        console.print(f"[bold red]bad --agent:[/] {escape(str(exc))}")
+        console.print(f"[bold red]bad --agent:[/] {escape(str(exc))}", soft_wrap=True)
         return 1
     return status
 
 
-def _reason(exc: BaseException) -> str:
-    """The most telling text along the exception's causes (a lost HTTP POST says its status
-    only in its cause)."""
-    seen: list[str] = []
-    while exc is not None and len(seen) < 5:
-        text = str(exc)
-        if text:
-            seen.append(text)
-        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
-    return seen[0] if seen else type(exc).__name__
+def _reason(exc: BaseException, noted: str | None = None) -> str:
+    """One line saying why the agent could not be reached: an HTTP status along the
+    exception's causes or in what the launcher `noted`, else the exception's text."""
+    texts: list[str] = [noted] if noted else []
+    current: BaseException | None = exc
+    while current is not None and len(texts) < 8:
+        texts.append(str(current))
+        current = current.__cause__ or current.__context__
+    for text in texts:
+        status = re.search(r"HTTP (\d{3})", text)
+        if status is None:
+            continue
+        if status.group(1) in ("401", "403"):
+            return (
+                f"the server refused the token (HTTP {status.group(1)}): "
+                "check --token or ACP_ONCE_TOKEN"
+            )
+        return text
+    return next((t for t in texts if t), type(exc).__name__)

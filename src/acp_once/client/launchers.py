@@ -18,7 +18,9 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
-from acp_once.protocol.framing import DEFAULT_MAX_FRAME
+import anyio
+
+from acp_once.protocol.framing import DEFAULT_MAX_FRAME, FrameEvent
 from acp_once.rpc.streams import FrameStream
 from acp_once.transports.stdio import AgentProcess, spawn
 
@@ -26,7 +28,7 @@ if TYPE_CHECKING:
     # The network transports need the `server` extra (websockets, httpx, starlette): they are
     # imported when a WebSocket or HTTP launcher connects, so a stdio client runs without it.
     # (Used in the quoted base classes below, which ruff does not read as annotations.)
-    from acp_once.transports.http import ClientHttpFrames  # noqa: F401
+    from acp_once.transports.http import ClientHttpFrames
     from acp_once.transports.websocket import ClientWebSocketFrames  # noqa: F401
 
 __all__ = ["HttpLauncher", "Launcher", "StdioLauncher", "WebSocketLauncher"]
@@ -188,6 +190,8 @@ class HttpLauncher(_Tracked["ClientHttpFrames"]):
     Attributes:
         current: the open connection's frame stream (tests close its GET streams).
         connects: how many connections were opened.
+        last_failure: why the latest failed POST failed (e.g. "initialize: HTTP 401"), or
+            None: the engine reports only that the connection was lost.
 
     Raises:
         ValueError: `url` is not an `http://` or `https://` URL.
@@ -198,11 +202,39 @@ class HttpLauncher(_Tracked["ClientHttpFrames"]):
         self.url = _check_url(url, ("http://", "https://"), "HTTP")
         self._token = token
         self.timeout = timeout
+        self.last_failure: str | None = None
 
     def __repr__(self) -> str:  # never the token
         return f"HttpLauncher({self.url!r})"
 
-    def connect(self) -> AbstractAsyncContextManager[FrameStream]:
+    @contextlib.asynccontextmanager
+    async def connect(self) -> AsyncIterator[FrameStream]:
         from acp_once.transports.http import connect_http
 
-        return self._track(connect_http(self.url, token=self._token, timeout=self.timeout))
+        async with self._track(
+            connect_http(self.url, token=self._token, timeout=self.timeout)
+        ) as frames:
+            yield _NotingFailures(frames, self)
+
+
+class _NotingFailures:
+    """An HTTP connection's frames that note on the launcher why a POST failed: the engine
+    reports only a lost connection, and a refused token (401) should be said as such."""
+
+    def __init__(self, frames: ClientHttpFrames, launcher: HttpLauncher) -> None:
+        self._frames = frames
+        self._launcher = launcher
+
+    async def receive(self) -> FrameEvent:
+        return await self._frames.receive()
+
+    async def send(self, frame: bytes) -> None:
+        try:
+            await self._frames.send(frame)
+        except anyio.BrokenResourceError as exc:
+            if exc.args:
+                self._launcher.last_failure = str(exc.args[0])
+            raise
+
+    async def aclose(self) -> None:
+        await self._frames.aclose()
