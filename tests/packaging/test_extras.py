@@ -151,6 +151,27 @@ def test_a_missing_extra_met_past_the_checks_is_named_too() -> None:
     assert "missing: uvicorn" in done.stderr
 
 
+def test_open_store_names_the_postgres_extra_when_psycopg_is_missing() -> None:
+    code = (
+        "import sys\n"
+        "sys.modules['psycopg'] = None\n"
+        "import anyio\n"
+        "from acp_once.storage import open_store\n"
+        "async def main() -> None:\n"
+        "    async with open_store('postgresql://u@127.0.0.1:9/db'):\n"
+        "        pass\n"
+        "try:\n"
+        "    anyio.run(main)\n"
+        "except ModuleNotFoundError as exc:\n"
+        "    print(exc.name, exc)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.startswith("psycopg "), done.stdout + done.stderr
+    assert "pip install 'acp-once[postgres]'" in done.stdout
+
+
 def test_version() -> None:
     done = _cli(OPTIONAL, "--version")
     assert done.returncode == 0, done.stderr

@@ -96,6 +96,7 @@ async def open_store(url: str, *, migrate: bool = True) -> AsyncIterator[Session
         ValueError: an unsupported scheme or a missing path.
         SchemaOutOfDate: `migrate=False` and the schema is out of date.
         StorageError: the database cannot be opened.
+        ModuleNotFoundError: a PostgreSQL URL without the `postgres` extra installed.
     """
     scheme, _, rest = check_store_url(url).partition(":")
     if scheme == "memory":
@@ -105,7 +106,14 @@ async def open_store(url: str, *, migrate: bool = True) -> AsyncIterator[Session
         async with SqliteStore.open(rest, migrate=migrate) as sqlite:
             yield sqlite
     else:  # postgresql:// or postgres://, as check_store_url says
-        from acp_once.storage.postgres import PostgresStore, parse_postgres_url  # needs psycopg
+        try:
+            from acp_once.storage.postgres import PostgresStore, parse_postgres_url
+        except ModuleNotFoundError as exc:  # psycopg is an extra, not a base dependency
+            raise ModuleNotFoundError(
+                f"a PostgreSQL store needs the postgres extra ({exc.name} is missing): "
+                "pip install 'acp-once[postgres]'",
+                name=exc.name,
+            ) from exc
 
         dsn, schema = parse_postgres_url(url)
         async with PostgresStore.open(dsn, migrate=migrate, schema=schema) as postgres:
