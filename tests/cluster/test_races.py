@@ -18,6 +18,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from acp_once.agent.runtime import Turn, TurnContext
 from acp_once.client.connection import ClientSideConnection
 from acp_once.cluster.sql import QueuedPrompt
 from acp_once.protocol.errors import AcpError
@@ -97,10 +98,21 @@ async def test_withdrawn_then_resent_while_the_owner_picks_it_up(
             conn_b,
             sid,
         ):
-            await prompt(conn_a, sid, "[work:0.2] busy", "k1")  # A owns the session now
+            turn_ends = anyio.Event()
+
+            async def run_turn(turn: Turn, ctx: TurnContext) -> str:
+                # A's turns run until the test ends them: B's prompt must be queued behind a
+                # running turn (after it, B would take the free lease and insert it itself)
+                await turn_ends.wait()
+                return "end_turn"
+
+            a.agent.run_turn = run_turn  # type: ignore[method-assign,assignment]
+            await prompt(conn_a, sid, "busy", "k1")  # A owns the session, its turn runs
             first = await conn_b.rpc.start_request(
                 "session/prompt", prompt_params(sid, "second", "k2")
             )
+            await until(lambda: b.coordinator.stats()["prompts_held"] == 1)  # B queued it
+            turn_ends.set()
             await picked.wait()  # A's turn ended and it read B's queued prompt
             await first.cancel()
             with pytest.raises(AcpError) as caught:

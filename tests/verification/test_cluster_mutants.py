@@ -3,7 +3,7 @@ nodes on PostgreSQL (WITHDRAW_RECORDED: test_cluster_counterexamples.py).
 
 Each test follows the counterexample SPIN prints for the model with one guard removed, holding
 the nodes at the trace's steps (a turn held open by an event, a stalled lease renewal, a lost
-NOTIFY), and asserts the property that mutant breaks.
+NOTIFY, the owner held after reading a queued row), and asserts the property that mutant breaks.
 """
 
 from __future__ import annotations
@@ -16,11 +16,22 @@ import pytest
 
 from acp_once.agent.runtime import Turn, TurnContext
 from acp_once.client.connection import ClientSideConnection
-from acp_once.protocol.errors import INTERNAL_ERROR, AcpError
+from acp_once.cluster.sql import QueuedPrompt
+from acp_once.protocol.errors import INTERNAL_ERROR, REQUEST_CANCELLED, AcpError
 from acp_once.rpc.connection import PendingCall
 from acp_once.testing import connected
-from tests.cluster.harness import Node, initialize, new_session, node, prompt_params, resume, until
+from tests.cluster.harness import (
+    Node,
+    initialize,
+    new_session,
+    node,
+    prompt,
+    prompt_params,
+    resume,
+    until,
+)
 from tests.cluster.test_fencing import expire
+from tests.cluster.test_races import two_nodes_on_a_session
 
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
 
@@ -156,3 +167,55 @@ async def test_no_fence_a_stale_owners_insert_is_refused(
             assert epoch == b.coordinator.leases[sid] != epoch_a  # the takeover bumped it
             assert owner == b.coordinator.instance and live
             gate.set()
+
+
+async def test_row_unguarded_a_withdrawn_row_read_by_the_owner_is_not_inserted(
+    postgres_dsn: str, schema: str, tmp_path: Path
+) -> None:
+    """ROW_UNGUARDED (C1 at most one message per key, C2 a withdrawn key stays unused).
+    Trace: A owns the session and runs a turn; B queues a prompt behind it; A's turn ends and
+    A reads B's queued row; B's request is cancelled (its row withdrawn: -32800); A goes on
+    and inserts. A's insert must require the row still queued: nothing is stored for the
+    key, and a later send with it inserts it once."""
+    picked, go = anyio.Event(), anyio.Event()
+
+    async def hold(found: QueuedPrompt) -> None:
+        if found.key == "k2" and not picked.is_set():
+            picked.set()  # A read the row, not inserted yet: hold A here
+            await go.wait()
+
+    with anyio.fail_after(TIMEOUT):
+        async with two_nodes_on_a_session(postgres_dsn, schema, tmp_path / "fx", hold) as (
+            a,
+            b,
+            conn_a,
+            conn_b,
+            sid,
+        ):
+            gate = hold_turns(a)
+            tried = anyio.Event()
+            insert_queued = a.coordinator._insert_queued
+
+            async def insert_queued_once(session: Any, queued: QueuedPrompt) -> None:
+                try:
+                    await insert_queued(session, queued)
+                finally:
+                    tried.set()  # A's insert of the row it read is over, whatever it did
+
+            a.coordinator._insert_queued = insert_queued_once  # type: ignore[method-assign]
+            await outcome(await send(conn_a, sid, "busy", "k1"))  # A owns it, its turn runs
+            on_b = await send(conn_b, sid, "second", "k2")
+            await until(lambda: b.coordinator.stats()["prompts_held"] == 1)  # queued behind A
+            gate.set()  # A's turn ends: A reads B's row and is held before inserting it
+            await picked.wait()
+            await on_b.cancel()
+            assert await outcome(on_b) == f"error {REQUEST_CANCELLED}"
+            go.set()
+            await tried.wait()
+            assert await a.store.find_key(sid, "k2") is None  # withdrawn: the key is unused
+            assert await a.store.count_user_messages(sid, idempotency_key="k2") == 0
+            again = await prompt(conn_b, sid, "second", "k2")
+            found = await a.store.find_key(sid, "k2")
+            assert found is not None and again == found.message_id
+            assert await a.store.count_user_messages(sid, idempotency_key="k2") == 1
+            assert await a.store.count_user_messages(sid) == 2
