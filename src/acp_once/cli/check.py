@@ -221,7 +221,7 @@ def _print_summary(out: Console, report: Report) -> None:
     )
     out.print(
         f"{summary['passed']} passed, {summary['failed_must']} MUST failed, "
-        f"{summary['failed_should']} SHOULD warnings, "
+        f"{summary['failed_should']} SHOULD not met (warning), "
         f"{summary['failed_may']} MAY not implemented, {summary['skipped']} skipped "
         f"in {report.duration:.1f} s: {verdict}",
         highlight=False,
