@@ -398,3 +398,65 @@ async def test_a_store_failing_to_mark_a_turn_ended_does_not_stop_the_agent(
             assert [t.message_id for t in unfinished_turns(sid, tail)] == [first, second]
     logged = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
     assert f"session {sid}: the end of the turn of {first} was not stored (StorageError)" in logged
+
+
+class GatedInsertStore(MemoryStore):
+    """Holds the user message whose text is `gated` at its insert until `go` is set."""
+
+    def __init__(self, gated: str) -> None:
+        super().__init__()
+        self.gated = gated
+        self.reached = anyio.Event()
+        self.go = anyio.Event()
+
+    async def insert_user_message(self, session_id: str, **fields: Any) -> InsertOutcome:
+        if self.gated.encode() in fields["update"]:
+            self.reached.set()
+            await self.go.wait()
+        return await super().insert_user_message(session_id, **fields)
+
+
+class HeldTurns(ReferenceAgent):
+    """A turn whose prompt says "hold" runs until `release` is set."""
+
+    release: anyio.Event
+
+    async def run_turn(self, turn: Turn, ctx: TurnContext) -> str:
+        if "hold" in turn.text:
+            await self.release.wait()
+        return await super().run_turn(turn, ctx)
+
+
+async def test_a_prompt_inserted_while_the_worker_waits_for_the_lock_still_runs(
+    tmp_path: Path,
+) -> None:
+    """Steer policy: a prompt is being inserted (holding the session lock) when the running
+    turn ends. The worker, out of turns, waits for the lock; the insert queues its turn and
+    finds the worker already started. The worker must run that turn, not stop."""
+    recorder = UpdateRecorder()
+    store = GatedInsertStore("second")
+    with anyio.fail_after(10):
+        async with (
+            store,
+            HeldTurns(store, side_effects=tmp_path / "fx", policy="steer") as agent,
+            client(agent, recorder) as conn,
+        ):
+            agent.release = anyio.Event()
+            sid = (await conn.agent.new_session(s.NewSessionRequest(cwd="/w"))).session_id
+            await prompt(conn, sid, "first hold", key=None)
+            second = await conn.rpc.start_request("session/prompt", params(sid, "second"))
+            await store.reached.wait()  # the second prompt's insert holds the lock
+            agent.release.set()  # the first turn ends; its worker finds no turn and waits
+            await recorder.wait_for(lambda ups: any(u.get("stopReason") for u in ups))
+            store.go.set()
+            message_id = (await second.result())["messageId"]
+            await recorder.wait_for(
+                lambda ups: sum(1 for u in ups if u.get("stopReason") == "end_turn") == 2
+            )
+            texts = [
+                u["content"][0]["text"]
+                for u in recorder.updates
+                if u.get("sessionUpdate") == "agent_message"
+            ]
+            assert any("second" in t for t in texts), texts
+            assert message_id in recorder.user_messages()

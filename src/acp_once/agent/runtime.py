@@ -639,7 +639,9 @@ class SessionAgent(Agent, anyio.AsyncContextManagerMixin):
                     if coordinator.may_stop(session):
                         break  # nothing to insert and nobody inserting: no lock needed
                     async with session.lock:
-                        if await coordinator.insert_next(session):
+                        # whoever held the lock may have inserted a prompt meanwhile: its
+                        # turn is ours to run (starting a worker did nothing, this one runs)
+                        if session.turns or await coordinator.insert_next(session):
                             continue
                         break
                 turn = session.turns.popleft()
