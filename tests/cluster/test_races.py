@@ -156,8 +156,8 @@ async def test_a_withdrawal_during_the_owners_insert_waits_and_insertion_wins(
 ) -> None:
     """The owner's insert statement holds the lease row and the queued row (it waits on the
     session row, which the test holds locked); a cancel on the node that queued it waits for
-    the insert and finds it inserted (R27), and a retry with the key that arrives meanwhile joins the same prompt:
-    both requests get the one message id."""
+    the insert and finds it inserted (R27), and a retry with the key that arrives meanwhile
+    joins the same prompt: both requests get the one message id."""
     caplog.set_level(logging.DEBUG, logger="acp_once")
     fx = tmp_path / "fx"
     picked = anyio.Event()
