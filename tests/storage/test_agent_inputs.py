@@ -18,6 +18,7 @@ from typing import Any
 import anyio
 import orjson
 import pytest
+from anyio.from_thread import start_blocking_portal
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis_jsonschema import from_schema
@@ -42,13 +43,25 @@ _SCHEMA = json.loads(
 _KINDS = ("text", "image", "audio", "resource_link", "resource")
 
 
-def _block_schema(kind: str) -> dict[str, Any]:
-    """The schema's own `ContentBlock` variant for `kind`, with the definitions it refers to."""
+def _block_schema(kind: str, *, decorated: bool = False) -> dict[str, Any]:
+    """The schema's own `ContentBlock` variant for `kind`, with the definitions it refers to.
+
+    `decorated` also requires `annotations` and `_meta` as objects: left optional, the
+    generator may rarely draw them, and a store that lost them must not go unnoticed.
+    """
     variants = _SCHEMA["$defs"]["ContentBlock"]["anyOf"]
     (variant,) = [
         v for v in variants if v.get("properties", {}).get("type", {}).get("const") == kind
     ]
-    return {**variant, "$defs": _SCHEMA["$defs"]}
+    schema = {**variant, "$defs": _SCHEMA["$defs"]}
+    if decorated:
+        schema["properties"] = {
+            **variant["properties"],
+            "annotations": {"$ref": "#/$defs/Annotations"},
+            "_meta": {"type": "object", "maxProperties": 3},  # bounded: generation time
+        }
+        schema["required"] = [*variant["required"], "annotations", "_meta"]
+    return schema
 
 
 def _storable(block: Any) -> bool:
@@ -61,9 +74,11 @@ def _storable(block: Any) -> bool:
     return True
 
 
-_BLOCKS: dict[str, st.SearchStrategy[Any]] = {
-    kind: from_schema(_block_schema(kind)).filter(_storable) for kind in _KINDS
-}
+_BLOCKS: list[st.SearchStrategy[Any]] = [
+    from_schema(_block_schema(kind, decorated=decorated)).filter(_storable)
+    for kind in _KINDS
+    for decorated in (False, True)
+]
 
 
 class Recorder(Client):
@@ -179,37 +194,46 @@ async def test_the_reference_agent_advertises_every_optional_block(tmp_path: Pat
         }
 
 
-_PROMPTS = st.lists(
-    st.lists(st.one_of(*_BLOCKS.values()), min_size=1, max_size=3), min_size=1, max_size=6
-)
+_PROMPTS = st.lists(st.lists(st.one_of(*_BLOCKS), min_size=1, max_size=3), min_size=1, max_size=3)
 
 
-@settings(
-    max_examples=12,
-    deadline=None,
-    # the factory opens fresh storage at each call, so sharing it between examples is sound
-    suppress_health_check=[
-        HealthCheck.function_scoped_fixture,
-        HealthCheck.too_slow,
-        HealthCheck.filter_too_much,  # hypothesis-jsonschema filters inside its object strategy
-    ],
-)
-@given(prompts=_PROMPTS)
-def test_every_advertised_block_is_stored_and_replayed_equal_in_meaning(
-    prompts: list[list[dict[str, Any]]], store_factory: StoreFactory, tmp_path: Path
+async def _store_and_replay(
+    store: SessionStore, tmp_path: Path, prompts: list[list[dict[str, Any]]]
 ) -> None:
-    async def run() -> None:
-        with anyio.fail_after(25):
-            async with store_factory() as store, agent_on(store, tmp_path) as agent:
-                async with client(agent) as conn:
-                    sid = await new_session(conn)
-                    for i, prompt in enumerate(prompts):
-                        params = {"sessionId": sid, "prompt": prompt, "idempotencyKey": f"k{i}"}
-                        await conn.rpc.request("session/prompt", params)
-                replayed = await replayed_user_messages(agent, sid)
-                assert [meaning(p) for p in replayed] == [meaning(p) for p in prompts]
+    with anyio.fail_after(20):
+        async with agent_on(store, tmp_path) as agent:
+            async with client(agent) as conn:
+                sid = await new_session(conn)  # a new session per example: they never meet
+                for i, prompt in enumerate(prompts):
+                    params = {"sessionId": sid, "prompt": prompt, "idempotencyKey": f"k{i}"}
+                    await conn.rpc.request("session/prompt", params)
+            replayed = await replayed_user_messages(agent, sid)
+            assert [meaning(p) for p in replayed] == [meaning(p) for p in prompts]
 
-    anyio.run(run)
+
+def test_every_advertised_block_is_stored_and_replayed_equal_in_meaning(
+    store_factory: StoreFactory, tmp_path: Path
+) -> None:
+    # One store for every example, opened on an event loop in a thread: a fresh PostgreSQL
+    # schema per example (its migrations) took most of the test's time.
+    with (
+        start_blocking_portal() as portal,
+        portal.wrap_async_context_manager(store_factory()) as store,
+    ):
+
+        @settings(
+            max_examples=8,
+            deadline=None,
+            suppress_health_check=[
+                HealthCheck.too_slow,
+                HealthCheck.filter_too_much,  # hypothesis-jsonschema filters inside its objects
+            ],
+        )
+        @given(prompts=_PROMPTS)
+        def check(prompts: list[list[dict[str, Any]]]) -> None:
+            portal.call(_store_and_replay, store, tmp_path, prompts)
+
+        check()
 
 
 # -- finding 4: every bad string is -32602, before anything is written -------------------------
