@@ -156,7 +156,9 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
         if dest.is_relative_to(docs) or not dest.exists() or not dest.is_relative_to(root):
             return match.group(0)
         path = dest.relative_to(root).as_posix()
-        return text if text.strip("`") == path else f"{text} (`{path}` in the repository)"
+        if text.strip("`").endswith(dest.name):  # the link's text is the path itself
+            return f"`{path}`"
+        return f"{text} (`{path}` in the repository)"
 
     markdown = _LINK.sub(outside, markdown)
 
