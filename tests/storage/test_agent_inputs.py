@@ -240,8 +240,8 @@ def test_every_advertised_block_is_stored_and_replayed_equal_in_meaning(
 
 
 def _stdlib_encode_request(id: Any, method: str, params: Any) -> bytes:
-    # orjson (the client's encoder) refuses lone surrogates; the stdlib writes them as
-    # \ud800 escapes, as a hostile peer does, and the engine decodes them back
+    # the stdlib writes lone surrogates as \ud800 escapes, as a hostile peer does (orjson
+    # refuses them); the engine decodes them back, so they reach the agent
     message = {"jsonrpc": "2.0", "id": id, "method": method, "params": params}
     return json.dumps(message).encode()
 
