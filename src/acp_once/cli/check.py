@@ -225,6 +225,7 @@ def _print_summary(out: Console, report: Report) -> None:
         f"{summary['failed_may']} MAY not implemented, {summary['skipped']} skipped "
         f"in {report.duration:.1f} s: {verdict}",
         highlight=False,
+        soft_wrap=True,  # one line: scripts and tests look for the verdict in it
     )
 
 

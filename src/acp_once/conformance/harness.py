@@ -356,7 +356,9 @@ class Probe:
             if s_id == sid and u.get("sessionUpdate") in ("user_message", "user_message_chunk")
         ]
 
-    async def wait_for(self, predicate: Callable[[], bool], what: str) -> None:
+    async def wait_for(
+        self, predicate: Callable[[], bool], what: str = "the frame the check waits for"
+    ) -> None:
         """Wait (bounded by the check timeout) until `predicate()` holds after a frame.
 
         Raises:
@@ -381,8 +383,15 @@ class Probe:
         if self.link.kill is None:
             raise CheckSkipped(self.ctx.target.no_restart or _NO_KILL)
         self.link.kill()
-        with anyio.fail_after(self.timeout):
+        with anyio.move_on_after(self.timeout):
             await self.conn.wait_closed()
+            return
+        raise CheckFailed(
+            f"the connection did not end within {self.timeout:g} s of killing the agent",
+            sent="SIGKILL to the agent process",
+            expected="the connection ends (its stdout closes)",
+            received=f"the connection still open after {self.timeout:g} s",
+        )
 
 
 def message_id_of(result: Any) -> str:
