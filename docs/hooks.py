@@ -97,12 +97,12 @@ def _cell(text: str) -> str:
 
 
 def _help(args: list[str]) -> str:
-    """`acp-once ARGS --help` as typer prints it, 100 columns wide, without colour."""
+    """`acp-once ARGS --help` as typer prints it, 76 columns (the page's width), no colour."""
     from typer.testing import CliRunner
 
     from acp_once.cli.app import app
 
-    env = {"COLUMNS": "100", "TERMINAL_WIDTH": "100", "NO_COLOR": "1", "TERM": "dumb"}
+    env = {"COLUMNS": "76", "TERMINAL_WIDTH": "76", "NO_COLOR": "1", "TERM": "dumb"}
     result = CliRunner().invoke(app, [*args, "--help"], env=env, prog_name="acp-once")
     if result.exit_code != 0:
         log.warning("acp-once %s --help failed: %s", " ".join(args), result.output)
