@@ -11,7 +11,13 @@ from pathlib import Path
 import anyio
 import pytest
 
-from acp_once.client import AcpClient, PromptHandle, SessionUpdate, StdioLauncher
+from acp_once.client import (
+    AcpClient,
+    OutcomeUnknown,
+    PromptHandle,
+    SessionUpdate,
+    StdioLauncher,
+)
 from acp_once.protocol import schema as s
 from acp_once.protocol.errors import INVALID_PARAMS, AcpError
 from acp_once.support.backoff import Backoff
@@ -155,3 +161,19 @@ async def test_a_refused_prompt_fails_its_handle(tmp_path: Path) -> None:
             assert turn.done and turn.message_id is None
         with pytest.raises(RuntimeError):
             session.prompt("after the client closed")
+
+
+async def test_a_turn_still_running_when_the_client_closes_is_unknown(tmp_path: Path) -> None:
+    agent = launcher(tmp_path)
+    agent.shutdown_timeout = 1.0  # the agent's running turn does not hold up the test
+    with anyio.fail_after(TIMEOUT):
+        async with AcpClient(agent, backoff=FAST) as client:
+            session = await client.new_session("/tmp/project")
+            turn = session.prompt("long [work:60]")
+            message_id = await turn
+        assert await turn == message_id  # the insertion stands
+        with pytest.raises(OutcomeUnknown):
+            await turn.finished()
+        with pytest.raises(OutcomeUnknown):
+            async for _ in turn.updates():
+                pass

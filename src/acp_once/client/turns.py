@@ -167,10 +167,10 @@ class PromptHandle:
             OutcomeUnknown: the answer was lost and automatic resends are refused.
         """
         await self._inserted.wait()
-        if self._error is not None:
-            raise self._error
-        assert self._message_id is not None
-        return self._message_id
+        if self._message_id is not None:
+            return self._message_id  # inserted, even if the turn's end was lost since
+        assert self._error is not None
+        raise self._error
 
     async def finished(self) -> TurnResult:
         """Wait for the end of the turn (bound it with `anyio.fail_after`: a turn may run long).
