@@ -98,6 +98,21 @@ async def _stop_on_signals(server: uvicorn.Server) -> None:
             server.should_exit = True
 
 
+class _ClientMistakes(logging.Filter):
+    """uvicorn logs a text frame that is not UTF-8 as an ERROR with a traceback, though it is
+    the client's mistake and the connection is closed with 1007 as it should be: a warning,
+    without the traceback, so a hostile client cannot fill the log with ERRORs."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg == "Invalid UTF-8 sequence received from client.":
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+            record.exc_info = record.exc_text = None
+        return True
+
+
+_CLIENT_MISTAKES = _ClientMistakes()
+
+
 def uvicorn_config(
     app: Starlette,
     *,
@@ -123,7 +138,7 @@ def uvicorn_config(
         max_half_open=max_half_open,
         max_half_open_per_address=max_half_open_per_address,
     )
-    return uvicorn.Config(
+    config = uvicorn.Config(
         app,
         host=host,
         port=port,
@@ -136,6 +151,9 @@ def uvicorn_config(
         log_level=log_level,
         timeout_graceful_shutdown=10,
     )
+    # after Config, which configures uvicorn's loggers; a filter object is added only once
+    logging.getLogger("uvicorn.error").addFilter(_CLIENT_MISTAKES)
+    return config
 
 
 async def serve_app(
