@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -177,3 +178,21 @@ async def test_a_turn_still_running_when_the_client_closes_is_unknown(tmp_path: 
         with pytest.raises(OutcomeUnknown):
             async for _ in turn.updates():
                 pass
+
+
+async def test_a_client_that_gives_up_reconnecting_ends_its_turns_unknown(tmp_path: Path) -> None:
+    once = tmp_path / "started"
+    command = (
+        f"test -e {once} && exit 1; touch {once}; exec {shlex.join(launcher(tmp_path).command)}"
+    )
+    agent = StdioLauncher(["sh", "-c", command])  # a restart of the agent fails
+    with anyio.fail_after(TIMEOUT):
+        async with AcpClient(agent, backoff=Backoff(base=0.05, max_attempts=2)) as client:
+            session = await client.new_session("/tmp/project")
+            turn = session.prompt("long [work:60]")
+            message_id = await turn
+            assert agent.current is not None
+            agent.current.process.kill()
+            with pytest.raises(OutcomeUnknown, match="gave up"):
+                await turn.finished()
+            assert await turn == message_id

@@ -369,6 +369,8 @@ class AcpClient(anyio.AsyncContextManagerMixin):
             self.reconnects += 1
             if not self.backoff.should_retry(attempt):
                 logger.error("giving up on the agent after %d attempts", attempt + 1)
+                # nothing more will come: the handles waiting for an answer or a turn hear it
+                self._abandon_turns("The client gave up reconnecting before the turn ended")
                 return
             await anyio.sleep(self.backoff.next_delay(attempt))
             attempt += 1
@@ -464,8 +466,8 @@ class AcpClient(anyio.AsyncContextManagerMixin):
             assert job.message_id is not None
             handle._set_inserted(job.message_id, retried=job.attempts > 1)
 
-    def _abandon_turns(self) -> None:
-        error = OutcomeUnknown("The client closed before the turn ended")
+    def _abandon_turns(self, reason: str = "The client closed before the turn ended") -> None:
+        error = OutcomeUnknown(reason)
         for state in self._sessions.values():
             for handle in list(state.handles):
                 handle._set_failed(error)
