@@ -23,7 +23,7 @@ from acp_once.protocol import schema as s
 from acp_once.protocol.errors import INVALID_PARAMS, AcpError
 from acp_once.support.backoff import Backoff
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
 TIMEOUT = 30
 FAST = Backoff(base=0.05, factor=2.0, cap=0.5)
