@@ -14,14 +14,17 @@ import pytest
 
 from acp_once.client import (
     AcpClient,
+    HttpLauncher,
     OutcomeUnknown,
     PromptHandle,
     SessionUpdate,
     StdioLauncher,
+    WebSocketLauncher,
 )
 from acp_once.protocol import schema as s
 from acp_once.protocol.errors import INVALID_PARAMS, AcpError
 from acp_once.support.backoff import Backoff
+from tests.remote.harness import ServeProcess
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -196,3 +199,26 @@ async def test_a_client_that_gives_up_reconnecting_ends_its_turns_unknown(tmp_pa
             with pytest.raises(OutcomeUnknown, match="gave up"):
                 await turn.finished()
             assert await turn == message_id
+
+
+@pytest.mark.parametrize("scheme", ["ws", "http"])
+async def test_over_the_network_a_server_restart_ends_the_turn_with_error(
+    tmp_path: Path, scheme: str
+) -> None:
+    """`acp-once serve` killed mid-turn and started again: the handle's turn ends after the
+    client reconnected and resumed, and the next prompt's turn ends normally."""
+    async with ServeProcess(tmp_path) as server:
+        url = f"{scheme}://127.0.0.1:{server.port}/acp"
+        agent = WebSocketLauncher(url) if scheme == "ws" else HttpLauncher(url)
+        with anyio.fail_after(TIMEOUT):
+            async with AcpClient(agent, backoff=FAST) as client:
+                session = await client.new_session("/tmp/project")
+                turn = session.prompt("long [work:60]")
+                async for update in turn.updates():
+                    if getattr(update, "state", None) == "running":
+                        break
+                await server.restart()
+                result = await turn.finished()
+                after = await session.prompt("after [tool]").finished()
+    assert result.stop_reason == "error" and client.reconnects >= 1
+    assert after.stop_reason == "end_turn" and after.text == "after [tool]"
