@@ -54,7 +54,9 @@ import orjson
 from acp_once.agent.adapter import AdapterKeys, derive_message_id
 from acp_once.agent.reference import ReferenceAgent
 from acp_once.storage.base import (
+    ANY_TENANT,
     UNCHANGED,
+    AnyTenant,
     InsertOutcome,
     KeyRecord,
     SessionExists,
@@ -164,6 +166,7 @@ def _record_of(session_id: str, value: dict[str, Any]) -> SessionRecord:
         created_at=float(value["created_at"]),
         updated_at=float(value["updated_at"]),
         forked_from=value.get("forked_from"),
+        tenant=value.get("tenant"),  # absent in values written before tenants: no tenant
     )
 
 
@@ -175,6 +178,7 @@ def _value_of(record: SessionRecord) -> dict[str, Any]:
         "created_at": record.created_at,
         "updated_at": record.updated_at,
         "forked_from": record.forked_from,
+        "tenant": record.tenant,
     }
 
 
@@ -347,7 +351,12 @@ class LangGraphStore:
         return None if item is None else _record_of(session_id, item.value)
 
     async def list_sessions(
-        self, *, cwd: str | None = None, cursor: str | None = None, limit: int = 100
+        self,
+        *,
+        cwd: str | None = None,
+        cursor: str | None = None,
+        limit: int = 100,
+        tenant: str | AnyTenant | None = ANY_TENANT,
     ) -> tuple[list[SessionRecord], str | None]:
         self._check_open()
         check_limit(limit)
@@ -362,6 +371,8 @@ class LangGraphStore:
             if len(items) < _PAGE:
                 break
             offset += len(items)
+        if not isinstance(tenant, AnyTenant):
+            records = [r for r in records if r.tenant == tenant]
         records.sort(key=lambda r: (-r.updated_at, r.session_id))
         if after is not None:
             position = (-after[0], after[1])

@@ -6,7 +6,9 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from acp_once.storage.base import (
+    ANY_TENANT,
     UNCHANGED,
+    AnyTenant,
     InsertOutcome,
     KeyRecord,
     SessionRecord,
@@ -36,9 +38,14 @@ class FencedStore:
         return await self._store.get_session(session_id)
 
     async def list_sessions(
-        self, *, cwd: str | None = None, cursor: str | None = None, limit: int = 100
+        self,
+        *,
+        cwd: str | None = None,
+        cursor: str | None = None,
+        limit: int = 100,
+        tenant: str | AnyTenant | None = ANY_TENANT,
     ) -> tuple[list[SessionRecord], str | None]:
-        return await self._store.list_sessions(cwd=cwd, cursor=cursor, limit=limit)
+        return await self._store.list_sessions(cwd=cwd, cursor=cursor, limit=limit, tenant=tenant)
 
     async def delete_session(self, session_id: str) -> bool:
         return await self._store.delete_session(session_id)

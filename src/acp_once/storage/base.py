@@ -38,7 +38,9 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
 __all__ = [
+    "ANY_TENANT",
     "UNCHANGED",
+    "AnyTenant",
     "AppendsUpdates",
     "FencingError",
     "InsertOutcome",
@@ -129,6 +131,10 @@ class SessionRecord:
     `list_sessions` orders by it. A store may skip a bump less than a second after the last
     one (the SQLite store does: the row stays unwritten); `session/list` shows whole seconds."""
     forked_from: str | None = None
+    tenant: str | None = None
+    """The tenant that created the session (the name its token has in `serve --tokens`), or
+    None for a session created without one (stdio, a single token). A fork carries its
+    source's tenant. Stores keep it as given; who may see the session is the runtime's rule."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +182,15 @@ class Unchanged(enum.Enum):
 UNCHANGED: Final = Unchanged.UNCHANGED
 
 
+class AnyTenant(enum.Enum):
+    """Type of `ANY_TENANT`, the "whichever tenant" default of `list_sessions`."""
+
+    ANY_TENANT = "ANY_TENANT"
+
+
+ANY_TENANT: Final = AnyTenant.ANY_TENANT
+
+
 # --------------------------------------------------------------------------------------------
 # The protocol
 
@@ -202,11 +217,18 @@ class SessionStore(Protocol):
         ...
 
     async def list_sessions(
-        self, *, cwd: str | None = None, cursor: str | None = None, limit: int = 100
+        self,
+        *,
+        cwd: str | None = None,
+        cursor: str | None = None,
+        limit: int = 100,
+        tenant: str | AnyTenant | None = ANY_TENANT,
     ) -> tuple[list[SessionRecord], str | None]:
         """Return one page of sessions, newest `updated_at` first, then by id.
 
-        `cwd` filters on exact equality. The returned cursor is opaque and None on the last
+        `cwd` filters on exact equality. `tenant` filters on the record's tenant: a name lists
+        that tenant's sessions only, None only the sessions without a tenant, and `ANY_TENANT`
+        (the default) every session. The returned cursor is opaque and None on the last
         page. Paging is keyset-based, so sessions created while paging never make an older
         session repeat or vanish from the remaining pages.
 

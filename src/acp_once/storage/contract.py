@@ -30,7 +30,9 @@ import anyio.lowlevel
 import orjson
 
 from acp_once.storage.base import (
+    ANY_TENANT,
     UNCHANGED,
+    AnyTenant,
     InsertOutcome,
     InvalidCursor,
     KeyRecord,
@@ -63,6 +65,7 @@ def _session(
     title: str | None = None,
     dirs: tuple[str, ...] = (),
     forked_from: str | None = None,
+    tenant: str | None = None,
 ) -> SessionRecord:
     return SessionRecord(
         session_id=session_id,
@@ -72,6 +75,7 @@ def _session(
         created_at=50.0,
         updated_at=updated_at,
         forked_from=forked_from,
+        tenant=tenant,
     )
 
 
@@ -113,12 +117,16 @@ async def _insert(
 
 
 async def _all_sessions(
-    store: SessionStore, *, cwd: str | None = None, limit: int = 100
+    store: SessionStore,
+    *,
+    cwd: str | None = None,
+    limit: int = 100,
+    tenant: str | AnyTenant | None = ANY_TENANT,
 ) -> list[SessionRecord]:
     records: list[SessionRecord] = []
     cursor: str | None = None
     for _ in range(10_000):
-        page, cursor = await store.list_sessions(cwd=cwd, cursor=cursor, limit=limit)
+        page, cursor = await store.list_sessions(cwd=cwd, cursor=cursor, limit=limit, tenant=tenant)
         expect(len(page) <= limit, f"a page holds {len(page)} records, more than limit={limit}")
         records.extend(page)
         if cursor is None:
@@ -236,6 +244,32 @@ async def check_list_cwd_filter(factory: StoreFactory) -> None:
             equal(ids, ["a2", "a3", "a1"], f"cwd filter with limit={limit}")
         equal(await store.list_sessions(cwd="/nowhere"), ([], None), "cwd without sessions")
         equal(len(await _all_sessions(store)), 6, "no filter lists all sessions")
+
+
+async def check_tenant_field_and_filter(factory: StoreFactory) -> None:
+    """A session's tenant reads back as stored, a fork keeps the tenant its record names, and
+    `list_sessions(tenant=...)` lists one tenant's sessions (None: those without a tenant),
+    with `cwd` and paging, while the default lists every session."""
+    async with factory() as store:
+        await store.create_session(_session("a1", tenant="alice", updated_at=10.0))
+        await store.create_session(_session("a2", tenant="alice", updated_at=30.0, cwd="/x"))
+        await store.create_session(_session("b1", tenant="bob", updated_at=20.0))
+        await store.create_session(_session("n1", updated_at=40.0))
+        equal(
+            await store.get_session("a1"), _session("a1", tenant="alice", updated_at=10.0), "tenant"
+        )
+        fork = _session("a3", tenant="alice", forked_from="a1", updated_at=5.0)
+        await store.fork_session("a1", fork)
+        equal(await store.get_session("a3"), fork, "a fork's tenant")
+        for limit in (1, 2, 10):
+            alice = [r.session_id for r in await _all_sessions(store, tenant="alice", limit=limit)]
+            equal(alice, ["a2", "a1", "a3"], f"tenant filter with limit={limit}")
+        equal([r.session_id for r in await _all_sessions(store, tenant="bob")], ["b1"], "bob")
+        equal([r.session_id for r in await _all_sessions(store, tenant=None)], ["n1"], "none")
+        equal(await store.list_sessions(tenant="Alice"), ([], None), "tenants are exact")
+        both = await _all_sessions(store, tenant="alice", cwd="/x")
+        equal([r.session_id for r in both], ["a2"], "tenant and cwd together")
+        equal(len(await _all_sessions(store)), 5, "the default lists every tenant's sessions")
 
 
 async def check_delete(factory: StoreFactory) -> None:
@@ -723,6 +757,7 @@ CHECKS: Final[tuple[Check, ...]] = (
     check_list_cursor_errors,
     check_list_stable_while_adding,
     check_list_cwd_filter,
+    check_tenant_field_and_filter,
     check_delete,
     check_recreated_session_forgets_keys,
     check_update_session,

@@ -24,7 +24,9 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from acp_once.storage.base import (
+    ANY_TENANT,
     UNCHANGED,
+    AnyTenant,
     InsertOutcome,
     KeyRecord,
     SessionExists,
@@ -136,11 +138,21 @@ class MemoryStore(AsyncClosing):
         return None if session is None else session.record
 
     async def list_sessions(
-        self, *, cwd: str | None = None, cursor: str | None = None, limit: int = 100
+        self,
+        *,
+        cwd: str | None = None,
+        cursor: str | None = None,
+        limit: int = 100,
+        tenant: str | AnyTenant | None = ANY_TENANT,
     ) -> tuple[list[SessionRecord], str | None]:
         after = list_position(cursor, limit)
         self._check_open()
-        records = [s.record for s in self._sessions.values() if cwd is None or s.record.cwd == cwd]
+        records = [
+            s.record
+            for s in self._sessions.values()
+            if (cwd is None or s.record.cwd == cwd)
+            and (isinstance(tenant, AnyTenant) or s.record.tenant == tenant)
+        ]
         records.sort(key=_order)
         if after is not None:
             start = bisect.bisect_right(records, (-after[0], after[1]), key=_order)

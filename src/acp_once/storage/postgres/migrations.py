@@ -152,6 +152,15 @@ MIGRATIONS: Final = Migrations(
                 """,
             ),
         ),
+        Migration(
+            "the tenant that created a session (NULL: created without one)",
+            (
+                'ALTER TABLE {s}.sessions ADD COLUMN tenant text COLLATE "C"',
+                # A tenant's `session/list` reads its own rows in page order, not everyone's.
+                "CREATE INDEX sessions_by_tenant"
+                " ON {s}.sessions (tenant, updated_at DESC, session_id)",
+            ),
+        ),
     ),
     version_table="schema_version",
 )

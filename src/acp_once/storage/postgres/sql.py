@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 __all__ = ["SESSION_COLUMNS", "Statements", "from_row", "statements", "to_params"]
 
 SESSION_COLUMNS: Final = (
-    "session_id, cwd, additional_directories, title, created_at, updated_at, forked_from"
+    "session_id, cwd, additional_directories, title, created_at, updated_at, forked_from, tenant"
 )
 
 
@@ -55,7 +55,8 @@ def statements(schema: str) -> Statements:
 
     return Statements(
         insert_session=q(
-            f"INSERT INTO {{s}}.sessions ({SESSION_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s)"
+            f"INSERT INTO {{s}}.sessions ({SESSION_COLUMNS})"
+            " VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"
             " ON CONFLICT (session_id) DO NOTHING RETURNING 1"
         ),
         get_session=q(f"SELECT {SESSION_COLUMNS} FROM {{s}}.sessions WHERE session_id = %s"),
@@ -63,6 +64,8 @@ def statements(schema: str) -> Statements:
         list_sessions=q(
             f"SELECT {SESSION_COLUMNS} FROM {{s}}.sessions"
             " WHERE (%(cwd)s::text IS NULL OR cwd = %(cwd)s::text)"
+            # %(any_tenant)s: every tenant; else %(tenant)s exactly, NULL meaning no tenant.
+            " AND (%(any_tenant)s::boolean OR tenant IS NOT DISTINCT FROM %(tenant)s::text)"
             " AND (%(after_at)s::float8 IS NULL OR updated_at < %(after_at)s::float8"
             "      OR (updated_at = %(after_at)s::float8 AND session_id > %(after_id)s::text))"
             " ORDER BY updated_at DESC, session_id ASC LIMIT %(limit)s"
@@ -152,7 +155,7 @@ def statements(schema: str) -> Statements:
         ),
         fork_session=q(
             f"INSERT INTO {{s}}.sessions ({SESSION_COLUMNS}, next_seq)"
-            " SELECT %s, %s, %s, %s, %s, %s, %s, src.next_seq FROM {s}.sessions src"
+            " SELECT %s, %s, %s, %s, %s, %s, %s, %s, src.next_seq FROM {s}.sessions src"
             " WHERE src.session_id = %s"
             " ON CONFLICT (session_id) DO NOTHING RETURNING 1"
         ),
@@ -205,12 +208,13 @@ def to_params(record: SessionRecord) -> tuple[object, ...]:
         record.created_at,
         record.updated_at,
         record.forked_from,
+        record.tenant,
     )
 
 
 def from_row(row: Sequence[Any]) -> SessionRecord:
     """The record of a session row selected as `SESSION_COLUMNS`."""
-    session_id, cwd, dirs, title, created_at, updated_at, forked_from = row
+    session_id, cwd, dirs, title, created_at, updated_at, forked_from, tenant = row
     return SessionRecord(
         session_id=session_id,
         cwd=cwd,
@@ -219,4 +223,5 @@ def from_row(row: Sequence[Any]) -> SessionRecord:
         created_at=float(created_at),
         updated_at=float(updated_at),
         forked_from=forked_from,
+        tenant=tenant,
     )

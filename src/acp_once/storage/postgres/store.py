@@ -64,7 +64,9 @@ from psycopg.rows import tuple_row
 from psycopg_pool import AsyncConnectionPool
 
 from acp_once.storage.base import (
+    ANY_TENANT,
     UNCHANGED,
+    AnyTenant,
     FencingError,
     InsertOutcome,
     KeyRecord,
@@ -273,11 +275,18 @@ class PostgresStore(AsyncClosing):
         return await self._call(work)
 
     async def list_sessions(
-        self, *, cwd: str | None = None, cursor: str | None = None, limit: int = 100
+        self,
+        *,
+        cwd: str | None = None,
+        cursor: str | None = None,
+        limit: int = 100,
+        tenant: str | AnyTenant | None = ANY_TENANT,
     ) -> tuple[list[SessionRecord], str | None]:
         after_at, after_id = list_position(cursor, limit) or (None, None)
         params: dict[str, object] = {
             "cwd": cwd,
+            "any_tenant": isinstance(tenant, AnyTenant),
+            "tenant": None if isinstance(tenant, AnyTenant) else tenant,
             "after_at": after_at,
             "after_id": after_id,
             "limit": limit + 1,  # one more than asked tells whether a next page exists

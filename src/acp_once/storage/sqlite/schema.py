@@ -72,6 +72,14 @@ MIGRATIONS: Final = Migrations(
                 """,
             ),
         ),
+        Migration(
+            "the tenant that created a session (NULL: created without one)",
+            (
+                "ALTER TABLE sessions ADD COLUMN tenant TEXT",
+                # A tenant's `session/list` reads its own rows in page order, not everyone's.
+                "CREATE INDEX sessions_by_tenant ON sessions (tenant, updated_at DESC, session_id)",
+            ),
+        ),
     ),
     version_table="schema_version",
 )

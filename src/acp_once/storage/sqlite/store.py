@@ -56,7 +56,9 @@ import anyio.to_thread
 import orjson
 
 from acp_once.storage.base import (
+    ANY_TENANT,
     UNCHANGED,
+    AnyTenant,
     InsertOutcome,
     KeyRecord,
     SessionExists,
@@ -91,9 +93,11 @@ _T = TypeVar("_T")
 # Module constants so that the tests can run `EXPLAIN QUERY PLAN` on the exact statements.
 
 _SESSION_COLUMNS: Final = (
-    "session_id, cwd, additional_directories, title, created_at, updated_at, forked_from"
+    "session_id, cwd, additional_directories, title, created_at, updated_at, forked_from, tenant"
 )
-_INSERT_SESSION: Final = f"INSERT INTO sessions ({_SESSION_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)"
+_INSERT_SESSION: Final = (
+    f"INSERT INTO sessions ({_SESSION_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+)
 _GET_SESSION: Final = f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE session_id = ?"
 _SESSION_EXISTS: Final = "SELECT 1 FROM sessions WHERE session_id = ?"
 _LIST_ORDER: Final = " ORDER BY updated_at DESC, session_id ASC LIMIT ?"
@@ -158,7 +162,7 @@ _COPY_TIMELINE: Final = (
     " WHERE session_id = ? ORDER BY seq"
 )
 
-_SessionRow = tuple[str, str, bytes, str | None, float, float, str | None]
+_SessionRow = tuple[str, str, bytes, str | None, float, float, str | None, str | None]
 
 
 def _to_row(record: SessionRecord) -> _SessionRow:
@@ -170,11 +174,12 @@ def _to_row(record: SessionRecord) -> _SessionRow:
         record.created_at,
         record.updated_at,
         record.forked_from,
+        record.tenant,
     )
 
 
 def _from_row(row: _SessionRow) -> SessionRecord:
-    session_id, cwd, dirs, title, created_at, updated_at, forked_from = row
+    session_id, cwd, dirs, title, created_at, updated_at, forked_from, tenant = row
     return SessionRecord(
         session_id=session_id,
         cwd=cwd,
@@ -183,6 +188,7 @@ def _from_row(row: _SessionRow) -> SessionRecord:
         created_at=created_at,
         updated_at=updated_at,
         forked_from=forked_from,
+        tenant=tenant,
     )
 
 
@@ -473,7 +479,12 @@ class SqliteStore(AsyncClosing):
         return await self._call(work, inline=True)
 
     async def list_sessions(
-        self, *, cwd: str | None = None, cursor: str | None = None, limit: int = 100
+        self,
+        *,
+        cwd: str | None = None,
+        cursor: str | None = None,
+        limit: int = 100,
+        tenant: str | AnyTenant | None = ANY_TENANT,
     ) -> tuple[list[SessionRecord], str | None]:
         after = list_position(cursor, limit)
         clauses: list[str] = []
@@ -481,6 +492,11 @@ class SqliteStore(AsyncClosing):
         if cwd is not None:
             clauses.append("cwd = ?")
             params.append(cwd)
+        if tenant is None:
+            clauses.append("tenant IS NULL")
+        elif not isinstance(tenant, AnyTenant):
+            clauses.append("tenant = ?")
+            params.append(tenant)
         if after is not None:
             clauses.append(_AFTER_CURSOR)
             params.extend((after[0], after[0], after[1]))
