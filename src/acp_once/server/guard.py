@@ -11,6 +11,9 @@ long a socket may hold a slot without sending a request (half-open connections).
   address. uvicorn itself times out only idle keep-alive connections and counts its
   `limit_concurrency` after the headers, so a peer that sends headers byte by byte (slow loris)
   would hold a file descriptor forever, and enough of them stop the server for everyone.
+  The same guard caps the established connections of one client address (its requests' headers
+  arrived: WebSocket, SSE streams, kept-alive HTTP): one more is answered 503 and closed, so
+  one address cannot take every slot of the server's `max_connections` from the others.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 __all__ = [
     "DEFAULT_HEADER_TIMEOUT",
     "DEFAULT_MAX_HALF_OPEN",
+    "DEFAULT_MAX_CONNECTIONS_PER_ADDRESS",
     "DEFAULT_MAX_HALF_OPEN_PER_ADDRESS",
     "HalfOpenGuard",
     "RequestGuard",
@@ -39,6 +43,16 @@ DEFAULT_MAX_HALF_OPEN = 1024
 """Connections waiting for a request's headers, in total; one more evicts the oldest."""
 DEFAULT_MAX_HALF_OPEN_PER_ADDRESS = 256
 """The same, per client address."""
+DEFAULT_MAX_CONNECTIONS_PER_ADDRESS = 512
+"""Established connections per client address; one more is answered 503. Half the app's
+default `max_connections` (1,000), so one address cannot take them all; well above what one
+editor or a test run opens."""
+
+_REFUSED = (
+    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset=utf-8\r\n"
+    b"content-length: 40\r\nconnection: close\r\n\r\n"
+    b"Too many connections from this address.\n"
+)
 
 
 def is_loopback(host: str) -> bool:
@@ -111,9 +125,16 @@ class HalfOpenGuard:
         header_timeout: float = DEFAULT_HEADER_TIMEOUT,
         max_half_open: int = DEFAULT_MAX_HALF_OPEN,
         max_half_open_per_address: int = DEFAULT_MAX_HALF_OPEN_PER_ADDRESS,
+        max_connections_per_address: int | None = DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
     ) -> None:
         if header_timeout <= 0 or max_half_open < 1 or max_half_open_per_address < 1:
             raise ValueError("header_timeout and the half-open caps must be positive")
+        if max_connections_per_address is not None and max_connections_per_address < 1:
+            raise ValueError("max_connections_per_address must be positive (or None: no cap)")
+        self.max_connections_per_address = max_connections_per_address
+        self._established: dict[str, int] = {}
+        self.refused = 0
+        """Connections answered 503 for their address's established connections."""
         self.header_timeout = header_timeout
         self.max_half_open = max_half_open
         self.max_half_open_per_address = max_half_open_per_address
@@ -149,6 +170,26 @@ class HalfOpenGuard:
             else:  # no entry per address that ever connected: the map stays bounded
                 del self._per_address[address]
 
+    def establish(self, address: str) -> bool:
+        """A connection of `address` has sent its first request's headers: False (refuse it)
+        when the address has its cap of established connections already, else count it."""
+        count = self._established.get(address, 0)
+        if self.max_connections_per_address is not None and (
+            count >= self.max_connections_per_address
+        ):
+            self.refused += 1
+            return False
+        self._established[address] = count + 1
+        return True
+
+    def leave(self, address: str) -> None:
+        """An established connection of `address` has closed."""
+        left = self._established[address] - 1
+        if left:
+            self._established[address] = left
+        else:  # no entry per address that ever connected: the map stays bounded
+            del self._established[address]
+
     def _evict(self, protocol: _GuardedH11) -> None:
         self.release(protocol)
         self.evicted += 1
@@ -160,6 +201,30 @@ class _GuardedH11(H11Protocol):
 
     _deadline: asyncio.TimerHandle | None = None
     _since = 0.0
+    _admitted: bool | None = None
+    """None until the first request's headers; then whether the address's cap let it in."""
+    _limit_concurrency: int | None = None
+
+    @property
+    def _address(self) -> str:
+        client = self.client
+        return client[0] if client else "?"
+
+    def _admit(self) -> bool:
+        if self._admitted is None:
+            self._admitted = self.guard.establish(self._address)
+        return self._admitted
+
+    # uvicorn reads `limit_concurrency` once a request's headers have arrived and answers 503
+    # (`service_unavailable`, closing the connection) when the connections reach it: a limit of
+    # 0 for a connection its address's cap refuses reuses that path for plain HTTP requests
+    @property
+    def limit_concurrency(self) -> int | None:
+        return self._limit_concurrency if self._admit() else 0
+
+    @limit_concurrency.setter
+    def limit_concurrency(self, value: int | None) -> None:
+        self._limit_concurrency = value
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -167,9 +232,8 @@ class _GuardedH11(H11Protocol):
 
     def _waiting(self) -> None:
         """From now on a request's headers are due within `header_timeout`."""
-        client = self.client
         self._since = time.monotonic()
-        self.guard.wait(self, client[0] if client else "?")
+        self.guard.wait(self, self._address)
         self._arm(self.guard.header_timeout)
 
     def _arm(self, delay: float) -> None:
@@ -201,7 +265,22 @@ class _GuardedH11(H11Protocol):
         if self._deadline is not None:
             self._deadline.cancel()
             self._deadline = None
+        if not self._admit():
+            self.transport.write(_REFUSED)
+            self.transport.close()
+            return
         super().handle_websocket_upgrade(event)
+        # the WebSocket protocol owns the socket now and gets its connection_lost, not us
+        websocket = self.transport.get_protocol()
+        lost = websocket.connection_lost
+        guard, address = self.guard, self._address
+        self._admitted = None  # counted by the WebSocket's end from here on
+
+        def connection_lost(exc: Exception | None) -> None:
+            guard.leave(address)
+            lost(exc)
+
+        websocket.connection_lost = connection_lost  # type: ignore[method-assign]
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
@@ -212,6 +291,9 @@ class _GuardedH11(H11Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.guard.release(self)
+        if self._admitted:
+            self._admitted = False
+            self.guard.leave(self._address)
         if self._deadline is not None:
             self._deadline.cancel()
             self._deadline = None

@@ -20,6 +20,7 @@ from starlette.applications import Starlette
 from .app import AcpServer
 from .guard import (
     DEFAULT_HEADER_TIMEOUT,
+    DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
     DEFAULT_MAX_HALF_OPEN,
     DEFAULT_MAX_HALF_OPEN_PER_ADDRESS,
     HalfOpenGuard,
@@ -123,12 +124,14 @@ def uvicorn_config(
     header_timeout: float = DEFAULT_HEADER_TIMEOUT,
     max_half_open: int = DEFAULT_MAX_HALF_OPEN,
     max_half_open_per_address: int = DEFAULT_MAX_HALF_OPEN_PER_ADDRESS,
+    max_connections_per_address: int | None = DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
 ) -> uvicorn.Config:
     """uvicorn's configuration for an ACP app: its lifespan on, `websockets-sansio`, a
     WebSocket size limit just above `max_message_bytes` (the app answers -32600 below it), and
     h11 with a `HalfOpenGuard` (a request's headers due within `header_timeout` seconds, at
     most `max_half_open` connections waiting for them, `max_half_open_per_address` per client
-    address; over a cap the oldest is closed).
+    address; over a cap the oldest is closed), and at most `max_connections_per_address`
+    established connections per client address (one more is answered 503; None: no cap).
 
     Raises:
         ValueError: a non-positive timeout or cap.
@@ -137,6 +140,7 @@ def uvicorn_config(
         header_timeout=header_timeout,
         max_half_open=max_half_open,
         max_half_open_per_address=max_half_open_per_address,
+        max_connections_per_address=max_connections_per_address,
     )
     config = uvicorn.Config(
         app,
