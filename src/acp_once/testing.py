@@ -24,12 +24,13 @@ __all__ = ["connected"]
 
 @asynccontextmanager
 async def connected(
-    agent: Agent, client: Client | None = None, *, buffer: int = 64
+    agent: Agent, client: Client | None = None, *, buffer: int = 64, tenant: str | None = None
 ) -> AsyncIterator[ClientSideConnection]:
-    """Connect `client` (default: a plain `Client`) to `agent` over in-memory frame streams."""
+    """Connect `client` (default: a plain `Client`) to `agent` over in-memory frame streams,
+    as `tenant` (what a server sets from the token that matched; None: no tenant)."""
     agent_end, client_end = memory_pair(buffer)
     async with (
-        AgentSideConnection(agent, agent_end),
+        AgentSideConnection(agent, agent_end, tenant=tenant),
         ClientSideConnection(client or Client(), client_end) as conn,
     ):
         yield conn

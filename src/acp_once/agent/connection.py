@@ -92,13 +92,25 @@ class AgentSideConnection(anyio.AsyncContextManagerMixin):
     """Serves one `Agent` on one frame stream.
 
     Use as `async with AgentSideConnection(agent, stream) as conn: await conn.wait_closed()`.
+
+    `tenant` is who the connection was authenticated as (the name of the token that matched
+    in `acp-once serve --tokens`), fixed for the connection's life; None (stdio, a single
+    token) is the single-tenant case. `SessionAgent` shows a connection only its tenant's
+    sessions.
     """
 
     def __init__(
-        self, agent: Agent, stream: FrameStream, *, name: str | None = None, max_inflight: int = 256
+        self,
+        agent: Agent,
+        stream: FrameStream,
+        *,
+        name: str | None = None,
+        max_inflight: int = 256,
+        tenant: str | None = None,
     ) -> None:
         self.agent = agent
         self.id = f"conn-{next(_connection_ids)}"
+        self.tenant = tenant
         self._gate = InitializeGate()
         self._rpc = Connection(
             stream,

@@ -262,6 +262,7 @@ class SessionAgent(Agent, anyio.AsyncContextManagerMixin):
             title=None,
             created_at=now,
             updated_at=now,
+            tenant=ctx.connection.tenant,
         )
         await self.store.create_session(record)
         session = Session(record)
@@ -277,8 +278,9 @@ class SessionAgent(Agent, anyio.AsyncContextManagerMixin):
         if params.cursor is not None:
             _check_paths(params.cursor, None, field="cursor")  # opaque, but decoded by stores
         try:
+            # the store filters, so a page is never short of the caller's own sessions
             records, next_cursor = await self.store.list_sessions(
-                cwd=params.cwd, cursor=params.cursor
+                cwd=params.cwd, cursor=params.cursor, tenant=ctx.connection.tenant
             )
         except InvalidCursor:
             raise InvalidParams("The cursor is not valid") from None
@@ -307,6 +309,8 @@ class SessionAgent(Agent, anyio.AsyncContextManagerMixin):
         session = await self._load(params.session_id)
         session.users += 1  # no await since `_load` returned: it cannot have been evicted
         try:
+            if not _owns(session.record, ctx.connection):
+                raise SessionNotFound(params.session_id)  # as if it did not exist
             await self._resume_on(session, ctx.connection, replay is not None)
         finally:
             session.users -= 1
@@ -347,6 +351,16 @@ class SessionAgent(Agent, anyio.AsyncContextManagerMixin):
         self, params: s.DeleteSessionRequest, ctx: CallContext
     ) -> s.DeleteSessionResponse:
         _check_ids(params.session_id)
+        session = self._sessions.get(params.session_id)
+        record = (
+            session.record
+            if session is not None
+            else await self.store.get_session(params.session_id)
+        )
+        if record is None or not _owns(record, ctx.connection):
+            # Another tenant's session gets the answer a missing one gets (success: delete is
+            # idempotent), and stays as it is.
+            return s.DeleteSessionResponse()
         session = self._sessions.pop(params.session_id, None)
         if session is not None:
             await self._cancel_work(session)
@@ -367,6 +381,7 @@ class SessionAgent(Agent, anyio.AsyncContextManagerMixin):
             created_at=now,
             updated_at=now,
             forked_from=source.id,
+            tenant=source.record.tenant,  # a fork belongs to its source's tenant
         )
         await self.store.fork_session(source.id, record)  # copies history, never keys
         session = Session(record)
@@ -760,7 +775,9 @@ class SessionAgent(Agent, anyio.AsyncContextManagerMixin):
 
     def _active(self, session_id: str, conn: AgentSideConnection) -> Session:
         session = self._sessions.get(session_id)
-        if session is None or conn.id not in session.conns:
+        # Ownership is also checked here, though a session becomes active on a connection only
+        # through new, resume or fork, which check it: a tenant never reaches another's.
+        if session is None or conn.id not in session.conns or not _owns(session.record, conn):
             raise SessionNotFound(session_id)
         return session
 
@@ -912,6 +929,14 @@ def _check_paths(cwd: str, additional: list[str] | None, field: str = "cwd") -> 
             check_path(path, "additionalDirectories")
     except ValueError as exc:
         raise InvalidParams(str(exc)) from None
+
+
+def _owns(record: SessionRecord, conn: AgentSideConnection) -> bool:
+    """Whether `conn` may see the session of `record`: the one tenant rule. A session belongs
+    to the tenant that created it; a connection without a tenant (stdio, a single token) sees
+    only sessions created without one. Every other session is answered as if it did not
+    exist (-32002, or what a missing session gets), so a tenant cannot tell it is there."""
+    return record.tenant == conn.tenant
 
 
 def _check_ids(value: str, field: str = "sessionId") -> None:
