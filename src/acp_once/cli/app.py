@@ -248,6 +248,13 @@ def serve(
             "a command-line argument is visible to other users)",
         ),
     ] = None,
+    tokens: Annotated[
+        Path | None,
+        typer.Option(
+            help="a file of tenants, one name:token a line (# comments); each tenant sees only "
+            "its own sessions; read again on SIGHUP. Instead of --token",
+        ),
+    ] = None,
     policy: Annotated[
         str, typer.Option(help="hold: prompts sent during a turn wait; steer: inserted at once")
     ] = "hold",
@@ -310,19 +317,32 @@ def serve(
     """Serve the reference agent over WebSocket at ws://HOST:PORT/acp (and GET /healthz).
 
     Many clients share the agent and its store; a session outlives its connection and is
-    resumed on a new one. Without a token it listens on loopback addresses only. On a
+    resumed on a new one. With --tokens FILE several tenants share it, each seeing only its
+    own sessions (kill -HUP reloads the file). Without a token it listens on loopback
+    addresses only. On a
     PostgreSQL store several nodes may serve the same sessions (--node-id, --lease-ttl);
     GET /ops/status shows them.
     """
     _require("server", "serve")
     from acp_once.server.listen import InsecureListen, check_listen, listen
     from acp_once.server.run import serve_reference
+    from acp_once.server.tenants import TokensFileError, load_tokens
 
     if policy not in ("hold", "steer"):
         raise typer.BadParameter("policy must be hold or steer")
     if interrupted not in ("report", "continue"):
         raise typer.BadParameter("interrupted must be report or continue")
     token = token or None
+    if tokens is not None:
+        if token is not None:
+            raise typer.BadParameter(
+                "give one token (--token or ACP_ONCE_TOKEN) or a tokens file, not both",
+                param_hint="--tokens",
+            )
+        try:
+            load_tokens(tokens)  # read again when serving; refused here in one clear line
+        except TokensFileError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--tokens") from None
     sock = None
     if fd is not None:  # its address is the one that counts
         import socket
@@ -330,7 +350,7 @@ def serve(
         sock = socket.socket(fileno=fd)
         host, port = sock.getsockname()[:2]
     try:
-        check_listen(host, token)
+        check_listen(host, token if tokens is None else "")  # "": tenants' tokens protect it
     except InsecureListen as exc:
         raise typer.BadParameter(str(exc), param_hint="--host") from None
     url = _store_url(store, "sessions.sqlite3")
@@ -372,6 +392,7 @@ def serve(
             write_timeout=write_timeout,
             allowed_origins=allow_origin or (),
             allowed_hosts=allow_host or (),
+            tokens_file=tokens,
         )
     )
 
@@ -393,6 +414,10 @@ def bridge(
             help="bearer token clients must send (prefer the environment variable: "
             "a command-line argument is visible to other users)",
         ),
+    ] = None,
+    tokens: Annotated[
+        Path | None,
+        typer.Option(help="tenants' tokens, as for serve: not supported by the bridge yet"),
     ] = None,
     max_connections: Annotated[int, typer.Option(help="open connections at most")] = 1000,
     max_message_bytes: Annotated[
@@ -427,6 +452,13 @@ def bridge(
     command = list(ctx.args)
     if not command:
         raise typer.BadParameter("give the agent's command after --, e.g. -- acp-once agent")
+    if tokens is not None:
+        # the bridge's one agent process lists and resumes every session: it cannot keep
+        # tenants apart until the bridge routes sessions per tenant
+        raise typer.BadParameter(
+            "not supported yet: the bridge cannot keep tenants apart; use --token",
+            param_hint="--tokens",
+        )
     token = token or None
     try:
         check_listen(host, token)

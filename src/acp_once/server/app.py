@@ -28,7 +28,13 @@
 
 With `token`, every request at `/acp` must carry `Authorization: Bearer <token>`; anything else
 is refused with 401 before the upgrade, so no ACP message from it is ever read. The token is
-compared in constant time and never logged.
+compared in constant time and never logged. With `tokens` ({tenant name: token}, e.g. from
+`acp_once.server.tenants.load_tokens`) instead, any of them is accepted and the connection
+carries the name of the one that matched (`AgentSideConnection.tenant`): a `SessionAgent`
+shows each tenant only its own sessions. `AcpServer.set_tokens` replaces them while serving
+(`acp-once serve` does on SIGHUP); connections already open keep their tenant. A Streamable
+HTTP connection belongs to the tenant that opened it: another tenant's POST, GET or DELETE on
+its id is answered 404, as for an unknown id.
 
 The caller owns the agent (`async with agent`): its task group must outlive every connection.
 The app is mountable in any Starlette or FastAPI app (`AcpServer.routes()` gives its routes).
@@ -38,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import hashlib
 import hmac
 import json
@@ -120,6 +127,15 @@ ConnectionHandler = Callable[[FrameStream, str], Awaitable[None]]
 default runs an `AgentSideConnection` on the server's agent; `acp_once.bridge` passes its own."""
 
 
+class _Refused(enum.Enum):
+    """Type of `_REFUSED`: `AcpServer._authenticate` found no valid token."""
+
+    REFUSED = "REFUSED"
+
+
+_REFUSED = _Refused.REFUSED
+
+
 def _digest(value: str) -> bytes:
     return hashlib.sha256(value.encode("utf-8", errors="surrogateescape")).digest()
 
@@ -136,6 +152,7 @@ class AcpServer:
         agent: Agent | None,
         *,
         token: str | None = None,
+        tokens: Mapping[str, str] | None = None,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         path: str = "/acp",
@@ -157,11 +174,21 @@ class AcpServer:
             raise ValueError("pass an agent, or a handler that serves each connection")
         if token is not None and not token:
             raise ValueError("an empty token would let anyone in; pass None for no token")
+        if token is not None and tokens is not None:
+            raise ValueError("pass one token or a tenants' tokens, not both")
+        if tokens is not None and handler is not None:
+            # a handler is given no tenant: its sessions would be every tenant's
+            raise ValueError("tenants need an agent: a connection handler cannot keep them apart")
         if max_connections < 1 or max_message_bytes < 1:
             raise ValueError("max_connections and max_message_bytes must be positive")
         self.agent = agent
         self._handler = handler
         self._token_digest = _digest(token) if token is not None else None
+        self._tenant_digests: tuple[tuple[bytes, str], ...] | None = None
+        if tokens is not None:
+            self.set_tokens(tokens)
+        self._http_tenants: dict[str, str | None] = {}
+        """The tenant of each live Streamable HTTP connection (None: no tenant)."""
         self.max_connections = max_connections
         self.max_message_bytes = max_message_bytes
         self.path = path
@@ -195,7 +222,20 @@ class AcpServer:
     @property
     def token_required(self) -> bool:
         """Whether requests at `path` must carry the bearer token."""
-        return self._token_digest is not None
+        return self._token_digest is not None or self._tenant_digests is not None
+
+    def set_tokens(self, tokens: Mapping[str, str]) -> None:
+        """Serve these tenants from now on ({name: token}): a removed token's new requests
+        are refused with 401; connections already open keep their tenant.
+
+        Raises:
+            ValueError: no tenant, an empty name or token, or this server takes one token.
+        """
+        if self._token_digest is not None:
+            raise ValueError("this server takes one token, not tenants' tokens")
+        if not tokens or any(not name or not token for name, token in tokens.items()):
+            raise ValueError("tenants need a name and a non-empty token each")
+        self._tenant_digests = tuple((_digest(t), name) for name, t in tokens.items())
 
     def routes(self) -> list[BaseRoute]:
         return [
@@ -206,14 +246,28 @@ class AcpServer:
         ]
 
     def authorized(self, headers: Mapping[str, str]) -> bool:
-        """Whether `headers` carry the bearer token (always True without a token)."""
-        if self._token_digest is None:
-            return True
+        """Whether `headers` carry the bearer token, or a tenant's (always True without)."""
+        return self._authenticate(headers) is not _REFUSED
+
+    def _authenticate(self, headers: Mapping[str, str]) -> str | _Refused | None:
+        """Who `headers` authenticate as: the tenant whose token they carry, None without
+        tenants (one token or none), `_REFUSED` when a token is required and not there."""
+        tenants = self._tenant_digests
+        if self._token_digest is None and tenants is None:
+            return None
         scheme, _, credentials = headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer":
-            return False
+            return _REFUSED
         # compare fixed-length digests: constant time, and the length leaks nothing either
-        return hmac.compare_digest(_digest(credentials.strip()), self._token_digest)
+        digest = _digest(credentials.strip())
+        if tenants is None:
+            assert self._token_digest is not None
+            return None if hmac.compare_digest(digest, self._token_digest) else _REFUSED
+        found: str | _Refused | None = _REFUSED
+        for expected, name in tenants:  # every one compared: the time says nothing of which
+            if hmac.compare_digest(digest, expected):
+                found = name
+        return found
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: object) -> AsyncIterator[None]:
@@ -264,7 +318,8 @@ class AcpServer:
             self.rejected += 1
             await _deny_with(websocket, refused)
             return
-        if not self.authorized(websocket.headers):
+        tenant = self._authenticate(websocket.headers)
+        if isinstance(tenant, _Refused):
             self.rejected += 1
             logger.warning("refused a WebSocket from %s: not authorized", _peer(websocket))
             await _deny(
@@ -287,7 +342,7 @@ class AcpServer:
         try:
             await frames.accept(connection_id)
             self.accepted += 1
-            await self._serve_frames(frames, f"ws-{connection_id[:12]}")
+            await self._serve_frames(frames, f"ws-{connection_id[:12]}", tenant)
         except Exception:
             logger.exception("the WebSocket connection %s failed", connection_id)
             await frames.close(CLOSE_INTERNAL)
@@ -299,30 +354,36 @@ class AcpServer:
         refused = self._refusal(request.headers, request.scope)
         if refused is not None:
             return refused
-        if not self.authorized(request.headers):
+        tenant = self._authenticate(request.headers)
+        if isinstance(tenant, _Refused):
             return JSONResponse(
                 {"error": "missing or wrong bearer token"},
                 401,
                 headers={"WWW-Authenticate": 'Bearer realm="acp"'},
             )
         if request.method == "POST":
-            return await self._post(request)
+            return await self._post(request, tenant)
         if request.method == "GET":
-            return self._get(request)
+            return self._get(request, tenant)
         if request.method == "DELETE":
-            return await self._delete(request)
+            return await self._delete(request, tenant)
         return _error(405, "use POST, GET or DELETE", {"Allow": "GET, POST, DELETE"})
 
-    def _connection(self, request: Request) -> ServerHttpFrames | Response:
+    def _connection(self, request: Request, tenant: str | None) -> ServerHttpFrames | Response:
         connection_id = request.headers.get(CONNECTION_ID_HEADER)
         if not connection_id:
             return _error(400, f"missing {CONNECTION_ID_HEADER}")
         frames = self.http_connections.get(connection_id)
-        if frames is None or frames.closed.is_set():
+        if (
+            frames is None
+            or frames.closed.is_set()
+            # another tenant's connection is answered as an unknown one
+            or self._http_tenants.get(connection_id) != tenant
+        ):
             return _error(404, f"unknown {CONNECTION_ID_HEADER}")
         return frames
 
-    async def _post(self, request: Request) -> Response:
+    async def _post(self, request: Request, tenant: str | None) -> Response:
         content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if content_type != "application/json":
             return _error(415, "POST a JSON-RPC message as application/json")
@@ -342,10 +403,10 @@ class AcpServer:
                 return _error(400, f"missing {CONNECTION_ID_HEADER}")
             if "id" not in message:
                 return _error(400, "initialize must be a request (with an id)")
-            return await self._initialize(body, message)
+            return await self._initialize(body, message, tenant)
         if message.get("method") == INITIALIZE:
             return _error(400, f"initialize opens a connection: no {CONNECTION_ID_HEADER}")
-        found = self._connection(request)
+        found = self._connection(request, tenant)
         if isinstance(found, Response):
             return found
         header_sid = request.headers.get(SESSION_ID_HEADER)
@@ -380,7 +441,9 @@ class AcpServer:
             return b"".join(chunks)
         return _error(408, "the body took too long", {"Connection": "close"})
 
-    async def _initialize(self, body: bytes, message: dict[str, Any]) -> Response:
+    async def _initialize(
+        self, body: bytes, message: dict[str, Any], tenant: str | None
+    ) -> Response:
         if self._full() or self._unopened() >= self.max_unopened_http:
             self.rejected += 1
             return _error(503, "too many connections", {"Retry-After": "1"})
@@ -389,11 +452,13 @@ class AcpServer:
             connection_id, write_timeout=self.write_timeout, keepalive=self.sse_keepalive
         )
         self.http_connections[connection_id] = frames
+        self._http_tenants[connection_id] = tenant
         self.accepted += 1
         if self._tg is not None:
-            self._tg.start_soon(self._run_http, connection_id, frames)
+            self._tg.start_soon(self._run_http, connection_id, frames, tenant)
         else:
-            task = asyncio.get_running_loop().create_task(self._run_http(connection_id, frames))
+            running = self._run_http(connection_id, frames, tenant)
+            task = asyncio.get_running_loop().create_task(running)
             self._http_tasks.add(task)
             task.add_done_callback(self._http_tasks.discard)
         try:
@@ -412,16 +477,19 @@ class AcpServer:
             headers={CONNECTION_ID_HEADER: connection_id},
         )
 
-    async def _run_http(self, connection_id: str, frames: ServerHttpFrames) -> None:
+    async def _run_http(
+        self, connection_id: str, frames: ServerHttpFrames, tenant: str | None
+    ) -> None:
         try:
-            await self._serve_frames(frames, f"http-{connection_id[:12]}")
+            await self._serve_frames(frames, f"http-{connection_id[:12]}", tenant)
         except Exception:
             logger.exception("the HTTP connection %s failed", connection_id)
         finally:
             self.http_connections.pop(connection_id, None)
+            self._http_tenants.pop(connection_id, None)
             await frames.aclose()
 
-    async def _serve_frames(self, frames: FrameStream, name: str) -> None:
+    async def _serve_frames(self, frames: FrameStream, name: str, tenant: str | None) -> None:
         async with anyio.create_task_group() as watch:
             watch.start_soon(self._close_when_idle, frames, name)
             if isinstance(frames, ServerHttpFrames):
@@ -431,7 +499,8 @@ class AcpServer:
                     await self._handler(frames, name)
                     return
                 assert self.agent is not None
-                async with AgentSideConnection(self.agent, frames, name=name) as conn:
+                connection = AgentSideConnection(self.agent, frames, name=name, tenant=tenant)
+                async with connection as conn:
                     await conn.wait_closed()
             finally:
                 watch.cancel_scope.cancel()
@@ -459,10 +528,10 @@ class AcpServer:
         else:
             await frames.aclose()
 
-    def _get(self, request: Request) -> Response:
+    def _get(self, request: Request, tenant: str | None) -> Response:
         if "text/event-stream" not in request.headers.get("accept", ""):
             return _error(406, "GET needs Accept: text/event-stream (or a WebSocket upgrade)")
-        found = self._connection(request)
+        found = self._connection(request, tenant)
         if isinstance(found, Response):
             return found
         session_id = request.headers.get(SESSION_ID_HEADER) or None
@@ -470,8 +539,8 @@ class AcpServer:
             return _error(409, "this stream already has a reader")
         return SseResponse(found, session_id)
 
-    async def _delete(self, request: Request) -> Response:
-        found = self._connection(request)
+    async def _delete(self, request: Request, tenant: str | None) -> Response:
+        found = self._connection(request, tenant)
         if isinstance(found, Response):
             return found
         await found.aclose()  # sessions survive, inactive (D30)
@@ -534,6 +603,7 @@ def create_app(
     agent: Agent | None,
     *,
     token: str | None = None,
+    tokens: Mapping[str, str] | None = None,
     max_connections: int = DEFAULT_MAX_CONNECTIONS,
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     path: str = "/acp",
@@ -555,13 +625,17 @@ def create_app(
     docstring; `"*"` turns one off); `http_open_timeout`, `max_unopened_http` and
     `body_timeout` bound what a client may hold without authenticating or streaming.
 
+    `tokens` ({tenant name: token}) serves several tenants instead of one `token` (module
+    docstring).
+
     Raises:
-        ValueError: neither an agent nor a handler, an empty token, or a non-positive limit
-            or timeout.
+        ValueError: neither an agent nor a handler, an empty token, both `token` and
+            `tokens`, `tokens` with a handler, or a non-positive limit or timeout.
     """
     server = AcpServer(
         agent,
         token=token,
+        tokens=tokens,
         max_connections=max_connections,
         max_message_bytes=max_message_bytes,
         path=path,

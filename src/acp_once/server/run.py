@@ -1,21 +1,27 @@
 """Ready-made servers: the reference agent (`acp-once serve`) and a bridged stdio agent
-(`acp-once bridge`), each on uvicorn until SIGINT or SIGTERM."""
+(`acp-once bridge`), each on uvicorn until SIGINT or SIGTERM; `acp-once serve --tokens FILE`
+reads its tenants' tokens again on SIGHUP."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import signal
 import socket
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, TypeVar
 
+import anyio
+import anyio.to_thread
 import uvicorn
 
 from acp_once.bridge import Bridge
 
-from .app import DEFAULT_IDLE_TIMEOUT, DEFAULT_WRITE_TIMEOUT, create_app
+from .app import DEFAULT_IDLE_TIMEOUT, DEFAULT_WRITE_TIMEOUT, AcpServer, create_app
 from .listen import check_listen, listen, serve_app
+from .tenants import TokensFileError, load_tokens
 
 if TYPE_CHECKING:
     from acp_once.agent.runtime import SessionAgent
@@ -69,10 +75,16 @@ async def serve_reference(
     handle_signals: bool = True,
     allowed_origins: Sequence[str] = (),
     allowed_hosts: Sequence[str] = (),
+    tokens_file: Path | None = None,
 ) -> None:
     """Run the reference agent on `store` behind `create_app` until SIGINT or SIGTERM (with
     `handle_signals`) or `server.should_exit`; connections are closed, then the agent (a
     cluster node gives its leases up) and the store.
+
+    `tokens_file` (instead of `token`): the tenants' tokens (`acp_once.server.tenants`), read
+    again on SIGHUP (with `handle_signals`): a removed token's new connections are refused,
+    an added one is let in; a file that cannot be read or parsed then leaves the tokens as
+    they were (logged as an error, without any token).
 
     `sock`: an already listening socket to serve on instead of binding `host`:`port` (clients
     may connect at once: they wait in its backlog). `on_server` receives the uvicorn server
@@ -81,6 +93,8 @@ async def serve_reference(
     Raises:
         InsecureListen: `host` is not loopback and there is no token.
         OSError: `host`:`port` cannot be bound.
+        TokensFileError: `tokens_file` cannot be read or is not valid.
+        ValueError: both `token` and `tokens_file`.
 
     On a PostgreSQL store the agent is a cluster node (`node_id`, default the host name;
     `lease_ttl` seconds before a dead node's sessions are taken over): any number of
@@ -89,7 +103,11 @@ async def serve_reference(
     from acp_once.agent.reference import ReferenceAgent
     from acp_once.storage import open_store
 
-    check_listen(host, token)
+    if token is not None and tokens_file is not None:
+        raise ValueError("give one token or a tokens file, not both")
+    tokens = load_tokens(tokens_file) if tokens_file is not None else None
+    # tenants' tokens protect the server as one token does ("": a token, none named here)
+    check_listen(host, token if tokens is None else "")
     async with (
         open_store(store) as opened,
         clustered(
@@ -107,6 +125,7 @@ async def serve_reference(
         app = create_app(
             agent,
             token=token,
+            tokens=tokens,
             max_connections=max_connections,
             max_message_bytes=max_message_bytes,
             idle_timeout=idle_timeout,
@@ -117,7 +136,27 @@ async def serve_reference(
         with contextlib.ExitStack() as owned:
             if sock is None:
                 sock = owned.enter_context(listen(host, port))
-            await serve_app(app, sock, on_server=on_server, handle_signals=handle_signals)
+            async with anyio.create_task_group() as tg:
+                # signal handlers can only be set from the main thread
+                main = threading.current_thread() is threading.main_thread()
+                if tokens_file is not None and handle_signals and main:
+                    tg.start_soon(_reload_on_sighup, app.state.acp, tokens_file)
+                await serve_app(app, sock, on_server=on_server, handle_signals=handle_signals)
+                tg.cancel_scope.cancel()
+
+
+async def _reload_on_sighup(server: AcpServer, path: Path) -> None:
+    """Read the tenants' tokens from `path` again on every SIGHUP, until cancelled."""
+    with anyio.open_signal_receiver(signal.SIGHUP) as signals:
+        async for _ in signals:
+            try:
+                tokens = await anyio.to_thread.run_sync(load_tokens, path)
+            except TokensFileError as exc:  # its message names the line, never a token
+                logger.error("tokens not reloaded, the previous ones stay: %s", exc)
+                continue
+            server.set_tokens(tokens)
+            # at the default level (warning): an operator sees the reload took effect
+            logger.warning("tokens reloaded from %s: %d tenants", path, len(tokens))
 
 
 async def serve_bridge(
