@@ -125,11 +125,13 @@ async def check_isolation(alice_url: str, bob_url: str) -> None:
     """Alice's session is invisible to bob (on `bob_url`, maybe another node) as if it did
     not exist, and is unchanged by all he tries; then the same the other way round."""
     async with tenant(alice_url, ALICE) as alice, tenant(bob_url, BOB) as bob:
+        alice_had, bob_had = await listed(alice), await listed(bob)  # from earlier calls
+        assert alice_had.isdisjoint(bob_had)
         sid = (await alice.rpc.request("session/new", {"cwd": "/w"}))["sessionId"]
         first = (await alice.rpc.request("session/prompt", prompt(sid, "k1")))["messageId"]
         bob_sid = (await bob.rpc.request("session/new", {"cwd": "/w"}))["sessionId"]
-        assert await listed(alice) == {sid}
-        assert await listed(bob) == {bob_sid}
+        assert await listed(alice) == alice_had | {sid}
+        assert await listed(bob) == bob_had | {bob_sid}
         missing = "sess_never_was"
         for method, params in [
             ("session/resume", {"sessionId": sid, "cwd": "/w"}),
@@ -147,7 +149,7 @@ async def check_isolation(alice_url: str, bob_url: str) -> None:
     async with tenant(alice_url, ALICE) as alice:
         await alice.rpc.request("session/resume", {"sessionId": sid, "cwd": "/w"})
         assert (await alice.rpc.request("session/prompt", prompt(sid, "k1")))["messageId"] == first
-        assert await listed(alice) == {sid}
+        assert await listed(alice) == alice_had | {sid}
 
 
 @pytest.mark.parametrize("kind", ["memory", "sqlite"])
