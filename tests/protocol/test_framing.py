@@ -95,3 +95,12 @@ def test_sniff_request_id_ignores_nested_ids() -> None:
 def test_sniff_never_raises(head: bytes) -> None:
     result = sniff_request_id(head)
     assert result is None or isinstance(result, int | str)
+
+
+def test_an_oversized_frame_is_addressed_to_any_int64_id() -> None:
+    """Found by the fuzz suite: ids of 19 digits (10**18 and up, still int64) were not read."""
+    from acp_once.protocol.framing import sniff_request_id
+
+    for id in (10**18, 2**63 - 1, -(2**63)):
+        assert sniff_request_id(b'{"id":%d,"jsonrpc":"2.0","params":{' % id) == id
+    assert sniff_request_id(b'{"id":%d,"jsonrpc":"2.0"' % 2**63) is None  # beyond int64

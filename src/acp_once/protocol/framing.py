@@ -109,7 +109,9 @@ class LineFramer:
 # may hold their own "id" fields) live only under params/result/error, so only the text before
 # the first of those is searched.
 _PAYLOAD = re.compile(rb'"(?:params|result|error)"\s*:')
-_ID = re.compile(rb'"id"\s*:\s*(-?\d{1,18}(?![\d.eE])|"(?:[^"\\]|\\.){0,256}")')
+# 19 digits: every int64 id (checked below), up to 9,223,372,036,854,775,807
+_ID = re.compile(rb'"id"\s*:\s*(-?\d{1,19}(?![\d.eE])|"(?:[^"\\]|\\.){0,256}")')
+_INT64 = range(-(2**63), 2**63)
 
 
 def sniff_request_id(head: bytes) -> int | str | None:
@@ -129,4 +131,6 @@ def sniff_request_id(head: bytes) -> int | str | None:
         value = orjson.loads(raw)
     except orjson.JSONDecodeError:
         return None
+    if isinstance(value, int) and value not in _INT64:
+        return None  # not an id the engine would answer either
     return value if isinstance(value, int | str) else None
