@@ -16,15 +16,18 @@ from typing import Any
 
 import anyio
 import anyio.abc
+import httpx
 import pytest
 from typer.testing import CliRunner
 
 from acp_once.cli.app import app
 from acp_once.client import Client, ClientSideConnection
 from acp_once.protocol.errors import AcpError
+from acp_once.transports.http import CONNECTION_ID_HEADER
 from acp_once.transports.websocket import WebSocketRejected, connect_websocket
 from tests.helpers import initialize_request
-from tests.remote.harness import listening_socket
+from tests.remote.harness import listening_socket, running
+from tests.remote.test_http import SSE, Raw, new_session, request
 
 pytestmark = pytest.mark.anyio
 
@@ -209,3 +212,31 @@ def test_serve_and_bridge_refuse_what_they_cannot_do(tmp_path: Path) -> None:
     assert "line 2" in bad and "appears twice" in bad and BOB not in bad
     bridged = _usage_error(["bridge", "--tokens", str(tokens), "--", "true"])
     assert "not supported yet" in bridged
+
+
+async def test_a_streamable_http_connection_is_its_tenants_alone(tmp_path: Path) -> None:
+    """Another tenant's POST, GET and DELETE on a connection id get 404, as an unknown id does;
+    a session created over HTTP belongs to the tenant that opened the connection."""
+    tenants = {"alice": ALICE, "bob": BOB}
+    timeout = httpx.Timeout(TIMEOUT, read=None)
+    with anyio.fail_after(TIMEOUT):
+        async with (
+            running(tmp_path, app_options={"tokens": tenants}) as srv,
+            httpx.AsyncClient(timeout=timeout, headers={"Authorization": f"Bearer {ALICE}"}) as a,
+            httpx.AsyncClient(timeout=timeout, headers={"Authorization": f"Bearer {BOB}"}) as b,
+        ):
+            alice = Raw(a, f"{srv.http}/acp")
+            await alice.initialize()
+            async with alice.stream() as stream:
+                sid = await new_session(alice, stream)
+            record = await srv.agent.store.get_session(sid)
+            assert record is not None and record.tenant == "alice"
+            as_bob = Raw(b, alice.url)
+            as_bob.cid = alice.cid
+            listing = request(5, "session/list", {})
+            assert (await as_bob.post(listing)).status_code == 404
+            streamed = await b.get(alice.url, headers={**SSE, CONNECTION_ID_HEADER: alice.cid})
+            assert streamed.status_code == 404
+            deleted = await b.delete(alice.url, headers={CONNECTION_ID_HEADER: alice.cid})
+            assert deleted.status_code == 404
+            assert (await alice.post(listing)).status_code == 202  # still alice's, still open
