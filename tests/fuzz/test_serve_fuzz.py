@@ -7,7 +7,6 @@ with a session of its own, keeps working throughout; no ERROR or traceback on st
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 import tempfile
@@ -21,6 +20,7 @@ from hypothesis import strategies as st
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
+from tests.fuzz.logs import assert_clean
 from tests.fuzz.strategies import CASES, ID_TEXT, Case, _parses
 from tests.fuzz.test_stdio_fuzz import INITIALIZE
 from tests.remote.harness import listening_socket
@@ -171,21 +171,4 @@ def test_serve_answers_each_frame_once_and_keeps_other_connections() -> None:
         stderr.seek(0)
         log = stderr.read().decode(errors="replace")
     assert proc.returncode == 0, log[-3000:]
-    log = _without_known(log)
-    assert "Traceback" not in log and "ERROR" not in log, log[-3000:]
-
-
-_RECORD = re.compile(r"^(?=\d{4}-\d\d-\d\d |[A-Z]+: )", re.MULTILINE)
-_KNOWN = re.compile(r"ERROR acp_once\.rpc \S+ notification handler for '[^']*' failed")
-
-
-def _without_known(log: str) -> str:
-    """The log without one known finding, still open in `acp_once.agent.connection` (outside
-    this suite's files; reported): a notification whose params fail validation (e.g.
-    `session/cancel` with a number as `sessionId`) is dropped, as it must be, but logged as an
-    ERROR with the ValidationError's traceback. Only those records go; remove this filter when
-    that handler logs the client's mistake as a warning."""
-    records = _RECORD.split(log)
-    return "".join(
-        r for r in records if not (_KNOWN.search(r) and "pydantic_core._pydantic_core." in r)
-    )
+    assert_clean(log)

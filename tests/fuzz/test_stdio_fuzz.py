@@ -18,6 +18,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.fuzz.logs import assert_clean
 from tests.fuzz.strategies import CASES, ID_TEXT, Case
 
 AGENT = [sys.executable, "-m", "acp_once", "agent", "--store", "memory"]
@@ -123,4 +124,4 @@ def test_the_agent_answers_each_request_once_and_lives_whatever_it_is_sent() -> 
         stderr.seek(0)
         log = stderr.read().decode(errors="replace")
     assert agent.proc.returncode == 0, log[-3000:]
-    assert "Traceback" not in log and "ERROR" not in log, log[-3000:]
+    assert_clean(log)
