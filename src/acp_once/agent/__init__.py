@@ -5,17 +5,20 @@
 `SessionAgent` gives sessions, held prompts and idempotency keys on a `SessionStore`;
 `PromptKeys` gives the key rules to an `Agent` over storage of its own; a `Coordinator`
 (`LocalCoordinator` by default, `acp_once.cluster.PostgresCoordinator` for several nodes)
-decides where held prompts wait.
+decides where held prompts wait. The submodule `acp_once.agent.updates` builds the
+`session/update` kinds a turn emits (`updates.agent_message_chunk("Hi", message_id=...)`,
+`updates.tool_call(...)`...).
 """
 
 from acp_once.agent.connection import AgentSideConnection, CallContext, ClientPeer
 from acp_once.agent.coordinator import Coordinator, LocalCoordinator
 from acp_once.agent.interface import Agent
 from acp_once.agent.keys import PromptKeys
-from acp_once.agent.runtime import SessionAgent, Turn, TurnContext
+from acp_once.agent.runtime import STRICT_ENV, SessionAgent, Turn, TurnContext
 from acp_once.agent.serve import serve, serve_stdio
 
 __all__ = [
+    "STRICT_ENV",
     "Agent",
     "AgentSideConnection",
     "CallContext",

@@ -27,6 +27,7 @@ prompt can no longer be withdrawn.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import AsyncGenerator, Callable
 from contextlib import asynccontextmanager
@@ -35,6 +36,7 @@ from typing import Any, Literal, Self
 import anyio
 import orjson
 from anyio.abc import TaskGroup
+from pydantic import BaseModel
 
 from acp_once.agent.connection import AgentSideConnection, CallContext
 from acp_once.agent.coordinator import Coordinator, LocalCoordinator
@@ -51,6 +53,7 @@ from acp_once.agent.state import (
     unfinished_turns,
     wire_digest,
 )
+from acp_once.agent.updates import check_update, tool_call, tool_call_update
 from acp_once.protocol import schema as s
 from acp_once.protocol.errors import (
     AcpError,
@@ -79,6 +82,7 @@ from acp_once.storage.base import (
 
 __all__ = [
     "INTERRUPTED_MESSAGE",
+    "STRICT_ENV",
     "HeldPolicy",
     "SessionAgent",
     "Turn",
@@ -92,6 +96,9 @@ HeldPolicy = Literal["hold", "steer"]
 _STOP_TIMEOUT = 10.0
 _LANDED_TIMEOUT = 10.0  # seconds: looking up whether a failed insert was stored, shielded
 _LANDED_WINDOW = 100  # timeline entries searched for an unkeyed message after a failed insert
+STRICT_ENV = "ACP_ONCE_STRICT"
+"""Set to 1: every `SessionAgent` validates the dicts its turns emit (`strict_updates`)."""
+
 INTERRUPTED_MESSAGE = "The agent restarted before the turn finished"
 """The `error.message` of the idle `stopReason: "error"` reported for interrupted work."""
 _BASELINE_BLOCKS: tuple[type[Any], ...] = (s.ContentBlockText, s.ContentBlockResourceLink)
@@ -128,6 +135,9 @@ class SessionAgent(Agent, anyio.AsyncContextManagerMixin):
             this process; `acp_once.cluster.PostgresCoordinator` shares them with every node on
             the same PostgreSQL store (leases, queued prompts, updates). Subclasses that do not
             forward it may call `use_coordinator`.
+        strict_updates: validate every dict a turn emits and refuse an invalid one with
+            `ValueError` (for development and tests); None reads `ACP_ONCE_STRICT=1`. Off, the
+            first dict of each kind is checked and a bad one logged at WARNING, then sent.
     """
 
     cooperative_cancel = frozenset({"session/prompt"})
@@ -147,8 +157,15 @@ class SessionAgent(Agent, anyio.AsyncContextManagerMixin):
         name: str = "acp-once-agent",
         version: str = "0.1.0",
         coordinator: Coordinator | None = None,
+        strict_updates: bool | None = None,
     ) -> None:
         self._base_store = store
+        # None: from the environment, so a test suite (or a developer) turns it on everywhere
+        self.strict_updates = (
+            os.environ.get(STRICT_ENV, "") not in ("", "0")
+            if strict_updates is None
+            else strict_updates
+        )
         self.store = store
         self.policy = policy
         self.compare_prompts = compare_prompts
@@ -869,20 +886,25 @@ class SessionAgent(Agent, anyio.AsyncContextManagerMixin):
 
 class TurnContext:
     """What a turn uses to report and to ask: live updates go to every connection the session
-    is active on, and are retained in the store when they are part of the conversation."""
+    is active on, and are retained in the store when they are part of the conversation.
+
+    Updates are the builders' models (`acp_once.agent.updates`) or wire dicts; tool calls and
+    permission requests have helpers of their own (`start_tool_call`, `update_tool_call`,
+    `request_permission`)."""
 
     def __init__(self, agent: SessionAgent, session: Session) -> None:
         self._agent = agent
         self._session = session
         self._turn: Turn | None = None  # the turn being run
         self._marked = False  # its closing marker is stored (by a `final` emit)
+        self._strict = getattr(agent, "strict_updates", False)
 
     @property
     def session_id(self) -> str:
         return self._session.id
 
     async def emit(
-        self, update: dict[str, Any], *, retain: bool = False, final: bool = False
+        self, update: dict[str, Any] | BaseModel, *, retain: bool = False, final: bool = False
     ) -> None:
         """Send one `session/update` `update` object; with `retain`, store it for replay first.
 
@@ -890,7 +912,28 @@ class TurnContext:
         with the marker that says the turn finished, in one write instead of two. A crash
         after it counts as a finished turn (not reported as interrupted after a restart), so
         use it only when nothing the user must know about follows.
+
+        Args:
+            update: a model from `acp_once.agent.updates` (or any `session/update` kind of
+                `acp_once.protocol.schema`), or the wire dict.
+            retain: store it as part of the conversation (replayed on resume).
+            final: with `retain`, store it with the turn's closing marker.
+
+        Raises:
+            ValueError: in strict mode (`SessionAgent(strict_updates=True)` or
+                `ACP_ONCE_STRICT=1`), a dict that is not a valid update; the message names
+                the kind or the field.
         """
+        # dicts first: isinstance against a pydantic model class goes through ABCMeta (~200 ns)
+        if not isinstance(update, dict):
+            # JSON mode: URLs, datetimes and enums become strings orjson and clients accept
+            update = update.model_dump(by_alias=True, exclude_unset=True, mode="json")
+        elif self._strict:
+            check_update(update)
+        else:
+            kind = update.get("sessionUpdate")
+            if kind.__class__ is not str or kind not in _SAMPLED:
+                _sample_update(update)  # the first dict of its kind: a set lookup after that
         if retain:
             turn = self._turn
             encoded = orjson.dumps(update)
@@ -904,21 +947,139 @@ class TurnContext:
                 )
         await self._agent._broadcast(self._session, update)
 
+    async def start_tool_call(
+        self,
+        title: str,
+        *,
+        kind: str = "other",
+        status: str = "pending",
+        tool_call_id: str | None = None,
+        content: list[Any] | None = None,
+        locations: list[Any] | None = None,
+    ) -> str:
+        """Report a new tool call (`updates.tool_call`) and return its id.
+
+        Args:
+            title: what the tool is doing, for the user.
+            kind: read, edit, delete, move, search, execute, think, fetch, switch_mode, other.
+            status: its first status (pending, in_progress...).
+            tool_call_id: its id (None: a fresh one).
+            content: tool-call content items (a string becomes a text item).
+            locations: paths (or location dicts) it touches.
+
+        Returns:
+            The tool call's id, for `update_tool_call` and `request_permission`.
+        """
+        update = tool_call(
+            title,
+            kind=kind,
+            status=status,
+            tool_call_id=tool_call_id,
+            content=content,
+            locations=locations,
+        )
+        await self.emit(update)
+        return update.tool_call_id
+
+    async def update_tool_call(self, tool_call_id: str, **changes: Any) -> None:
+        """Report a change to a tool call: `updates.tool_call_update(tool_call_id, **changes)`.
+
+        Args:
+            tool_call_id: the id `start_tool_call` returned.
+            **changes: `status`, `content`, `title`, `kind`, `locations`, `raw_input`,
+                `raw_output` (not given: unchanged).
+        """
+        await self.emit(tool_call_update(tool_call_id, **changes))
+
     async def request_permission(
-        self, request: s.RequestPermissionRequest
+        self,
+        request: s.RequestPermissionRequest | None = None,
+        *,
+        title: str | None = None,
+        options: list[Any] | None = None,
+        tool_call_id: str | None = None,
+        description: str | None = None,
     ) -> s.RequestPermissionResponse:
         """Ask the user through a client the session is active on.
 
+        Give a `s.RequestPermissionRequest`, or the simple arguments:
+        `await ctx.request_permission(title="Write the file?", tool_call_id=tool_id)`.
         With no client connected, or all of them gone, the answer is the `cancelled` outcome,
         which means "not approved". When the turn is cancelled, the pending request is
         cancelled with `$/cancel_request`.
+
+        Args:
+            request: the whole request (then no other argument).
+            title: the prompt's title.
+            options: the choices: `(kind, name)` pairs (the kind is the option id:
+                allow_once, allow_always, reject_once, reject_always), dicts or
+                `s.PermissionOption`s; None offers allow_once and reject_once.
+            tool_call_id: the tool call asking (the client shows the request with it).
+            description: why permission is needed.
+
+        Returns:
+            The client's answer: `response.outcome.outcome` is "selected" (with
+            `.option_id`) or "cancelled".
+
+        Raises:
+            ValueError: both `request` and simple arguments, or neither.
         """
+        if request is None:
+            if title is None:
+                raise ValueError("request_permission needs a request or a title")
+            request = _permission_request(
+                self._session.id, title, options, tool_call_id, description
+            )
+        elif title is not None or options is not None or tool_call_id is not None:
+            raise ValueError("request_permission takes a request or simple arguments, not both")
         for conn in list(self._session.conns.values()):
             try:
                 return await conn.client.request_permission(request)
             except ConnectionClosed:
                 continue
         return s.RequestPermissionResponse.model_validate({"outcome": {"outcome": "cancelled"}})
+
+
+_DEFAULT_OPTIONS = [("allow_once", "Allow"), ("reject_once", "Reject")]
+
+
+def _permission_request(
+    session_id: str,
+    title: str,
+    options: list[Any] | None,
+    tool_call_id: str | None,
+    description: str | None,
+) -> s.RequestPermissionRequest:
+    choices = [
+        {"optionId": option[0], "kind": option[0], "name": option[1]}
+        if isinstance(option, tuple)
+        else option
+        for option in (options or _DEFAULT_OPTIONS)
+    ]
+    fields: dict[str, Any] = {"sessionId": session_id, "title": title, "options": choices}
+    if tool_call_id is not None:
+        fields["subject"] = {"type": "tool_call", "toolCall": {"toolCallId": tool_call_id}}
+    if description is not None:
+        fields["description"] = description
+    return s.RequestPermissionRequest.model_validate(fields)
+
+
+_SAMPLED: set[Any] = set()  # kinds whose first dict was checked (outside strict mode)
+
+
+def _sample_update(update: dict[str, Any]) -> None:
+    """Outside strict mode, check only the first dict of each kind and log a bad one once:
+    after that an emit costs one set lookup, not a validation (the hot path stays as fast)."""
+    kind = update.get("sessionUpdate")
+    if not isinstance(kind, str):
+        if None in _SAMPLED:  # a missing or non-string kind is logged once, too
+            return
+        kind = None
+    _SAMPLED.add(kind)
+    try:
+        check_update(update)
+    except ValueError as exc:
+        logger.warning("%s (sent anyway; ACP_ONCE_STRICT=1 refuses it)", exc)
 
 
 def _check_paths(cwd: str, additional: list[str] | None, field: str = "cwd") -> None:
