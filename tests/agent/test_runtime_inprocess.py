@@ -7,6 +7,7 @@ connections, held prompts whose connection ends.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -460,3 +461,18 @@ async def test_a_prompt_inserted_while_the_worker_waits_for_the_lock_still_runs(
             ]
             assert any("second" in t for t in texts), texts
             assert message_id in recorder.user_messages()
+
+
+async def test_a_notification_with_invalid_params_is_a_warning_not_an_error(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Found by the fuzz suite: `session/cancel` with a number as its sessionId was dropped,
+    as it must be, but logged as an ERROR with the ValidationError's traceback."""
+    with anyio.fail_after(10):
+        async with reference(tmp_path) as agent, client(agent) as conn:
+            sid = (await conn.agent.new_session(s.NewSessionRequest(cwd="/w"))).session_id
+            await conn.rpc.notify("session/cancel", {"sessionId": 1.5})
+            message_id = await prompt(conn, sid, "still here")
+            assert message_id.startswith("msg_user_")
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert any("invalid params" in r.getMessage() for r in caplog.records)

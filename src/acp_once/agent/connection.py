@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Self
 
 import anyio
+from pydantic import ValidationError
 
 from acp_once.agent.interface import Agent
 from acp_once.protocol import methods as m
@@ -21,6 +23,8 @@ from acp_once.protocol.initialization import InitializeGate
 from acp_once.protocol.methods import to_wire
 from acp_once.rpc.connection import Connection, RequestContext
 from acp_once.rpc.streams import FrameStream
+
+_logger = logging.getLogger("acp_once.agent")
 
 __all__ = ["AgentSideConnection", "CallContext", "ClientPeer", "to_wire"]
 
@@ -191,5 +195,16 @@ class AgentSideConnection(anyio.AsyncContextManagerMixin):
             if method != m.CANCEL_REQUEST:
                 await self.agent.ext_notification(method, params, ctx)
             return
-        typed = self._validators[method](params or {})
+        try:
+            typed = self._validators[method](params or {})
+        except ValidationError as exc:
+            # a notification has no answer to carry the error: the client's mistake is logged
+            # (without its values, which could quote a key) and the notification dropped
+            _logger.warning(
+                "%s: dropped a %s notification with invalid params (%d errors)",
+                self.id,
+                method,
+                exc.error_count(),
+            )
+            return
         await route(typed, ctx)
