@@ -16,7 +16,7 @@ import pytest
 from acp_once.agent.reference import ReferenceAgent
 from acp_once.client import ClientSideConnection
 from acp_once.protocol.errors import AcpError
-from acp_once.storage import open_store
+from acp_once.storage import MemoryStore, TimelineEntry, open_store
 from acp_once.testing import connected
 from tests.helpers import initialize_request
 
@@ -115,3 +115,31 @@ async def test_tenant_less_connections_see_only_tenant_less_sessions(tmp_path: P
             await _refused(alice, "session/resume", {"sessionId": mine, "cwd": "/w"})
             record = await agent.store.get_session(hers)
             assert record is not None and record.tenant == "alice"
+
+
+class _TailCounting(MemoryStore):
+    """Counts the reads that loading a session does (its timeline's tail, for recovery)."""
+
+    tails = 0
+
+    async def read_timeline_tail(self, session_id: str, *, limit: int = 1) -> list[TimelineEntry]:
+        self.tails += 1
+        return await super().read_timeline_tail(session_id, limit=limit)
+
+
+async def test_another_tenants_resume_is_refused_before_the_session_is_loaded(
+    tmp_path: Path,
+) -> None:
+    """Loading runs the recovery of interrupted turns: a tenant's request must not make the
+    agent load (and recover) another tenant's session."""
+    with anyio.fail_after(20):
+        async with _TailCounting() as store, ReferenceAgent(store, side_effects=tmp_path) as agent:
+            async with _as(agent, "alice") as alice:
+                sid = (await alice.rpc.request("session/new", {"cwd": "/w"}))["sessionId"]
+            assert sid not in agent._sessions  # nothing holds it: it would load on resume
+            async with _as(agent, "bob") as bob:
+                await _refused(bob, "session/resume", {"sessionId": sid, "cwd": "/w"})
+            assert store.tails == 0 and sid not in agent._sessions
+            async with _as(agent, "alice") as alice:
+                await alice.rpc.request("session/resume", {"sessionId": sid, "cwd": "/w"})
+            assert store.tails == 1

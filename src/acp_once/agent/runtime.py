@@ -323,11 +323,9 @@ class SessionAgent(Agent, anyio.AsyncContextManagerMixin):
             raise InvalidParams("Unsupported replayFrom cursor")
         _check_ids(params.session_id)
         _check_paths(params.cwd, params.additional_directories)
-        session = await self._load(params.session_id)
+        session = await self._load(params.session_id, ctx.connection)
         session.users += 1  # no await since `_load` returned: it cannot have been evicted
         try:
-            if not _owns(session.record, ctx.connection):
-                raise SessionNotFound(params.session_id)  # as if it did not exist
             await self._resume_on(session, ctx.connection, replay is not None)
         finally:
             session.users -= 1
@@ -798,12 +796,21 @@ class SessionAgent(Agent, anyio.AsyncContextManagerMixin):
             raise SessionNotFound(session_id)
         return session
 
-    async def _load(self, session_id: str) -> Session:
+    async def _load(self, session_id: str, conn: AgentSideConnection) -> Session:
+        """The session, from memory or loaded from the store (its interrupted turns
+        recovered), for `conn`.
+
+        Raises:
+            SessionNotFound: no such session, or another tenant's: refused before it is
+                loaded, so a request of another tenant's recovers nothing.
+        """
         session = self._sessions.get(session_id)
         if session is not None:
+            if not _owns(session.record, conn):
+                raise SessionNotFound(session_id)
             return session
         record = await self.store.get_session(session_id)
-        if record is None:
+        if record is None or not _owns(record, conn):
             raise SessionNotFound(session_id)
         tail = await self.store.read_timeline_tail(session_id, limit=RECOVERY_WINDOW)
         loaded = self._sessions.get(session_id)
