@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import importlib.util
 import logging
 import os
@@ -15,7 +16,9 @@ import typer
 from acp_once.cli import _eventloop
 
 app = typer.Typer(
-    no_args_is_help=True, help="acp-once: ACP v2 where a prompt is inserted at most once."
+    no_args_is_help=True,
+    rich_markup_mode="markdown",
+    help="acp-once: ACP v2 where a prompt is inserted at most once.",
 )
 
 # What each extra installs, by import name: the base install runs `agent`, `prompt`, `demo`,
@@ -54,6 +57,66 @@ def _show_version(value: bool) -> None:
         raise typer.Exit()
 
 
+class LogLevel(enum.StrEnum):
+    """The level of the records written to stderr (acp-once's and uvicorn's alike)."""
+
+    debug = "debug"
+    info = "info"
+    warning = "warning"
+    error = "error"
+
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
+# the startup URL of `serve` and `bridge`: one INFO record, shown at the default level
+_ADDRESS_LOGGER = "acp_once.server.address"
+# the level given before the command (`acp-once -v serve`), set by the app's callback
+_GLOBAL_LEVEL: dict[str, int | None] = {}
+
+_VerboseOption = Annotated[
+    int,
+    typer.Option(
+        "--verbose",
+        "-v",
+        count=True,
+        show_default=False,
+        rich_help_panel="Logging",
+        help="more log records: -v is --log-level info, -vv debug",
+    ),
+]
+_LogLevelOption = Annotated[
+    LogLevel | None,
+    typer.Option(
+        case_sensitive=False,
+        rich_help_panel="Logging",
+        help="the least severe records written to stderr (default: warning; the startup URL "
+        "of serve and bridge is shown unless it is error)",
+    ),
+]
+
+
+def _chosen_level(verbose: int, log_level: LogLevel | None) -> int | None:
+    if log_level is not None:
+        return int(logging.getLevelName(log_level.value.upper()))
+    if verbose:
+        return logging.DEBUG if verbose > 1 else logging.INFO
+    return None
+
+
+def _configure_logging(verbose: int = 0, log_level: LogLevel | None = None) -> None:
+    """One format on stderr for every record, at the level chosen on the command (else the one
+    given before it: `acp-once -v serve`, else warning). The startup URL's INFO record is shown
+    unless the level is error or above."""
+    level = _chosen_level(verbose, log_level)
+    if level is None:
+        level = _GLOBAL_LEVEL.get("level")
+    if level is None:
+        level = logging.WARNING
+    logging.basicConfig(level=level, stream=sys.stderr, format=LOG_FORMAT, force=True)
+    logging.getLogger(_ADDRESS_LOGGER).setLevel(
+        min(level, logging.INFO) if level <= logging.WARNING else level
+    )
+
+
 @app.callback()
 def _main(
     version: Annotated[
@@ -62,8 +125,10 @@ def _main(
             "--version", callback=_show_version, is_eager=True, help="print the version and exit"
         ),
     ] = False,
+    verbose: _VerboseOption = 0,
+    log_level: _LogLevelOption = None,
 ) -> None:
-    pass
+    _GLOBAL_LEVEL["level"] = _chosen_level(verbose, log_level)
 
 
 def _data_dir() -> Path:
@@ -102,6 +167,8 @@ def demo(
         str,
         typer.Option(help="stdio, or ws or http: a supervised `acp-once serve` process"),
     ] = "stdio",
+    verbose: _VerboseOption = 0,
+    log_level: _LogLevelOption = None,
 ) -> None:
     """Show what idempotency keys buy: the same faulty run with keys and without.
 
@@ -112,6 +179,7 @@ def demo(
     supervisor restarts, the client connects over WebSocket, and connections are also dropped
     with the server running.
     """
+    _configure_logging(verbose, log_level)
     from acp_once.cli.demo_view import show_demo
 
     if transport in ("ws", "http"):
@@ -160,6 +228,8 @@ def agent(
             "(memory: or sqlite:PATH; needs the langgraph extra)"
         ),
     ] = "reference",
+    verbose: _VerboseOption = 0,
+    log_level: _LogLevelOption = None,
 ) -> None:
     r"""Run the reference ACP v2 agent on stdin/stdout.
 
@@ -185,7 +255,7 @@ def agent(
     default_db = "langgraph.sqlite3" if runtime == "langgraph" else "sessions.sqlite3"
     url = _store_url(store, default_db, langgraph=runtime == "langgraph")
     effects = side_effects or _data_dir() / "side-effects"
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    _configure_logging(verbose, log_level)
 
     if runtime == "langgraph":
         try:
@@ -286,9 +356,6 @@ def serve(
         float,
         typer.Option(help="seconds before a dead node's sessions are taken over (PostgreSQL)"),
     ] = 10.0,
-    log_level: Annotated[
-        str, typer.Option(help="debug, info (one line per insert, lease), warning")
-    ] = "warning",
     idle_timeout: Annotated[
         float,
         typer.Option(
@@ -313,6 +380,8 @@ def serve(
             "(repeatable; *: any, e.g. behind a proxy that checks it)"
         ),
     ] = None,
+    verbose: _VerboseOption = 0,
+    log_level: _LogLevelOption = None,
 ) -> None:
     """Serve the reference agent over WebSocket at ws://HOST:PORT/acp (and GET /healthz).
 
@@ -360,12 +429,7 @@ def serve(
         raise typer.BadParameter("0 (never) or positive", param_hint="--idle-timeout")
     if write_timeout <= 0:
         raise typer.BadParameter("must be positive", param_hint="--write-timeout")
-    level = logging.getLevelName(log_level.upper())
-    if not isinstance(level, int):
-        raise typer.BadParameter("debug, info, warning or error", param_hint="--log-level")
-    logging.basicConfig(
-        level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s %(message)s"
-    )
+    _configure_logging(verbose, log_level)
     if sock is None:
         try:
             sock = listen(host, port)
@@ -437,6 +501,8 @@ def bridge(
             "(repeatable; *: any, e.g. behind a proxy that checks it)"
         ),
     ] = None,
+    verbose: _VerboseOption = 0,
+    log_level: _LogLevelOption = None,
 ) -> None:
     """Expose a stdio ACP agent over WebSocket and Streamable HTTP: `acp-once bridge -- CMD ARGS`.
 
@@ -464,7 +530,7 @@ def bridge(
         check_listen(host, token)
     except InsecureListen as exc:
         raise typer.BadParameter(str(exc), param_hint="--host") from None
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    _configure_logging(verbose, log_level)
     raise typer.Exit(
         run_bridge(
             command,
@@ -502,6 +568,8 @@ def prompt(
     wait: Annotated[
         float, typer.Option(help="seconds to wait for the turn to end (0: don't)")
     ] = 60.0,
+    verbose: _VerboseOption = 0,
+    log_level: _LogLevelOption = None,
 ) -> None:
     """Send one prompt to an agent and print what it streams back.
 
@@ -509,6 +577,7 @@ def prompt(
     is sent. If the command is killed and run again with the same outbox and text, it finishes
     that submission instead of starting a new one: the agent inserts it once.
     """
+    _configure_logging(verbose, log_level)
     if agent.startswith(_URL_SCHEMES):
         _require("server", "a served agent (prompt --agent URL)")
     from acp_once.cli.prompt import run_prompt
@@ -557,9 +626,12 @@ def check(
     list_: Annotated[
         bool, typer.Option("--list", help="print the checks (id, level, title, rules) and exit")
     ] = False,
+    verbose: _VerboseOption = 0,
+    log_level: _LogLevelOption = None,
 ) -> None:
     """Check whether an ACP v2 agent honours idempotency keys: `acp-once check -- CMD ARGS`,
     or `acp-once check ws://HOST:PORT/acp [--token T]` for a running server."""
+    _configure_logging(verbose, log_level)
     from acp_once.cli.check import list_checks, run_check
 
     if list_:
@@ -588,11 +660,14 @@ def status(
         str | None,
         typer.Option(envvar="ACP_ONCE_TOKEN", show_envvar=True, help="the nodes' bearer token"),
     ] = None,
+    verbose: _VerboseOption = 0,
+    log_level: _LogLevelOption = None,
 ) -> None:
     """Show every node sharing the node's store: sessions owned, prompts held, dedup hits.
 
     Reads GET URL/ops/status (token-protected like /acp). Exits 1 when it cannot be read.
     """
+    _configure_logging(verbose, log_level)
     _require("server", "status")
     from acp_once.cli.cluster_status import show_status
 
@@ -644,8 +719,11 @@ def db_migrate(
     store: Annotated[
         str, typer.Option(help=_STORE_HELP)
     ] = f"sqlite:{_data_dir() / 'sessions.sqlite3'}",
+    verbose: _VerboseOption = 0,
+    log_level: _LogLevelOption = None,
 ) -> None:
     """Bring the store's schema up to date (creates the file or schema if missing)."""
+    _configure_logging(verbose, log_level)
     if _is_postgres(store):
         where, before, after = _postgres_db(store, migrate=True)
         typer.echo(f"{where}: schema version {before} -> {after}")
@@ -663,8 +741,11 @@ def db_status(
     store: Annotated[
         str, typer.Option(help=_STORE_HELP)
     ] = f"sqlite:{_data_dir() / 'sessions.sqlite3'}",
+    verbose: _VerboseOption = 0,
+    log_level: _LogLevelOption = None,
 ) -> None:
     """Show the store's schema version; exits 1 when migrations are pending."""
+    _configure_logging(verbose, log_level)
     if _is_postgres(store):
         where, current, latest = _postgres_db(store, migrate=False)
     else:

@@ -38,6 +38,7 @@ __all__ = [
 ]
 
 logger = logging.getLogger("acp_once.server")
+address_logger = logging.getLogger("acp_once.server.address")
 
 _WS_HEADROOM = 1024 * 1024
 """uvicorn closes the socket (1009) above max_message_bytes + this; between the two a request
@@ -120,7 +121,7 @@ def uvicorn_config(
     host: str,
     port: int,
     max_message_bytes: int,
-    log_level: str = "info",
+    log_level: str | None = None,
     header_timeout: float = DEFAULT_HEADER_TIMEOUT,
     max_half_open: int = DEFAULT_MAX_HALF_OPEN,
     max_half_open_per_address: int = DEFAULT_MAX_HALF_OPEN_PER_ADDRESS,
@@ -152,6 +153,9 @@ def uvicorn_config(
         lifespan="on",  # the app owns its HTTP connections; the agent is owned by the caller
         ws="websockets-sansio",
         ws_max_size=max_message_bytes + _WS_HEADROOM,
+        # uvicorn's records go to the root logger's handlers in the application's format, at
+        # its level (None: uvicorn's loggers inherit it) rather than uvicorn's own INFO setup
+        log_config=None,
         log_level=log_level,
         timeout_graceful_shutdown=10,
     )
@@ -169,8 +173,9 @@ async def serve_app(
 ) -> None:
     """Serve `app` (made by `create_app`) with uvicorn (`uvicorn_config`) on the listening
     `sock` until SIGINT or SIGTERM (with `handle_signals`; a second one stops waiting for open
-    connections) or `server.should_exit`. The URL is announced first on the `acp_once.server`
-    logger (tests and the demo read it). `on_server` receives the uvicorn server before it
+    connections) or `server.should_exit`. The URL is announced first, one INFO line on the
+    `acp_once.server.address` logger (tests and the demo read it; the CLI shows it at its
+    default level). `on_server` receives the uvicorn server before it
     starts."""
     acp: AcpServer = app.state.acp
     host, port = sock.getsockname()[:2]
@@ -179,7 +184,7 @@ async def serve_app(
     if on_server is not None:
         on_server(server)
     shown = f"[{host}]" if ":" in host else host
-    logger.warning(
+    address_logger.info(
         "ACP over WebSocket at ws://%s:%d/acp (%s)",
         shown,
         port,
