@@ -24,6 +24,8 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
         text=True,
         timeout=60,
         check=False,
+        # a wide terminal: the help's option table (with its choices) fits on one line each
+        env={**os.environ, "COLUMNS": "200"},
     )
 
 

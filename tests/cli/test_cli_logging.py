@@ -3,6 +3,7 @@ INFO records only when asked for, and the startup URL as one INFO line."""
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
@@ -128,3 +129,52 @@ def test_every_command_takes_verbose_and_log_level() -> None:
         assert helped.returncode == 0, helped.stderr
         flat = " ".join(helped.stdout.replace("│", " ").split())
         assert "--verbose" in flat and "--log-level" in flat, (command, flat)
+
+
+@pytest.mark.parametrize(
+    ("command", "choices"),
+    [
+        (["agent"], ["<hold|steer>", "<report|continue>", "<reference|langgraph>"]),
+        (["serve"], ["<hold|steer>", "<report|continue>", "<debug|info|warning|error>"]),
+        (["demo"], ["<stdio|ws|http>"]),
+    ],
+)
+def test_help_lists_the_choices(command: list[str], choices: list[str]) -> None:
+    helped = subprocess.run(
+        [sys.executable, "-m", "acp_once", *command, "--help"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    assert helped.returncode == 0, helped.stderr
+    for choice in choices:
+        assert choice in helped.stdout, (choice, helped.stdout)
+
+
+def test_a_choice_outside_the_list_is_a_usage_error() -> None:
+    refused = subprocess.run(
+        [sys.executable, "-m", "acp_once", "agent", "--policy", "queue"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert refused.returncode == 2
+    assert "hold" in refused.stderr and "steer" in refused.stderr, refused.stderr
+
+
+def test_help_text_reflows_to_the_terminal() -> None:
+    """The docstrings' own line breaks are not kept: a wide terminal gets long lines."""
+    helped = subprocess.run(
+        [sys.executable, "-m", "acp_once", "serve", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    flat = " ".join(helped.stdout.split())
+    assert "Without a token it listens on loopback addresses only. On a PostgreSQL store" in flat
+    assert any(len(line.rstrip()) > 120 for line in helped.stdout.splitlines())

@@ -66,6 +66,36 @@ class LogLevel(enum.StrEnum):
     error = "error"
 
 
+class Policy(enum.StrEnum):
+    """What happens to a prompt sent while a turn runs."""
+
+    hold = "hold"
+    steer = "steer"
+
+
+class Interrupted(enum.StrEnum):
+    """What becomes of work a crash interrupted."""
+
+    report = "report"
+    # "continue" is a keyword: the member is named continue_
+    continue_ = "continue"
+
+
+class Runtime(enum.StrEnum):
+    """Where the reference agent keeps its sessions."""
+
+    reference = "reference"
+    langgraph = "langgraph"
+
+
+class Transport(enum.StrEnum):
+    """How the demo's client reaches the agent."""
+
+    stdio = "stdio"
+    ws = "ws"
+    http = "http"
+
+
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
 # the startup URL of `serve` and `bridge`: one INFO record, shown at the default level
 _ADDRESS_LOGGER = "acp_once.server.address"
@@ -164,9 +194,9 @@ def demo(
     submissions: Annotated[int, typer.Option(help="prompts per run")] = 200,
     seed: Annotated[int, typer.Option(help="makes a run repeatable")] = 1,
     transport: Annotated[
-        str,
+        Transport,
         typer.Option(help="stdio, or ws or http: a supervised `acp-once serve` process"),
-    ] = "stdio",
+    ] = Transport.stdio,
     verbose: _VerboseOption = 0,
     log_level: _LogLevelOption = None,
 ) -> None:
@@ -182,15 +212,12 @@ def demo(
     _configure_logging(verbose, log_level)
     from acp_once.cli.demo_view import show_demo
 
-    if transport in ("ws", "http"):
-        _require("server", f"demo --transport {transport}")
-    if transport == "stdio":
+    if transport is Transport.stdio:
         raise typer.Exit(show_demo(submissions=submissions, seed=seed))
-    if transport == "ws":
+    _require("server", f"demo --transport {transport.value}")
+    if transport is Transport.ws:
         raise typer.Exit(show_demo(submissions=submissions, seed=seed, transport="ws"))
-    if transport == "http":
-        raise typer.Exit(show_demo(submissions=submissions, seed=seed, transport="http"))
-    raise typer.BadParameter("stdio, ws or http")
+    raise typer.Exit(show_demo(submissions=submissions, seed=seed, transport="http"))
 
 
 @app.command()
@@ -203,8 +230,8 @@ def agent(
         ),
     ] = None,
     policy: Annotated[
-        str, typer.Option(help="hold: prompts sent during a turn wait; steer: inserted at once")
-    ] = "hold",
+        Policy, typer.Option(help="hold: prompts sent during a turn wait; steer: inserted at once")
+    ] = Policy.hold,
     compare_prompts: Annotated[
         bool,
         typer.Option(
@@ -216,18 +243,18 @@ def agent(
         Path | None, typer.Option(help="directory of the per-session side-effect logs")
     ] = None,
     interrupted: Annotated[
-        str,
+        Interrupted,
         typer.Option(
             help="work a crash interrupted: report (idle, stopReason error) or continue (rerun)"
         ),
-    ] = "report",
+    ] = Interrupted.report,
     runtime: Annotated[
-        str,
+        Runtime,
         typer.Option(
             help="reference: our own store; langgraph: sessions in a LangGraph checkpointer "
             "(memory: or sqlite:PATH; needs the langgraph extra)"
         ),
-    ] = "reference",
+    ] = Runtime.reference,
     verbose: _VerboseOption = 0,
     log_level: _LogLevelOption = None,
 ) -> None:
@@ -246,18 +273,12 @@ def agent(
     from acp_once.agent.serve import serve_stdio
     from acp_once.storage import open_store
 
-    if policy not in ("hold", "steer"):
-        raise typer.BadParameter("policy must be hold or steer")
-    if interrupted not in ("report", "continue"):
-        raise typer.BadParameter("interrupted must be report or continue")
-    if runtime not in ("reference", "langgraph"):
-        raise typer.BadParameter("runtime must be reference or langgraph")
-    default_db = "langgraph.sqlite3" if runtime == "langgraph" else "sessions.sqlite3"
-    url = _store_url(store, default_db, langgraph=runtime == "langgraph")
+    default_db = "langgraph.sqlite3" if runtime is Runtime.langgraph else "sessions.sqlite3"
+    url = _store_url(store, default_db, langgraph=runtime is Runtime.langgraph)
     effects = side_effects or _data_dir() / "side-effects"
     _configure_logging(verbose, log_level)
 
-    if runtime == "langgraph":
+    if runtime is Runtime.langgraph:
         try:
             from acp_once.adapters.langgraph import LangGraphAgent, LangGraphStore
         except ImportError as exc:
@@ -270,9 +291,9 @@ def agent(
                 LangGraphAgent(
                     threads,
                     side_effects=effects,
-                    policy="steer" if policy == "steer" else "hold",
+                    policy="steer" if policy is Policy.steer else "hold",
                     compare_prompts=compare_prompts,
-                    resume_interrupted=interrupted == "continue",
+                    resume_interrupted=interrupted is Interrupted.continue_,
                 ) as adapter,
             ):
                 await serve_stdio(adapter)
@@ -286,9 +307,9 @@ def agent(
             ReferenceAgent(
                 opened,
                 side_effects=effects,
-                policy="steer" if policy == "steer" else "hold",
+                policy="steer" if policy is Policy.steer else "hold",
                 compare_prompts=compare_prompts,
-                resume_interrupted=interrupted == "continue",
+                resume_interrupted=interrupted is Interrupted.continue_,
             ) as reference,
         ):
             await serve_stdio(reference)
@@ -326,14 +347,14 @@ def serve(
         ),
     ] = None,
     policy: Annotated[
-        str, typer.Option(help="hold: prompts sent during a turn wait; steer: inserted at once")
-    ] = "hold",
+        Policy, typer.Option(help="hold: prompts sent during a turn wait; steer: inserted at once")
+    ] = Policy.hold,
     interrupted: Annotated[
-        str,
+        Interrupted,
         typer.Option(
             help="work a crash interrupted: report (idle, stopReason error) or continue (rerun)"
         ),
-    ] = "report",
+    ] = Interrupted.report,
     side_effects: Annotated[
         Path | None, typer.Option(help="directory of the per-session side-effect logs")
     ] = None,
@@ -383,7 +404,8 @@ def serve(
     verbose: _VerboseOption = 0,
     log_level: _LogLevelOption = None,
 ) -> None:
-    """Serve the reference agent over WebSocket at ws://HOST:PORT/acp (and GET /healthz).
+    """Serve the reference agent over WebSocket and Streamable HTTP at ws://HOST:PORT/acp and
+    http://HOST:PORT/acp (and GET /healthz).
 
     Many clients share the agent and its store; a session outlives its connection and is
     resumed on a new one. With --tokens FILE several tenants share it, each seeing only its
@@ -397,10 +419,6 @@ def serve(
     from acp_once.server.run import serve_reference
     from acp_once.server.tenants import TokensFileError, load_tokens
 
-    if policy not in ("hold", "steer"):
-        raise typer.BadParameter("policy must be hold or steer")
-    if interrupted not in ("report", "continue"):
-        raise typer.BadParameter("interrupted must be report or continue")
     token = token or None
     if tokens is not None:
         if token is not None:
@@ -445,8 +463,8 @@ def serve(
             store=url,
             token=token,
             side_effects=side_effects or _data_dir() / "side-effects",
-            policy="steer" if policy == "steer" else "hold",
-            resume_interrupted=interrupted == "continue",
+            policy="steer" if policy is Policy.steer else "hold",
+            resume_interrupted=interrupted is Interrupted.continue_,
             max_connections=max_connections,
             max_message_bytes=max_message_bytes,
             sock=sock,
