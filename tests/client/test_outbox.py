@@ -8,8 +8,11 @@ version table; cancellation never abandons a transaction.
 from __future__ import annotations
 
 import itertools
+import os
+import pathlib
 import signal
 import sqlite3
+import stat
 import sys
 import threading
 from typing import TYPE_CHECKING
@@ -290,8 +293,11 @@ def test_bad_settings_are_refused(tmp_path: Path) -> None:
 
 @pytest.mark.anyio
 async def test_an_unopenable_path_is_an_outbox_error(tmp_path: Path) -> None:
-    with pytest.raises(OutboxError, match="cannot open"):
-        await SqliteOutbox.open(tmp_path / "missing-dir" / "a.db")
+    (tmp_path / "a-file").touch()  # a missing directory is created; one under a file cannot be
+    with pytest.raises(OutboxError, match="cannot create the outbox"):
+        await SqliteOutbox.open(tmp_path / "a-file" / "dir" / "a.db")
+    with pytest.raises(OutboxError, match="cannot open the outbox"):
+        await SqliteOutbox.open(tmp_path)  # a directory is no database
 
 
 @pytest.mark.anyio
@@ -489,3 +495,34 @@ async def test_aclose_waits_for_the_call_in_flight(tmp_path: Path) -> None:
         await outbox.pending()
     async with SqliteOutbox.open(path) as reopened:
         assert await reopened.pending() == added
+
+
+@pytest.mark.anyio
+async def test_a_new_outbox_file_is_private_and_tilde_is_home(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the outbox holds prompts: 0600 file in a new 0700 directory, whatever the umask allows
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(work)
+    old = os.umask(0o022)
+    try:
+        async with open_outbox("sqlite:~/outbox-dir/o.db") as outbox:
+            assert await outbox.pending() == []
+        existing = tmp_path / "mine.db"
+        existing.touch(mode=0o644)
+        os.chmod(existing, 0o644)
+        async with SqliteOutbox.open(existing):
+            pass
+    finally:
+        os.umask(old)
+    path = home / "outbox-dir" / "o.db"
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    for sidecar in (pathlib.Path(f"{path}-wal"), pathlib.Path(f"{path}-shm")):
+        if sidecar.exists():
+            assert stat.S_IMODE(sidecar.stat().st_mode) == 0o600
+    assert not (work / "~").exists()
+    assert stat.S_IMODE(existing.stat().st_mode) == 0o644  # an existing file keeps its mode
