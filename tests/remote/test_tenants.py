@@ -211,7 +211,9 @@ def test_serve_and_bridge_refuse_what_they_cannot_do(tmp_path: Path) -> None:
     bad = _usage_error(["serve", "--tokens", str(tokens)])
     assert "line 2" in bad and "appears twice" in bad and BOB not in bad
     bridged = _usage_error(["bridge", "--tokens", str(tokens), "--", "true"])
-    assert "not supported yet" in bridged
+    assert "line 2" in bridged and "appears twice" in bridged and BOB not in bridged
+    bridged = _usage_error(["bridge", "--tokens", str(tokens), "--", "true"], env)
+    assert "not both" in bridged
 
 
 async def test_a_streamable_http_connection_is_its_tenants_alone(tmp_path: Path) -> None:

@@ -64,6 +64,15 @@ frame is forwarded as it arrived. Keys are never logged or sent anywhere but to 
   jittered, exponentially growing delay (`backoff`), reset once a child has lived
   `stable_after` seconds. Meanwhile requests wait up to `ready_timeout` for it, then get
   -32603. The first child must start and initialize, or `Bridge` raises `BridgeError`.
+- **Tenants.** With tenants' tokens (`create_app(tokens=..., handler=bridge.serve)`, i.e.
+  `acp-once bridge --tokens FILE`) each remote connection carries its tenant, and the child
+  sees one connection for all of them, so the bridge keeps them apart: it records the tenant
+  of each session a `session/new` or `session/fork` answer names, keeps only the caller's
+  sessions in `session/list` answers, answers every request naming a session that is not the
+  caller's (another tenant's, or one it never saw created) with -32002 as for a missing
+  session, and `session/close`/`session/delete` of one with success, without forwarding any
+  of them. The record lives in memory: after a restart of the bridge, older sessions belong
+  to no tenant and are visible to none. Connections without a tenant see every session.
 - **Limits.** Updates for a session no remote connection has active are dropped (an agent
   that sends updates before its `session/new` answer names the session loses them). The child
   never sees a remote connection end, so its sessions stay active on its one connection while

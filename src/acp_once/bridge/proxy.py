@@ -41,7 +41,7 @@ from acp_once.transports.websocket import (
 
 from .routing import ACTIVE_ONLY, Remote, Router
 from .supervisor import DEFAULT_BACKOFF, Child, Supervisor, Unavailable
-from .translation import Ask, Translator, session_id
+from .translation import Ask, Forward, Translator, session_id
 
 __all__ = ["Bridge"]
 
@@ -136,6 +136,9 @@ class Bridge(anyio.AsyncContextManagerMixin):
         self._close_timeout = close_timeout
         self._router = Router()
         self._hops = Translator()
+        self._owners: dict[str, str] = {}
+        """The tenant of each session created or forked through the bridge by a connection
+        with one (memory only: sessions from before a restart belong to no tenant)."""
 
     @property
     def restarts(self) -> int:
@@ -210,6 +213,8 @@ class Bridge(anyio.AsyncContextManagerMixin):
                     self._router.track(
                         remote, forward.method, forward.session_id, forward.replay, ok, result
                     )
+                    if remote.tenant is not None and ok:
+                        out = self._tenant_answer(remote.tenant, forward, result) or out
                     await remote.put(out)
             case jsonrpc.Request() as request:
                 ask = self._hops.ask(child, request)
@@ -221,6 +226,34 @@ class Bridge(anyio.AsyncContextManagerMixin):
                 await self._child_notified(child, method, params, frame)
             case jsonrpc.Invalid(code=code):
                 logger.warning("the agent sent an invalid message (%d)", code)
+
+    def _tenant_answer(self, tenant: str, forward: Forward, result: Any) -> bytes | None:
+        """Record the tenant of a session its `session/new` or `session/fork` created; keep
+        only the tenant's own sessions in a `session/list` (a new frame; None: `out` as is)."""
+        method = forward.method
+        if method in (m.SESSION_NEW, m.SESSION_FORK) and isinstance(result, dict):
+            sid = result.get("sessionId")
+            if isinstance(sid, str):
+                self._owners[sid] = tenant
+        elif method == m.SESSION_DELETE and forward.session_id is not None:
+            self._owners.pop(forward.session_id, None)
+        elif method == m.SESSION_LIST and isinstance(result, dict):
+            sessions = result.get("sessions")
+            if isinstance(sessions, list):
+                own = [entry for entry in sessions if self._owned(entry, tenant)]
+                return jsonrpc.encode_result(forward.remote_id, {**result, "sessions": own})
+        return None
+
+    def _owned(self, entry: Any, tenant: str) -> bool:
+        sid = entry.get("sessionId") if isinstance(entry, dict) else None
+        return isinstance(sid, str) and self._owners.get(sid) == tenant
+
+    def _foreign(self, remote: Remote, sid: str | None) -> bool:
+        """Whether `remote` carries a tenant and `sid` is not one of that tenant's sessions
+        (another tenant's, or unknown to the bridge): answered as a missing session."""
+        return (
+            remote.tenant is not None and sid is not None and self._owners.get(sid) != remote.tenant
+        )
 
     async def _child_notified(
         self, child: Child, method: str, params: dict[str, Any] | None, frame: bytes
@@ -247,12 +280,14 @@ class Bridge(anyio.AsyncContextManagerMixin):
 
     # -- the remote side -------------------------------------------------------------------
 
-    async def serve(self, frames: FrameStream, name: str) -> None:
+    async def serve(self, frames: FrameStream, name: str, tenant: str | None = None) -> None:
         """Serve one remote connection until it ends (an `acp_once.server.ConnectionHandler`).
 
-        Never raises for what the peer does; its frames are closed on return (1001 when the
-        child it depended on died or the bridge stops, 1008 when it read too slowly)."""
-        remote = Remote(frames, name, self._queue, self._stall_timeout)
+        `tenant`: the tenant whose token the connection carries (see the package docstring);
+        None without tenants. Never raises for what the peer does; its frames are closed on
+        return (1001 when the child it depended on died or the bridge stops, 1008 when it read
+        too slowly)."""
+        remote = Remote(frames, name, self._queue, self._stall_timeout, tenant)
         self._router.remotes[remote] = None
         try:
             with remote.scope:
@@ -343,6 +378,14 @@ class Bridge(anyio.AsyncContextManagerMixin):
             await self._remote_initialize(remote, msg)
             return
         sid = session_id(msg.params)
+        if self._foreign(remote, sid):
+            assert sid is not None
+            if msg.method in (m.SESSION_CLOSE, m.SESSION_DELETE):
+                # what a missing session gets (both are idempotent); nothing is forwarded
+                await remote.put(jsonrpc.encode_result(msg.id, {}))
+            else:
+                await remote.put(_error(msg.id, SessionNotFound(sid)))
+            return
         if sid is not None and msg.method == m.SESSION_CLOSE:
             if not remote.active(sid):
                 # D24: closing an inactive session succeeds

@@ -45,9 +45,13 @@ class Remote:
         close_code: the WebSocket close code it ends with.
     """
 
-    def __init__(self, frames: FrameStream, name: str, queue: int, stall: float) -> None:
+    def __init__(
+        self, frames: FrameStream, name: str, queue: int, stall: float, tenant: str | None = None
+    ) -> None:
         self.frames = frames
         self.name = name
+        self.tenant = tenant
+        """The tenant whose token the connection carries (None: no tenants)."""
         self.stall = stall
         self.gate = InitializeGate()
         self.sessions: set[str] = set()

@@ -499,7 +499,10 @@ def bridge(
     ] = None,
     tokens: Annotated[
         Path | None,
-        typer.Option(help="tenants' tokens, as for serve: not supported by the bridge yet"),
+        typer.Option(
+            help="tenants' tokens (name:token lines, read again on SIGHUP), instead of "
+            "--token: each tenant sees only the sessions it created through this bridge"
+        ),
     ] = None,
     max_connections: Annotated[int, typer.Option(help="open connections at most")] = 1000,
     max_message_bytes: Annotated[
@@ -532,20 +535,24 @@ def bridge(
     _require("server", "bridge")
     from acp_once.cli.bridge import run_bridge
     from acp_once.server.listen import InsecureListen, check_listen
+    from acp_once.server.tenants import TokensFileError, load_tokens
 
     command = list(ctx.args)
     if not command:
         raise typer.BadParameter("give the agent's command after --, e.g. -- acp-once agent")
-    if tokens is not None:
-        # the bridge's one agent process lists and resumes every session: it cannot keep
-        # tenants apart until the bridge routes sessions per tenant
-        raise typer.BadParameter(
-            "not supported yet: the bridge cannot keep tenants apart; use --token",
-            param_hint="--tokens",
-        )
     token = token or None
+    if tokens is not None:
+        if token is not None:
+            raise typer.BadParameter(
+                "give one token (--token or ACP_ONCE_TOKEN) or a tokens file, not both",
+                param_hint="--tokens",
+            )
+        try:
+            load_tokens(tokens)  # read again when serving; refused here in one clear line
+        except TokensFileError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--tokens") from None
     try:
-        check_listen(host, token)
+        check_listen(host, token if tokens is None else "")  # "": tenants' tokens protect it
     except InsecureListen as exc:
         raise typer.BadParameter(str(exc), param_hint="--host") from None
     _configure_logging(verbose, log_level)
@@ -559,6 +566,7 @@ def bridge(
             max_message_bytes=max_message_bytes,
             allowed_origins=allow_origin or (),
             allowed_hosts=allow_host or (),
+            tokens_file=tokens,
         )
     )
 

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from pathlib import Path
 
 from acp_once.bridge import BridgeError
 from acp_once.cli import _eventloop
 from acp_once.server.listen import listen
 from acp_once.server.run import serve_bridge
+from acp_once.server.tenants import TokensFileError
 
 __all__ = ["run_bridge"]
 
@@ -30,6 +32,7 @@ def run_bridge(
     max_message_bytes: int,
     allowed_origins: Sequence[str] = (),
     allowed_hosts: Sequence[str] = (),
+    tokens_file: Path | None = None,
 ) -> int:
     """What `acp-once bridge` runs; returns the exit code (1: the address or the agent failed,
     with the reason on stderr)."""
@@ -48,9 +51,10 @@ def run_bridge(
                 max_message_bytes=max_message_bytes,
                 allowed_origins=allowed_origins,
                 allowed_hosts=allowed_hosts,
+                tokens_file=tokens_file,
             )
         )
-    except BridgeError as exc:
+    except (BridgeError, TokensFileError) as exc:
         logger.error("%s", exc)
         return 1
     finally:

@@ -122,9 +122,11 @@ DEFAULT_BODY_TIMEOUT = 30.0
 
 _ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 
-ConnectionHandler = Callable[[FrameStream, str], Awaitable[None]]
-"""`(frames, name)`: serves one accepted connection until it ends (`name` is for logs). The
-default runs an `AgentSideConnection` on the server's agent; `acp_once.bridge` passes its own."""
+ConnectionHandler = Callable[[FrameStream, str, str | None], Awaitable[None]]
+"""`(frames, name, tenant)`: serves one accepted connection until it ends (`name` is for logs;
+`tenant` is the name of the tenant whose token it carries, None without tenants). The default
+runs an `AgentSideConnection` on the server's agent; `acp_once.bridge` passes its own, which
+keeps tenants apart itself."""
 
 
 class _Refused(enum.Enum):
@@ -176,9 +178,6 @@ class AcpServer:
             raise ValueError("an empty token would let anyone in; pass None for no token")
         if token is not None and tokens is not None:
             raise ValueError("pass one token or a tenants' tokens, not both")
-        if tokens is not None and handler is not None:
-            # a handler is given no tenant: its sessions would be every tenant's
-            raise ValueError("tenants need an agent: a connection handler cannot keep them apart")
         if max_connections < 1 or max_message_bytes < 1:
             raise ValueError("max_connections and max_message_bytes must be positive")
         self.agent = agent
@@ -496,7 +495,7 @@ class AcpServer:
                 watch.start_soon(self._close_unless_opened, frames, name)
             try:
                 if self._handler is not None:
-                    await self._handler(frames, name)
+                    await self._handler(frames, name, tenant)
                     return
                 assert self.agent is not None
                 connection = AgentSideConnection(self.agent, frames, name=name, tenant=tenant)
@@ -630,7 +629,7 @@ def create_app(
 
     Raises:
         ValueError: neither an agent nor a handler, an empty token, both `token` and
-            `tokens`, `tokens` with a handler, or a non-positive limit or timeout.
+            `tokens`, or a non-positive limit or timeout.
     """
     server = AcpServer(
         agent,

@@ -171,24 +171,39 @@ async def serve_bridge(
     handle_signals: bool = True,
     allowed_origins: Sequence[str] = (),
     allowed_hosts: Sequence[str] = (),
+    tokens_file: Path | None = None,
 ) -> None:
     """Start the agent `command`, then serve it at ws://HOST:PORT/acp (and http://) on `sock`
     until SIGINT or SIGTERM (or `server.should_exit`); then the connections are closed and the
     agent is stopped (stdin closed, then SIGTERM, then SIGKILL).
 
+    `tokens_file` (instead of `token`): the tenants' tokens, read again on SIGHUP, as for
+    `serve_reference`; the bridge keeps the tenants' sessions apart (`acp_once.bridge`).
+
     Raises:
         InsecureListen: `sock` is not on a loopback address and there is no token.
         BridgeError: the agent could not be started or initialized.
+        TokensFileError: `tokens_file` cannot be read or is not valid.
+        ValueError: both `token` and `tokens_file`.
     """
-    check_listen(sock.getsockname()[0], token)
+    if token is not None and tokens_file is not None:
+        raise ValueError("give one token or a tokens file, not both")
+    tokens = load_tokens(tokens_file) if tokens_file is not None else None
+    check_listen(sock.getsockname()[0], token if tokens is None else "")
     async with bridge(command) as running:
         app = create_app(
             None,
             token=token,
+            tokens=tokens,
             max_connections=max_connections,
             max_message_bytes=max_message_bytes,
             handler=running.serve,
             allowed_origins=allowed_origins,
             allowed_hosts=allowed_hosts,
         )
-        await serve_app(app, sock, on_server=on_server, handle_signals=handle_signals)
+        async with anyio.create_task_group() as tg:
+            main = threading.current_thread() is threading.main_thread()
+            if tokens_file is not None and handle_signals and main:
+                tg.start_soon(_reload_on_sighup, app.state.acp, tokens_file)
+            await serve_app(app, sock, on_server=on_server, handle_signals=handle_signals)
+            tg.cancel_scope.cancel()
