@@ -362,6 +362,14 @@ def serve(
     max_message_bytes: Annotated[
         int, typer.Option(help="largest message read (a larger request is answered -32600)")
     ] = 16 * 1024 * 1024,
+    migrate: Annotated[
+        bool,
+        typer.Option(
+            "--migrate",
+            help="apply the store's pending schema migrations on start (without it, serve "
+            "refuses a schema that is out of date: `acp-once db migrate` applies them)",
+        ),
+    ] = False,
     fd: Annotated[
         int | None,
         typer.Option(
@@ -418,6 +426,7 @@ def serve(
     from acp_once.server.listen import InsecureListen, check_listen, listen
     from acp_once.server.run import serve_reference
     from acp_once.server.tenants import TokensFileError, load_tokens
+    from acp_once.storage import SchemaOutOfDate
 
     token = token or None
     if tokens is not None:
@@ -456,27 +465,43 @@ def serve(
                 "cannot listen on %s:%d: %s", host, port, exc.strerror or exc
             )
             raise typer.Exit(1) from None
-    _eventloop.run(
-        lambda: serve_reference(
-            host=host,
-            port=port,
-            store=url,
-            token=token,
-            side_effects=side_effects or _data_dir() / "side-effects",
-            policy="steer" if policy is Policy.steer else "hold",
-            resume_interrupted=interrupted is Interrupted.continue_,
-            max_connections=max_connections,
-            max_message_bytes=max_message_bytes,
-            sock=sock,
-            node_id=node_id,
-            lease_ttl=lease_ttl,
-            idle_timeout=idle_timeout or None,
-            write_timeout=write_timeout,
-            allowed_origins=allow_origin or (),
-            allowed_hosts=allow_host or (),
-            tokens_file=tokens,
+    apply = migrate or _new_store(url)
+    try:
+        _eventloop.run(
+            lambda: serve_reference(
+                host=host,
+                port=port,
+                store=url,
+                token=token,
+                side_effects=side_effects or _data_dir() / "side-effects",
+                policy="steer" if policy is Policy.steer else "hold",
+                resume_interrupted=interrupted is Interrupted.continue_,
+                max_connections=max_connections,
+                max_message_bytes=max_message_bytes,
+                sock=sock,
+                node_id=node_id,
+                lease_ttl=lease_ttl,
+                idle_timeout=idle_timeout or None,
+                write_timeout=write_timeout,
+                allowed_origins=allow_origin or (),
+                allowed_hosts=allow_host or (),
+                tokens_file=tokens,
+                migrate=apply,
+            )
         )
-    )
+    except SchemaOutOfDate as exc:
+        # a PostgreSQL URL may hold a password: it is described, and not repeated
+        where = _describe_store(url)
+        logging.getLogger("acp_once.server").error(
+            "%s: schema version %d of %d (%d migration(s) pending); apply them with "
+            "`acp-once db migrate --store %s`, or start serve with --migrate",
+            where,
+            exc.found,
+            exc.required,
+            exc.required - exc.found,
+            "postgresql://... (the same URL)" if _is_postgres(url) else url,
+        )
+        raise typer.Exit(1) from None
 
 
 @app.command(
@@ -702,6 +727,31 @@ def status(
 
 db_app = typer.Typer(no_args_is_help=True, help="Schema migrations of a store.")
 app.add_typer(db_app, name="db")
+
+
+def _describe_store(url: str) -> str:
+    if _is_postgres(url):
+        from acp_once.storage.postgres import describe_postgres, parse_postgres_url
+
+        return describe_postgres(*parse_postgres_url(url))
+    return str(_sqlite_path(url))
+
+
+def _new_store(url: str) -> bool:
+    """Whether the store `url` has no schema yet (a missing SQLite file or PostgreSQL schema,
+    or the memory store): creating it is not a migration, so serve does it without --migrate."""
+    if _is_postgres(url):
+        return _postgres_db(url, migrate=False)[1] == 0
+    if not url.startswith("sqlite:") or url == "sqlite::memory:":
+        return True
+    from acp_once.storage import StorageError
+    from acp_once.storage.sqlite import database_status
+
+    try:
+        current, _ = anyio.run(database_status, _sqlite_path(url))
+    except StorageError:
+        return False  # opening it says what is wrong
+    return current == 0
 
 
 def _sqlite_path(store: str) -> Path:

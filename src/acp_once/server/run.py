@@ -76,6 +76,7 @@ async def serve_reference(
     allowed_origins: Sequence[str] = (),
     allowed_hosts: Sequence[str] = (),
     tokens_file: Path | None = None,
+    migrate: bool = True,
 ) -> None:
     """Run the reference agent on `store` behind `create_app` until SIGINT or SIGTERM (with
     `handle_signals`) or `server.should_exit`; connections are closed, then the agent (a
@@ -90,9 +91,14 @@ async def serve_reference(
     may connect at once: they wait in its backlog). `on_server` receives the uvicorn server
     before it starts (tests stop it with `should_exit`).
 
+    `migrate`: apply the store's pending schema migrations when it opens; with False a schema
+    that is out of date raises `SchemaOutOfDate` (naming `acp-once db migrate`) before anything
+    is served (`acp-once serve` passes False unless `--migrate`, or the store is new).
+
     Raises:
         InsecureListen: `host` is not loopback and there is no token.
         OSError: `host`:`port` cannot be bound.
+        SchemaOutOfDate: `migrate` is False and the store's schema is out of date.
         TokensFileError: `tokens_file` cannot be read or is not valid.
         ValueError: both `token` and `tokens_file`.
 
@@ -109,7 +115,7 @@ async def serve_reference(
     # tenants' tokens protect the server as one token does ("": a token, none named here)
     check_listen(host, token if tokens is None else "")
     async with (
-        open_store(store) as opened,
+        open_store(store, migrate=migrate) as opened,
         clustered(
             ReferenceAgent(
                 opened,
