@@ -149,3 +149,26 @@ def test_serve_refuses_an_out_of_date_postgres_schema() -> None:
         assert anyio.run(migrate_postgres, dsn, schema) == (LATEST_PG, LATEST_PG)
     finally:
         anyio.run(on_schema, "drop")
+
+
+def test_the_default_store_is_in_the_platforms_data_directory(tmp_path: Path) -> None:
+    """`db migrate` without --store writes where platformdirs puts the user's data (on Linux
+    $XDG_DATA_HOME/acp-once), not a hard-coded path."""
+    from platformdirs import user_data_dir
+
+    env = {**os.environ, "XDG_DATA_HOME": str(tmp_path / "data"), "HOME": str(tmp_path)}
+    migrated = subprocess.run(
+        [sys.executable, "-m", "acp_once", "db", "migrate"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+        env=env,
+    )
+    assert migrated.returncode == 0, migrated.stderr
+    if sys.platform.startswith("linux"):
+        expected = tmp_path / "data" / "acp-once" / "sessions.sqlite3"
+    else:
+        expected = Path(user_data_dir("acp-once", appauthor=False)) / "sessions.sqlite3"
+    assert str(expected) in migrated.stdout
+    assert expected.exists() or not sys.platform.startswith("linux")

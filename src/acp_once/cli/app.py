@@ -5,7 +5,6 @@ from __future__ import annotations
 import enum
 import importlib.util
 import logging
-import os
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -162,8 +161,12 @@ def _main(
 
 
 def _data_dir() -> Path:
-    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
-    return Path(base) / "acp-once"
+    """The user's data directory for acp-once, as the platform has it (platformdirs):
+    $XDG_DATA_HOME/acp-once or ~/.local/share/acp-once on Linux, ~/Library/Application
+    Support/acp-once on macOS, %LOCALAPPDATA%\\acp-once on Windows."""
+    from platformdirs import user_data_dir
+
+    return Path(user_data_dir("acp-once", appauthor=False))
 
 
 def _store_url(store: str | None, default_db: str, *, langgraph: bool = False) -> str:
