@@ -1,4 +1,7 @@
 """An agent with sessions, held prompts and idempotency keys: only the turn is yours."""
+import os
+import sys
+import tempfile
 import uuid
 
 import anyio
@@ -14,10 +17,12 @@ class MyAgent(SessionAgent):
         return "end_turn"
 
 
-async def main() -> None:
-    async with open_store("sqlite:sessions.db") as store, MyAgent(store) as agent:
+async def main(store_url: str) -> None:
+    async with open_store(store_url) as store, MyAgent(store) as agent:
         await serve_stdio(agent)
 
 
 if __name__ == "__main__":
-    anyio.run(main)
+    # where sessions live: the URL given, else a file in the temporary directory
+    default = "sqlite:" + os.path.join(tempfile.gettempdir(), "acp-once-sessions.db")
+    anyio.run(main, sys.argv[1] if len(sys.argv) > 1 else default)

@@ -55,8 +55,10 @@ def test_session_agent_example_serves_a_keyed_prompt(tmp_path: Path) -> None:
     from acp_once.client import AcpClient, StdioLauncher
 
     async def go() -> None:
+        store = f"sqlite:{tmp_path / 'chosen.db'}"
         launcher = StdioLauncher(
-            [sys.executable, str(ROOT / "examples" / "session_agent.py")], cwd=str(tmp_path)
+            [sys.executable, str(ROOT / "examples" / "session_agent.py"), store],
+            cwd=str(tmp_path),
         )
         async with AcpClient(launcher) as client:
             session = await client.new_session(str(tmp_path))
@@ -64,4 +66,6 @@ def test_session_agent_example_serves_a_keyed_prompt(tmp_path: Path) -> None:
             assert await session.prompt("hello", idempotency_key="k-1") == first
 
     anyio.run(go)
-    assert (tmp_path / "sessions.db").exists()
+    # the path the user chose, and nothing in the working directory
+    assert (tmp_path / "chosen.db").exists()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("sessions")) == []
