@@ -8,6 +8,8 @@ briefly is the point).
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sqlite3
 import time
 from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar, get_args
@@ -25,6 +27,7 @@ __all__ = [
     "connect",
     "current_version",
     "enable_wal",
+    "prepare_file",
     "write",
 ]
 
@@ -60,6 +63,30 @@ def check_options(synchronous: str, busy_timeout_ms: int) -> None:
         raise ValueError(f"synchronous must be one of {get_args(Synchronous)}")
     if busy_timeout_ms < 0:
         raise ValueError("busy_timeout_ms must not be negative")
+
+
+def prepare_file(path: str) -> str:
+    """Expand `~` in `path` and create the database file if it is missing; return the path.
+
+    The file holds users' prompts (the store's and the outbox's alike): it is created 0600
+    (SQLite gives its `-wal` and `-shm` files the database file's mode), and a missing parent
+    directory is created 0700. An
+    existing file or directory keeps its mode (the user chose it). In-memory databases and
+    `file:` URIs are returned unchanged. `~` is expanded here, not by a shell: `sqlite:~/x.db`
+    would otherwise create a directory named `~` in the working directory.
+
+    Raises:
+        OSError: the directory or the file cannot be created.
+    """
+    if path == ":memory:" or path.startswith("file:"):
+        return path
+    path = os.path.expanduser(path)
+    parent = os.path.dirname(path)
+    if parent and not os.path.isdir(parent):
+        os.makedirs(parent, mode=0o700, exist_ok=True)  # makedirs applies the mode to each
+    with contextlib.suppress(FileExistsError):  # an existing file keeps its mode
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    return path
 
 
 def connect(path: str, synchronous: Synchronous, busy_timeout_ms: int) -> Connection:

@@ -123,24 +123,6 @@ def current_version(conn: sqlite3.Connection) -> int:
     return db.current_version(conn, MIGRATIONS)
 
 
-def _prepare_file(path: str) -> None:
-    """Create the outbox file 0600 (and a missing parent directory 0700) if it is missing.
-
-    The outbox holds prompts: other local users must not read them. SQLite gives its `-wal`
-    and `-shm` files the database file's mode. An existing file or directory keeps its mode
-    (the user chose it). In-memory databases and `file:` URIs are left alone. (The same rule
-    as the SQLite store's files; the client may not import the store, see the import
-    contracts.)
-    """
-    if path == ":memory:" or path.startswith("file:"):
-        return
-    parent = os.path.dirname(path)
-    if parent and not os.path.isdir(parent):
-        os.makedirs(parent, mode=0o700, exist_ok=True)  # makedirs applies the mode to each
-    with contextlib.suppress(FileExistsError):  # an existing file keeps its mode
-        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
-
-
 def _connect(path: str, synchronous: Synchronous, busy_timeout_ms: int) -> Connection:
     conn = db.connect(path, synchronous, busy_timeout_ms)
     try:
@@ -201,7 +183,7 @@ class SqliteOutbox(AsyncClosing):
 
         def connect() -> Connection:
             try:
-                _prepare_file(where)
+                db.prepare_file(where)
                 return _connect(where, synchronous, busy_timeout_ms)
             except OSError as exc:
                 raise OutboxError(f"{where}: cannot create the outbox: {exc}") from exc

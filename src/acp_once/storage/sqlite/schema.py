@@ -7,7 +7,6 @@ released step is never edited); applied versions are rows of `schema_version`
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sqlite3
 from typing import TYPE_CHECKING, Final
@@ -29,7 +28,6 @@ __all__ = [
     "current_version",
     "database_status",
     "migrate_database",
-    "prepare_file",
     "prepare_schema",
 ]
 
@@ -103,29 +101,6 @@ def apply_migrations(conn: Connection, *, target: int = LATEST_VERSION) -> list[
     return db.apply_migrations(conn, MIGRATIONS, target=target)
 
 
-def prepare_file(path: str) -> str:
-    """Expand `~` in `path` and create the database file if it is missing; return the path.
-
-    The file holds users' prompts: it is created 0600 (SQLite gives its `-wal` and `-shm`
-    files the database file's mode), and a missing parent directory is created 0700. An
-    existing file or directory keeps its mode (the user chose it). In-memory databases and
-    `file:` URIs are returned unchanged. `~` is expanded here, not by a shell: `sqlite:~/x.db`
-    would otherwise create a directory named `~` in the working directory.
-
-    Raises:
-        OSError: the directory or the file cannot be created.
-    """
-    if path == ":memory:" or path.startswith("file:"):
-        return path
-    path = os.path.expanduser(path)
-    parent = os.path.dirname(path)
-    if parent and not os.path.isdir(parent):
-        os.makedirs(parent, mode=0o700, exist_ok=True)  # makedirs applies the mode to each
-    with contextlib.suppress(FileExistsError):  # an existing file keeps its mode
-        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
-    return path
-
-
 def connect(path: str, synchronous: Synchronous, busy_timeout_ms: int) -> Connection:
     """A connection to the store's file (`acp_once.support.sqlite.connect`), foreign keys on.
 
@@ -171,7 +146,7 @@ async def migrate_database(path: str | os.PathLike[str]) -> tuple[int, int]:
 
     def work() -> tuple[int, int]:
         try:
-            conn = connect(prepare_file(where), "NORMAL", 5000)
+            conn = connect(db.prepare_file(where), "NORMAL", 5000)
             try:
                 before = current_version(conn)
                 apply_migrations(conn)

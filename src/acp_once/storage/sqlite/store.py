@@ -77,10 +77,10 @@ from acp_once.storage.sqlite.checkpoint import (
     Checkpointer,
     truncate_checkpoint,
 )
-from acp_once.storage.sqlite.schema import connect, prepare_file, prepare_schema
+from acp_once.storage.sqlite.schema import connect, prepare_schema
 from acp_once.support import sqlite as db
 from acp_once.support.opening import AsyncClosing, Opening
-from acp_once.support.sqlite import Connection, Synchronous
+from acp_once.support.sqlite import Connection, Synchronous, prepare_file
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
