@@ -11,7 +11,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections import Counter
 from contextlib import ExitStack
 from typing import IO
 
@@ -22,7 +21,7 @@ from websockets.exceptions import ConnectionClosed
 
 from tests.fuzz.logs import assert_clean
 from tests.fuzz.strategies import CASES, ID_TEXT, Case
-from tests.fuzz.test_serve_fuzz import BINARY, NOT_UTF8, TIMEOUT, Peer, _as_text
+from tests.fuzz.test_serve_fuzz import BINARY, NOT_UTF8, TIMEOUT, Peer
 
 AGENT = [sys.executable, "-m", "acp_once", "agent", "--store", "memory"]
 # surrogates written escaped, as a peer would send them
@@ -111,19 +110,7 @@ def test_one_clients_garbage_leaves_the_other_client_and_the_child_alone() -> No
             def exchange(cases: list[tuple[Case, str]]) -> None:
                 nonlocal examples
                 examples += 1
-                expected: Counter[str] = Counter()
-                for i, (case, suffix) in enumerate(cases):
-                    id = f"{examples}.{i}:{suffix}"
-                    frame = case.frame(id)
-                    if case.kind != "binary":
-                        frame = _as_text(frame)
-                    fuzzer.send(frame, binary=case.kind == "binary")
-                    if case.expect != "none":
-                        expected[repr(id if case.expect == "id" else None)] += 1
-                got: Counter[str] = Counter()
-                while got.total() < expected.total():
-                    got[repr(fuzzer.answer()["id"])] += 1
-                assert got == expected
+                fuzzer.exchange(examples, cases)
                 fuzzer.sessions()  # nothing more came before this answer
                 if examples % 10 == 0:
                     other.prompt(mine, f"during {examples}")

@@ -87,6 +87,28 @@ class Peer:
         params = {"sessionId": session, "prompt": [{"type": "text", "text": text}]}
         assert "messageId" in self.call("session/prompt", params)["result"]
 
+    def exchange(self, example: int, cases: list[tuple[Case, str]]) -> bool:
+        """Send one example's frames (binary ones as binary frames, the rest as text) and read
+        their answers: exactly one per request, by id (None for what cannot be read). Whether
+        every answer was an error."""
+        expected: Counter[str] = Counter()
+        for i, (case, suffix) in enumerate(cases):
+            id = f"{example}.{i}:{suffix}"
+            frame = case.frame(id)
+            if case.kind != "binary":
+                frame = _as_text(frame)
+            self.send(frame, binary=case.kind == "binary")
+            if case.expect != "none":
+                expected[repr(id if case.expect == "id" else None)] += 1
+        got: Counter[str] = Counter()
+        errors_only = True
+        while got.total() < expected.total():
+            answer = self.answer()
+            got[repr(answer["id"])] += 1
+            errors_only = errors_only and "error" in answer
+        assert got == expected
+        return errors_only
+
 
 def test_serve_answers_each_frame_once_and_keeps_other_connections() -> None:
     sock = listening_socket()
@@ -124,22 +146,7 @@ def test_serve_answers_each_frame_once_and_keeps_other_connections() -> None:
                 nonlocal examples
                 examples += 1
                 before = fuzzer.sessions()
-                expected: Counter[str] = Counter()
-                for i, (case, suffix) in enumerate(cases):
-                    id = f"{examples}.{i}:{suffix}"
-                    frame = case.frame(id)
-                    if case.kind != "binary":
-                        frame = _as_text(frame)
-                    fuzzer.send(frame, binary=case.kind == "binary")
-                    if case.expect != "none":
-                        expected[repr(id if case.expect == "id" else None)] += 1
-                got: Counter[str] = Counter()
-                errors_only = True
-                while got.total() < expected.total():
-                    answer = fuzzer.answer()
-                    got[repr(answer["id"])] += 1
-                    errors_only = errors_only and "error" in answer
-                assert got == expected
+                errors_only = fuzzer.exchange(examples, cases)
                 after = fuzzer.sessions()  # also: nothing more came before this answer
                 if errors_only:
                     assert after == before, "a refused request changed the store"
