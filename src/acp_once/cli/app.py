@@ -809,8 +809,7 @@ def db_migrate(
         return
     from acp_once.storage.sqlite import migrate_database
 
-    path = _sqlite_path(store)
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path = _sqlite_path(store)  # migrate_database creates the file and its directory, private
     before, after = anyio.run(migrate_database, path)
     typer.echo(f"{path}: schema version {before} -> {after}")
 
