@@ -144,6 +144,9 @@ async def test_no_fence_a_stale_owners_insert_is_refused(
             connected(b.agent) as conn_b,
         ):
             gate = hold_turns(a)
+            # B's turn runs until the end too: B keeps the lease it took (an idle owner
+            # releases it) while the test reads it
+            gate_b = hold_turns(b)
 
             async def stalled(leases: dict[str, int]) -> set[str]:
                 await anyio.sleep_forever()  # A stalls: it neither renews nor learns
@@ -167,6 +170,7 @@ async def test_no_fence_a_stale_owners_insert_is_refused(
             assert epoch == b.coordinator.leases[sid] != epoch_a  # the takeover bumped it
             assert owner == b.coordinator.instance and live
             gate.set()
+            gate_b.set()
 
 
 async def test_row_unguarded_a_withdrawn_row_read_by_the_owner_is_not_inserted(
