@@ -1,1 +1,1 @@
-"""Pydantic models generated from the vendored ACP v2 schema."""
+"""Pydantic models generated from the vendored ACP v2 and v1 schemas."""

@@ -770,7 +770,7 @@ class ElicitationId(WireRootModel[str]):
     """
 
 
-class Session(ElicitationSessionScope):
+class ElicitationUrlModeSession(ElicitationSessionScope):
     """
     Tied to a session, optionally to a specific tool call within that session.
     """
@@ -789,7 +789,7 @@ class Session(ElicitationSessionScope):
     """
 
 
-class Request7(ElicitationRequestScope):
+class ElicitationUrlModeRequest(ElicitationRequestScope):
     """
     Tied to a specific JSON-RPC request outside of a session
     (e.g., during auth/configuration phases before any session is started).
@@ -809,8 +809,8 @@ class Request7(ElicitationRequestScope):
     """
 
 
-class ElicitationUrlMode(WireRootModel[Session | Request7]):
-    root: Session | Request7
+class ElicitationUrlMode(WireRootModel[ElicitationUrlModeSession | ElicitationUrlModeRequest]):
+    root: ElicitationUrlModeSession | ElicitationUrlModeRequest
     """
     URL-based elicitation mode where the client directs the user to a URL.
     """
@@ -4610,7 +4610,7 @@ class PermissionOption(WireModel):
     """
 
 
-class CreateElicitationRequestUrl2(Session, CreateElicitationRequestUrl1):
+class CreateElicitationRequestUrl2(ElicitationUrlModeSession, CreateElicitationRequestUrl1):
     """
     URL-based elicitation where the client directs the user to a URL.
     """
@@ -4634,7 +4634,7 @@ class CreateElicitationRequestUrl2(Session, CreateElicitationRequestUrl1):
     mode: Literal["url"]
 
 
-class CreateElicitationRequestUrl3(Request7, CreateElicitationRequestUrl1):
+class CreateElicitationRequestUrl3(ElicitationUrlModeRequest, CreateElicitationRequestUrl1):
     """
     URL-based elicitation where the client directs the user to a URL.
     """
@@ -4658,7 +4658,7 @@ class CreateElicitationRequestUrl3(Request7, CreateElicitationRequestUrl1):
     mode: Literal["url"]
 
 
-class Session2(ElicitationSessionScope):
+class Session(ElicitationSessionScope):
     """
     Tied to a session, optionally to a specific tool call within that session.
     """
@@ -4689,7 +4689,7 @@ class Session2(ElicitationSessionScope):
     """
 
 
-class Request5(ElicitationRequestScope):
+class Request3(ElicitationRequestScope):
     """
     Tied to a specific JSON-RPC request outside of a session
     (e.g., during auth/configuration phases before any session is started).
@@ -7900,7 +7900,7 @@ class ElicitationSchema(WireModel):
     """
 
 
-class Session3(ElicitationSessionScope):
+class ElicitationFormModeSession(ElicitationSessionScope):
     """
     Tied to a session, optionally to a specific tool call within that session.
     """
@@ -7915,7 +7915,7 @@ class Session3(ElicitationSessionScope):
     """
 
 
-class Request6(ElicitationRequestScope):
+class ElicitationFormModeRequest(ElicitationRequestScope):
     """
     Tied to a specific JSON-RPC request outside of a session
     (e.g., during auth/configuration phases before any session is started).
@@ -7931,8 +7931,8 @@ class Request6(ElicitationRequestScope):
     """
 
 
-class ElicitationFormMode(WireRootModel[Session3 | Request6]):
-    root: Session3 | Request6
+class ElicitationFormMode(WireRootModel[ElicitationFormModeSession | ElicitationFormModeRequest]):
+    root: ElicitationFormModeSession | ElicitationFormModeRequest
     """
     Form-based elicitation mode where the client renders a form from the provided schema.
     """
@@ -8874,7 +8874,7 @@ class ToolCallPermissionSubject(WireModel):
     """
 
 
-class CreateElicitationRequestForm2(Session3, CreateElicitationRequestForm1):
+class CreateElicitationRequestForm2(ElicitationFormModeSession, CreateElicitationRequestForm1):
     """
     Form-based elicitation where the client renders a form from the provided schema.
     """
@@ -8898,7 +8898,7 @@ class CreateElicitationRequestForm2(Session3, CreateElicitationRequestForm1):
     mode: Literal["form"]
 
 
-class CreateElicitationRequestForm3(Request6, CreateElicitationRequestForm1):
+class CreateElicitationRequestForm3(ElicitationFormModeRequest, CreateElicitationRequestForm1):
     """
     Form-based elicitation where the client renders a form from the provided schema.
     """
@@ -9603,8 +9603,8 @@ class AgentRequest(WireModel):
         | CreateElicitationRequestForm3
         | CreateElicitationRequestUrl2
         | CreateElicitationRequestUrl3
-        | Session2
-        | Request5
+        | Session
+        | Request3
         | Any
         | None
     ) = None
