@@ -2,6 +2,9 @@
 
 Inbound requests are dispatched through an explicit table (method name -> params model ->
 handler); the initialize rules are enforced by `InitializeGate` before anything is dispatched.
+The first `initialize` that succeeds fixes the connection's protocol version
+(`route_initialize`): v2 is served natively, v1 through a `V1Face` (`acp_once.agent.v1face`)
+that translates between the client and the agent, which sees v2 only.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ import itertools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 import anyio
 from pydantic import ValidationError
@@ -19,10 +22,13 @@ from pydantic import ValidationError
 from acp_once.agent.interface import Agent
 from acp_once.protocol import methods as m
 from acp_once.protocol import schema as s
-from acp_once.protocol.initialization import InitializeGate
+from acp_once.protocol.initialization import InitializeGate, route_initialize
 from acp_once.protocol.methods import to_wire
 from acp_once.rpc.connection import Connection, RequestContext
 from acp_once.rpc.streams import FrameStream
+
+if TYPE_CHECKING:
+    from acp_once.agent.v1face import V1Face
 
 _logger = logging.getLogger("acp_once.agent")
 
@@ -36,13 +42,19 @@ class ClientPeer:
 
     def __init__(self, connection: Connection) -> None:
         self._conn = connection
+        self.v1_face: V1Face | None = None
+        """Set on a v1 connection: updates and permission requests go out in v1's shape."""
 
     async def session_update(self, params: s.UpdateSessionNotification | dict[str, Any]) -> None:
-        """Send a `session/update` notification.
+        """Send a `session/update` notification (translated to v1 on a v1 connection).
 
         Raises:
             ConnectionClosed: the connection has ended.
         """
+        if self.v1_face is not None:
+            wire = to_wire(params)
+            await self.v1_face.session_update(wire["sessionId"], wire["update"])
+            return
         await self._conn.notify(m.SESSION_UPDATE, to_wire(params))
 
     async def request_permission(
@@ -55,6 +67,8 @@ class ClientPeer:
             ConnectionClosed: the connection ended first.
             RequestTimeout: no answer within `timeout` (a `$/cancel_request` was sent).
         """
+        if self.v1_face is not None:
+            return await self.v1_face.request_permission(params, timeout=timeout)
         result = await self._conn.request(
             m.SESSION_REQUEST_PERMISSION, to_wire(params), timeout=timeout
         )
@@ -97,6 +111,9 @@ class AgentSideConnection(anyio.AsyncContextManagerMixin):
 
     Use as `async with AgentSideConnection(agent, stream) as conn: await conn.wait_closed()`.
 
+    The connection's protocol version is fixed by the first `initialize` that succeeds
+    (`version`: None before, then 1 or 2); a v1 connection is served by its `v1_face`.
+
     `tenant` is who the connection was authenticated as (the name of the token that matched
     in `acp-once serve --tokens`), fixed for the connection's life; None (stdio, a single
     token) is the single-tenant case. `SessionAgent` shows a connection only its tenant's
@@ -127,10 +144,12 @@ class AgentSideConnection(anyio.AsyncContextManagerMixin):
         )
         self.client = ClientPeer(self._rpc)
         self.client_info: s.InitializeRequest | None = None
+        self.version: int | None = None
+        self.v1_face: V1Face | None = None
         # The explicit dispatch table: method -> handler. Params models come from
-        # acp_once.protocol.methods.AGENT_METHODS.
+        # acp_once.protocol.methods.AGENT_METHODS. `initialize` is not in it: its params are
+        # read by `route_initialize` before any model (they decide the version).
         self._routes: dict[str, _Route] = {
-            m.INITIALIZE: self._initialize,
             m.AUTH_LOGIN: agent.login,
             m.AUTH_LOGOUT: agent.logout,
             m.SESSION_NEW: agent.new_session,
@@ -148,7 +167,7 @@ class AgentSideConnection(anyio.AsyncContextManagerMixin):
         # the params validator of each routed method, looked up once instead of per request
         self._validators: dict[str, Callable[[Any], Any]] = {
             method: m.AGENT_METHODS[method].params.validate_python
-            for method in (*self._routes, *self._notification_routes)
+            for method in (m.INITIALIZE, *self._routes, *self._notification_routes)
         }
 
     @property
@@ -173,15 +192,33 @@ class AgentSideConnection(anyio.AsyncContextManagerMixin):
         """Wait until the client goes away."""
         await self._rpc.wait_closed()
 
-    async def _initialize(self, params: s.InitializeRequest, ctx: CallContext) -> Any:
-        result = await self.agent.initialize(params, ctx)
-        self.client_info = params
+    async def _initialize(self, params: dict[str, Any] | None, ctx: CallContext) -> Any:
+        """Answer `initialize` in the version it selects; the first success fixes the version
+        (the initialize gate lets no other request run meanwhile)."""
+        version, fields = route_initialize(params, self.version)
+        if version == 1:
+            from acp_once.agent.v1face import V1Face  # only v1 connections need it
+
+            face = self.v1_face or V1Face(self)
+            result = await face.initialize(fields, ctx)
+            self.v1_face = self.client.v1_face = face
+            self.version = 1
+            return result
+        typed = self._validators[m.INITIALIZE](fields)
+        result = to_wire(await self.agent.initialize(typed, ctx))
+        self.client_info = typed
+        self.version = 2
         return result
 
     async def _on_request(
         self, method: str, params: dict[str, Any] | None, req: RequestContext
     ) -> Any:
         ctx = CallContext(self, req)
+        if method == m.INITIALIZE:
+            return await self._initialize(params, ctx)
+        face = self.v1_face
+        if face is not None:
+            return await face.handle_request(method, params, ctx)
         route = self._routes.get(method)
         if route is None:
             return await self.agent.ext_method(method, params, ctx)
@@ -190,6 +227,9 @@ class AgentSideConnection(anyio.AsyncContextManagerMixin):
 
     async def _on_notification(self, method: str, params: dict[str, Any] | None) -> None:
         ctx = CallContext(self, None)
+        if self.v1_face is not None:
+            await self.v1_face.handle_notification(method, params, ctx)
+            return
         route = self._notification_routes.get(method)
         if route is None:
             if method != m.CANCEL_REQUEST:

@@ -884,8 +884,10 @@ class SessionAgent(Agent, anyio.AsyncContextManagerMixin):
         frame = encode_notification(SESSION_UPDATE, {"sessionId": session.id, "update": update})
         for conn in list(session.conns.values()):
             try:
+                if conn.v1_face is not None:  # a v1 client: its face translates (v1face.py)
+                    await conn.v1_face.session_update(session.id, update)
                 # no coroutine when the frame can be queued at once (the common case)
-                if not conn.rpc.send_encoded_nowait(frame):
+                elif not conn.rpc.send_encoded_nowait(frame):
                     await conn.rpc.send_encoded(frame)
             except ConnectionClosed:
                 session.conns.pop(conn.id, None)
