@@ -1,0 +1,190 @@
+"""`acp_once.protocol.v2_to_v1`: each v2 update, result and request in the shape a v1 client
+reads. Every translated update is validated against the vendored v1 schema's models."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from acp_once.protocol import v1
+from acp_once.protocol.v2_to_v1 import (
+    UpdateTranslator,
+    initialize_response,
+    permission_request,
+    stop_reason,
+)
+
+
+def v1_valid(updates: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    for update in updates:
+        v1.SessionNotification.model_validate({"sessionId": "s", "update": update})
+    return updates
+
+
+def text(value: str) -> dict[str, Any]:
+    return {"type": "text", "text": value}
+
+
+def test_whole_messages_become_one_chunk_per_block() -> None:
+    t = UpdateTranslator()
+    user = {"sessionUpdate": "user_message", "messageId": "u1", "content": [text("a"), text("b")]}
+    assert v1_valid(t.translate(user)) == [
+        {"sessionUpdate": "user_message_chunk", "content": text("a"), "messageId": "u1"},
+        {"sessionUpdate": "user_message_chunk", "content": text("b"), "messageId": "u1"},
+    ]
+    thought = {"sessionUpdate": "agent_thought", "messageId": "t1", "content": [text("hm")]}
+    assert [u["sessionUpdate"] for u in v1_valid(t.translate(thought))] == ["agent_thought_chunk"]
+    assert t.translate({"sessionUpdate": "agent_message", "messageId": "a0"}) == []
+
+
+def test_a_whole_message_after_its_chunks_is_not_sent_again() -> None:
+    t = UpdateTranslator()
+    chunk = {"sessionUpdate": "agent_message_chunk", "messageId": "a1", "content": text("he")}
+    assert v1_valid(t.translate(chunk)) == [chunk]
+    whole = {"sessionUpdate": "agent_message", "messageId": "a1", "content": [text("hello")]}
+    assert t.translate(whole) == []  # v1 cannot replace what was streamed
+    other = {**whole, "messageId": "a2"}
+    assert len(t.translate(other)) == 1
+
+
+def test_a_tool_call_is_created_once_then_updated_with_v1_statuses() -> None:
+    t = UpdateTranslator()
+    first = t.translate(
+        {
+            "sessionUpdate": "tool_call_update",
+            "toolCallId": "c1",
+            "title": "Read",
+            "kind": "read",
+            "status": "paused",
+            "capabilities": {"cancel": {}},
+        }
+    )
+    assert v1_valid(first) == [
+        {
+            "sessionUpdate": "tool_call",
+            "toolCallId": "c1",
+            "title": "Read",
+            "kind": "read",
+            "status": "in_progress",
+        }
+    ]
+    then = t.translate(
+        {"sessionUpdate": "tool_call_update", "toolCallId": "c1", "status": "cancelled"}
+    )
+    assert v1_valid(then) == [
+        {"sessionUpdate": "tool_call_update", "toolCallId": "c1", "status": "failed"}
+    ]
+    # an unseen id without a title still creates a valid v1 tool call
+    untitled = t.translate({"sessionUpdate": "tool_call_update", "toolCallId": "c2"})
+    assert v1_valid(untitled)[0]["sessionUpdate"] == "tool_call"
+
+
+def test_tool_content_chunks_are_sent_as_the_whole_content_so_far() -> None:
+    t = UpdateTranslator()
+    item = {"type": "content", "content": text("x")}
+    t.translate({"sessionUpdate": "tool_call_update", "toolCallId": "c1", "title": "Run"})
+    one = t.translate(
+        {"sessionUpdate": "tool_call_content_chunk", "toolCallId": "c1", "content": item}
+    )
+    two = t.translate(
+        {"sessionUpdate": "tool_call_content_chunk", "toolCallId": "c1", "content": item}
+    )
+    assert v1_valid(one)[0]["content"] == [item]
+    assert v1_valid(two)[0] == {
+        "sessionUpdate": "tool_call_update",
+        "toolCallId": "c1",
+        "content": [item, item],
+    }
+
+
+def test_plans_of_items_become_v1_plans_other_plans_are_dropped() -> None:
+    t = UpdateTranslator()
+    entries = [{"content": "step", "priority": "high", "status": "pending"}]
+    items = {"type": "items", "planId": "p", "entries": entries}
+    assert v1_valid(t.translate({"sessionUpdate": "plan_update", "plan": items})) == [
+        {"sessionUpdate": "plan", "entries": entries}
+    ]
+    markdown = {"type": "markdown", "planId": "p", "content": "# x"}
+    assert t.translate({"sessionUpdate": "plan_update", "plan": markdown}) == []
+
+
+@pytest.mark.parametrize(
+    "update",
+    [
+        {"sessionUpdate": "state_update", "state": "idle", "stopReason": "end_turn"},
+        {"sessionUpdate": "state_update", "state": "running"},
+        {"sessionUpdate": "plan_removed", "planId": "p"},
+        {"sessionUpdate": "terminal_output_chunk", "terminalId": "t", "data": "eA=="},
+        {"sessionUpdate": "notice", "severity": "info", "title": "hi"},
+        {"sessionUpdate": "_vendor_thing"},
+        {"no": "kind"},
+    ],
+)
+def test_v2_only_kinds_are_dropped(update: dict[str, Any]) -> None:
+    assert UpdateTranslator().translate(update) == []
+
+
+def test_kinds_with_the_same_shape_pass_unchanged() -> None:
+    t = UpdateTranslator()
+    for update in (
+        {"sessionUpdate": "usage_update", "used": 1, "size": 10},
+        {"sessionUpdate": "session_info_update", "title": "T"},
+        {"sessionUpdate": "available_commands_update", "availableCommands": []},
+    ):
+        assert v1_valid(t.translate(update)) == [update]
+
+
+def test_stop_reasons() -> None:
+    for reason in ("end_turn", "max_tokens", "max_turn_requests", "refusal", "cancelled"):
+        assert stop_reason(reason) == reason
+    assert stop_reason(None) == "end_turn"
+    assert stop_reason("_vendor_paused") == "end_turn"
+
+
+def test_initialize_response_is_v1s() -> None:
+    result = {
+        "protocolVersion": 2,
+        "info": {"name": "a", "version": "1"},
+        "capabilities": {"session": {"prompt": {"image": {}}, "delete": {}}},
+        "_meta": {"acpOnce": {"idempotencyKeys": True}},
+    }
+    response = initialize_response(result, load_session=True, session_methods=["list"])
+    parsed = v1.InitializeResponse.model_validate(response)
+    assert parsed.agent_capabilities is not None and parsed.agent_capabilities.load_session
+    assert response["agentCapabilities"]["promptCapabilities"] == {
+        "image": True,
+        "audio": False,
+        "embeddedContext": False,
+    }
+    assert response["agentCapabilities"]["sessionCapabilities"] == {"list": {}}
+    assert response["agentInfo"] == {"name": "a", "version": "1"}
+    assert "_meta" not in response
+
+
+def test_permission_requests_ask_about_a_tool_call() -> None:
+    options = [{"optionId": "allow_once", "kind": "allow_once", "name": "Allow"}]
+    about_tool = {
+        "sessionId": "s",
+        "title": "Write the file?",
+        "subject": {"type": "tool_call", "toolCall": {"toolCallId": "c1", "status": "paused"}},
+        "options": options,
+    }
+    params = permission_request(about_tool, "fallback")
+    v1.RequestPermissionRequest.model_validate(params)
+    assert params["toolCall"] == {
+        "toolCallId": "c1",
+        "status": "in_progress",
+        "title": "Write the file?",
+    }
+    about_command = {
+        "sessionId": "s",
+        "title": "Run it?",
+        "description": "rm -rf build",
+        "subject": {"type": "command", "command": "rm", "cwd": "/w"},
+        "options": options,
+    }
+    params = permission_request(about_command, "fallback")
+    v1.RequestPermissionRequest.model_validate(params)
+    assert params["toolCall"] == {"toolCallId": "fallback", "title": "Run it?: rm -rf build"}
+    assert params["options"] == options
