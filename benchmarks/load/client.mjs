@@ -22,6 +22,8 @@
 // Output, one JSON line each on stdout:
 //   {"opened": {"connections", "failed", "seconds", "errors"}}   once every connection is open
 //   (with --wait-go: then waits for a line "go" on stdin, so the caller can measure idle memory)
+//   {"window": "start"} and {"window": "end"}, when the measured window starts and ends (so the
+//   caller can read the server's CPU time over the same window)
 //   {"result": {"prompts", "seconds", "promptsPerSecond", "p50Ms", "p99Ms", "errors", ...}}
 // and exits. Exit status 1 when no connection could be opened.
 
@@ -36,7 +38,7 @@ import WebSocket from "ws";
 const { values: opts } = parseArgs({
   options: {
     transport: { type: "string", default: "ws" },
-    url: { type: "string" },
+    url: { type: "string", multiple: true },
     connections: { type: "string", default: "20" },
     active: { type: "string" },
     warmup: { type: "string", default: "2" },
@@ -51,7 +53,9 @@ const { values: opts } = parseArgs({
 });
 
 const TRANSPORT = opts.transport;
-const URL_ = opts.url;
+const URLS = opts.url ?? [];
+// With several --url (the nodes of a cluster), connection i goes to URLS[i % URLS.length].
+const urlOf = (index) => URLS[index % URLS.length];
 const N = Number(opts.connections);
 const ACTIVE = opts.active === undefined ? N : Math.min(N, Number(opts.active));
 const WARMUP_MS = Number(opts.warmup) * 1000;
@@ -64,7 +68,7 @@ const KEEP_CONNECTION_STREAM = opts["http-connection-stream"] === "keep";
 const PROMPT = [{ type: "text", text: opts.text }];
 const RUN = randomUUID().slice(0, 8);
 
-if (!URL_ || !["ws", "http"].includes(TRANSPORT) || !(N >= 1)) {
+if (URLS.length === 0 || !["ws", "http"].includes(TRANSPORT) || !(N >= 1)) {
   process.stderr.write("usage: client.mjs --transport ws|http --url URL --connections N [...]\n");
   process.exit(2);
 }
@@ -216,7 +220,7 @@ class Peer {
 class WsPeer extends Peer {
   connect() {
     return new Promise((resolve, reject) => {
-      const ws = new WebSocket(URL_, { localAddress: sourceAddress(this.index), perMessageDeflate: false });
+      const ws = new WebSocket(urlOf(this.index), { localAddress: sourceAddress(this.index), perMessageDeflate: false });
       this.ws = ws;
       ws.on("open", resolve);
       ws.on("error", (err) => {
@@ -270,6 +274,7 @@ class HttpPeer extends Peer {
   constructor(index) {
     super(index);
     this.dispatcher = dispatcherFor(index);
+    this.url = urlOf(index);
     this.connectionId = null;
     this.streams = [];
   }
@@ -281,7 +286,7 @@ class HttpPeer extends Peer {
   async call(method, params) {
     if (method !== "initialize") return super.call(method, params);
     const id = this.nextId++;
-    const res = await request(URL_, {
+    const res = await request(this.url, {
       method: "POST",
       dispatcher: this.dispatcher,
       headers: { "content-type": "application/json", accept: "application/json, text/event-stream" },
@@ -298,7 +303,7 @@ class HttpPeer extends Peer {
   async openStream(sessionId) {
     const headers = { accept: "text/event-stream", "acp-connection-id": this.connectionId };
     if (sessionId !== null) headers["acp-session-id"] = sessionId;
-    const res = await request(URL_, { method: "GET", dispatcher: this.dispatcher, headers });
+    const res = await request(this.url, { method: "GET", dispatcher: this.dispatcher, headers });
     if (res.statusCode !== 200) {
       const body = await res.body.text();
       throw new Error(`GET stream: HTTP ${res.statusCode} ${body.slice(0, 200)}`);
@@ -343,7 +348,7 @@ class HttpPeer extends Peer {
   sendFrame(text, sessionId) {
     const headers = { "content-type": "application/json", "acp-connection-id": this.connectionId };
     if (sessionId !== undefined && sessionId !== null) headers["acp-session-id"] = sessionId;
-    request(URL_, { method: "POST", dispatcher: this.dispatcher, headers, body: text }).then(
+    request(this.url, { method: "POST", dispatcher: this.dispatcher, headers, body: text }).then(
       async (res) => {
         const body = await res.body.text();
         if (res.statusCode !== 202 && res.statusCode !== 200) {
@@ -408,7 +413,10 @@ async function main() {
   window.end = window.start + DURATION_MS;
   window.running = true;
   for (const peer of active) peer.prompt();
-  await new Promise((resolve) => setTimeout(resolve, WARMUP_MS + DURATION_MS));
+  await new Promise((resolve) => setTimeout(resolve, WARMUP_MS));
+  emit({ window: "start" });
+  await new Promise((resolve) => setTimeout(resolve, window.end - performance.now()));
+  emit({ window: "end" });
   window.running = false;
   // Let the prompts in flight end (bounded), so the server is quiet when the caller reads it.
   await withTimeout(
