@@ -53,6 +53,7 @@ PUBLIC: dict[str, list[str]] = {
     "acp_once.client": [
         "AcpClient",
         "AgentPeer",
+        "AgentRefused",
         "Backoff",
         "Client",
         "ClientSession",

@@ -9,7 +9,8 @@
 
 * `AcpClient` and its `ClientSession`s: a key for every submission, a durable outbox
   (`open_outbox`, `Submission`), reconnect with `Backoff`, resume, resend by retry class;
-  `PromptCancelled` and `OutcomeUnknown` are the errors it adds. `ClientSession.prompt`
+  `PromptCancelled`, `OutcomeUnknown` and `AgentRefused` are the errors it adds. It speaks
+  ACP v2, and v1 to agents that answer `initialize` with v1. `ClientSession.prompt`
   returns a `PromptHandle`: awaited, the `messageId` at insertion; `finished()`, the
   `TurnResult` (stop reason, the agent's messages); `updates()`, the turn's `SessionUpdate`s.
 * The launchers it reaches the agent with: `StdioLauncher`, `WebSocketLauncher`,
@@ -22,13 +23,20 @@ from acp_once.client.connection import AgentPeer, ClientSideConnection
 from acp_once.client.interface import Client
 from acp_once.client.launchers import HttpLauncher, Launcher, StdioLauncher, WebSocketLauncher
 from acp_once.client.outbox import Outbox, Submission, open_outbox
-from acp_once.client.resilient import AcpClient, ClientSession, OutcomeUnknown, PromptCancelled
+from acp_once.client.resilient import (
+    AcpClient,
+    AgentRefused,
+    ClientSession,
+    OutcomeUnknown,
+    PromptCancelled,
+)
 from acp_once.client.turns import PromptHandle, SessionUpdate, TurnResult
 from acp_once.support.backoff import Backoff
 
 __all__ = [
     "AcpClient",
     "AgentPeer",
+    "AgentRefused",
     "Backoff",
     "Client",
     "ClientSession",

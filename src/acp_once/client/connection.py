@@ -1,4 +1,10 @@
-"""Binds a `Client` to a JSON-RPC connection, with typed calls to the agent."""
+"""Binds a `Client` to a JSON-RPC connection, with typed calls to the agent.
+
+A connection to an ACP v1 agent (`use_v1()`, after its `initialize` answer said so) hands the
+`Client` the same typed v2 objects as a v2 one: v1 `session/update`s are translated
+(`acp_once.protocol.v1_to_v2.V1Translator`, one per session) and v1 permission requests become
+v2 ones (the answers have one shape in both versions).
+"""
 
 from __future__ import annotations
 
@@ -12,8 +18,10 @@ from pydantic import BaseModel
 from acp_once.client.interface import Client
 from acp_once.protocol import methods as m
 from acp_once.protocol import schema as s
+from acp_once.protocol import v1
 from acp_once.protocol.methods import SetSessionConfigOptionParams, to_wire
 from acp_once.protocol.updates import validate_update_notification
+from acp_once.protocol.v1_to_v2 import V1Translator, permission_request_to_v2
 from acp_once.rpc.connection import Connection, PendingCall, RequestContext
 from acp_once.rpc.streams import FrameStream
 
@@ -117,6 +125,8 @@ class ClientSideConnection(anyio.AsyncContextManagerMixin):
             stream, on_request=self._on_request, on_notification=self._on_notification, name=name
         )
         self.agent = AgentPeer(self._rpc)
+        self.protocol_version = 2
+        self._translators: dict[str, V1Translator] = {}
 
     @property
     def rpc(self) -> Connection:
@@ -129,6 +139,17 @@ class ClientSideConnection(anyio.AsyncContextManagerMixin):
     async def wait_closed(self) -> None:
         await self._rpc.wait_closed()
 
+    def use_v1(self) -> None:
+        """The agent speaks ACP v1: translate what it sends into v2 from now on."""
+        self.protocol_version = 1
+
+    def translator(self, session_id: str) -> V1Translator:
+        """The v1 update translator of a session (made on first use)."""
+        translator = self._translators.get(session_id)
+        if translator is None:
+            translator = self._translators[session_id] = V1Translator(session_id)
+        return translator
+
     @contextlib.asynccontextmanager
     async def __asynccontextmanager__(self) -> AsyncIterator[Self]:
         async with self._rpc:
@@ -138,12 +159,24 @@ class ClientSideConnection(anyio.AsyncContextManagerMixin):
         self, method: str, params: dict[str, Any] | None, req: RequestContext
     ) -> Any:
         if method == m.SESSION_REQUEST_PERMISSION:
-            typed = s.RequestPermissionRequest.model_validate(params or {})
+            typed = (
+                permission_request_to_v2(v1.RequestPermissionRequest.model_validate(params or {}))
+                if self.protocol_version == 1
+                else s.RequestPermissionRequest.model_validate(params or {})
+            )
             return to_wire(await self.client.request_permission(typed, self))
         return await self.client.ext_method(method, params)
 
     async def _on_notification(self, method: str, params: dict[str, Any] | None) -> None:
         if method == m.SESSION_UPDATE:
+            if self.protocol_version == 1:
+                session_id = (params or {}).get("sessionId")
+                if not isinstance(session_id, str):
+                    v1.SessionNotification.model_validate(params or {})  # raises: says why
+                    return
+                for update in self.translator(session_id).translate_notification(params or {}):
+                    await self.client.session_update(update)
+                return
             await self.client.session_update(validate_update_notification(params))
         elif method != m.CANCEL_REQUEST:
             await self.client.ext_notification(method, params)

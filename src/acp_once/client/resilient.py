@@ -21,10 +21,26 @@ What it does for you (the RFD's "shiny future"):
   then resends: keyed prompts with their key, Idempotent requests as they are, Duplicating
   requests only when allowed, Not-retried messages never (`acp_once.protocol.retry`).
 
+**ACP v1 agents.** The client offers v2 at `initialize`. An agent that answers as v1 (its
+`protocolVersion` is 1, or its answer has v1's shape: no `info`) gets a v1 connection: new
+sessions with v1's `session/new` params, v1 updates translated to the same typed v2 updates
+(`acp_once.protocol.v1_to_v2`), prompts sent without a key and answered at the end of their
+turn (see `acp_once.client.turns` for what the `PromptHandle` offers then), `session/cancel`
+as in v2. v1 has no idempotency keys, so a resend after a lost answer may run the work twice:
+`on_unaware` decides. "refuse" refuses the agent (`AgentRefused` from `async with`), "warn"
+(the default) logs that once and proceeds, "trust" proceeds silently. Whatever the policy, a
+prompt whose answer was lost is resent on its own only under "trust"; otherwise it fails with
+`OutcomeUnknown`, and pending submissions of an earlier run are handed to the application
+(`stale()`, `on_stale`) instead of being resent. After a reconnect, each session is
+re-attached with v1's `session/load` when the agent advertises `loadSession` (the history it
+replays is not passed on: the application saw it live); without it the session cannot
+be re-attached, which is logged, and the agent answers later prompts for it with its error.
+
 Errors a caller sees: `PromptCancelled` (-32800: withdrawn, cancelled or closed before
 insertion), any other `AcpError` (a definite answer: nothing was inserted), `OutcomeUnknown`
 (the outcome is unknown and the client may not resend: a Duplicating request without
-permission, or an agent the application does not trust with keys).
+permission, or an agent the application does not trust with keys), `AgentRefused` (the agent's
+`initialize` answer is neither v1 nor v2, or it speaks v1 and `on_unaware` is "refuse").
 """
 
 from __future__ import annotations
@@ -33,6 +49,7 @@ import contextlib
 import inspect
 import logging
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Self
@@ -41,6 +58,7 @@ import anyio
 import orjson
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from pydantic import ValidationError
 
 from acp_once.client.connection import ClientSideConnection
 from acp_once.client.interface import Client
@@ -49,14 +67,16 @@ from acp_once.client.outbox import Outbox, Submission, open_outbox
 from acp_once.client.recovery import DEFAULT_MAX_AGE, Backoff, plan_resend
 from acp_once.client.turns import PromptHandle, UpdateCallback
 from acp_once.protocol import schema as s
-from acp_once.protocol.errors import AcpError, RequestCancelled, SessionNotFound
+from acp_once.protocol import v1
+from acp_once.protocol.errors import AcpError, MethodNotFound, RequestCancelled, SessionNotFound
 from acp_once.protocol.initialization import PROTOCOL_VERSION
 from acp_once.protocol.keys import new_key
 from acp_once.protocol.retry import may_resend
+from acp_once.protocol.v1_to_v2 import answer_version, idle_update, running_update, user_message
 from acp_once.rpc.connection import unwrap_single_exception
 from acp_once.rpc.errors import TransportError
 
-__all__ = ["AcpClient", "ClientSession", "OutcomeUnknown", "PromptCancelled"]
+__all__ = ["AcpClient", "AgentRefused", "ClientSession", "OutcomeUnknown", "PromptCancelled"]
 
 logger = logging.getLogger("acp_once.client")
 
@@ -72,6 +92,18 @@ class OutcomeUnknown(TransportError):
     """The outcome is unknown and the client may not resend on its own."""
 
 
+class AgentRefused(Exception):
+    """The client will not work with this agent: its `initialize` answer is neither ACP v1 nor
+    v2, or it speaks v1 and the unaware-agent policy is "refuse". The message says which."""
+
+
+V1_NO_KEYS = (
+    "the agent speaks ACP v1: v1 has no idempotency keys, so a resend after a lost answer "
+    "may run the work twice"
+)
+"""Why a v1 agent falls under the unaware-agent policy (`on_unaware`)."""
+
+
 PermissionHandler = Callable[[s.RequestPermissionRequest], Awaitable[s.RequestPermissionResponse]]
 StaleHandler = Callable[[Submission], Awaitable[None]]
 
@@ -83,6 +115,8 @@ class _Job:
     message_id: str | None = None
     error: BaseException | None = None
     attempts: int = 0
+    handle: PromptHandle | None = None  # the application's handle (none for a recovered one)
+    local_id: str | None = None  # v1: the id the client gives the prompt (no agent id exists)
 
 
 @dataclass(eq=False)
@@ -100,6 +134,8 @@ class _SessionState:
     # set once the previous `prompt()` call's submission is in the outbox and queued: calls
     # are written and sent in the order they were made
     added: anyio.Event = field(default_factory=anyio.Event)
+    # v1: a session/load runs; the history it replays was seen live and is not passed on
+    replaying: bool = False
 
     def __post_init__(self) -> None:
         self.added.set()
@@ -210,7 +246,10 @@ class AcpClient(anyio.AsyncContextManagerMixin):
             answer was lost; the extra session is left unused.
         on_unaware: what to do with an agent that does not say it honours keys in its
             `initialize` `_meta` (no capability exists for it): "trust" resends as usual,
-            "warn" logs a warning and resends, "refuse" raises `OutcomeUnknown` instead.
+            "warn" logs a warning and resends, "refuse" raises `OutcomeUnknown` instead. An
+            ACP v1 agent has no keys at all: "trust" resends a prompt whose answer was lost,
+            "warn" logs why once and never resends on its own, "refuse" refuses the agent
+            (`AgentRefused`).
         use_keys: False sends prompts without keys (only to demonstrate what keys prevent).
         on_permission: answers permission requests (default: cancelled, i.e. not approved).
         on_stale: receives stale submissions (also available from `stale()`).
@@ -252,7 +291,10 @@ class AcpClient(anyio.AsyncContextManagerMixin):
         self.connect_timeout = connect_timeout
         self.outbox: Outbox = outbox if not isinstance(outbox, str) else None  # type: ignore[assignment]
         self.agent_info: s.InitializeResponse | None = None
+        self.agent_info_v1: v1.InitializeResponse | None = None
+        self.protocol_version: int | None = None  # 2 or 1, once an agent answered
         self.keys_trusted = True
+        self._warned_v1 = False
         self.reconnects = 0
         self._sessions: dict[str, _SessionState] = {}
         self._conn: ClientSideConnection | None = None
@@ -294,16 +336,51 @@ class AcpClient(anyio.AsyncContextManagerMixin):
     # -- sessions ----------------------------------------------------------------------------
 
     async def new_session(self, cwd: str, **params: Any) -> ClientSession:
-        """Create a session (Duplicating: resent after a lost answer only when allowed)."""
+        """Create a session (Duplicating: resent after a lost answer only when allowed).
+
+        `params` are further `session/new` params; for a v1 agent, `mcpServers` (which v1
+        requires) defaults to none."""
+        await self._ready()
+        if self.protocol_version == 1:
+            params = {"mcpServers": [], **params}
         result = await self._call("session/new", {"cwd": cwd, **params})
         state = self._track(str(result["sessionId"]), cwd)
         return ClientSession(self, state)
 
     async def resume_session(self, session_id: str, cwd: str) -> ClientSession:
-        """Resume an existing session on this client (Idempotent)."""
+        """Resume an existing session on this client (Idempotent).
+
+        A v1 agent's session is loaded with `session/load` instead; the history v1 replays
+        then is not passed on (a v2 resume without replay sends none either).
+
+        Raises:
+            MethodNotFound: the agent speaks v1 and does not advertise `loadSession`.
+            AcpError: the agent's answer (e.g. `SessionNotFound`).
+        """
+        await self._ready()
+        if self.protocol_version == 1:
+            if not self._v1_can_load():
+                raise MethodNotFound(
+                    "The agent speaks ACP v1 and does not offer session/load: "
+                    "a session cannot be resumed"
+                )
+            state = self._track(session_id, cwd)
+            state.replaying = True
+            try:
+                await self._call("session/load", _load_params(session_id, cwd))
+            finally:
+                state.replaying = False
+            conn = await self._ready()
+            conn.translator(session_id).begin_turn()
+            return ClientSession(self, state)
         state = self._track(session_id, cwd)
         await self._call("session/resume", {"sessionId": session_id, "cwd": cwd})
         return ClientSession(self, state)
+
+    def _v1_can_load(self) -> bool:
+        info = self.agent_info_v1
+        caps = info.agent_capabilities if info is not None else None
+        return bool(caps is not None and caps.load_session)
 
     def session(self, session_id: str) -> ClientSession | None:
         state = self._sessions.get(session_id)
@@ -355,7 +432,7 @@ class AcpClient(anyio.AsyncContextManagerMixin):
                         started = True
                     attempt = 0  # a healthy connection resets the backoff
                     await conn.wait_closed()
-            except (TransportError, OSError, TimeoutError, AcpError) as exc:
+            except (TransportError, OSError, TimeoutError, AcpError, AgentRefused) as exc:
                 if not started:
                     raise  # the first connection must work: the caller hears why it did not
                 logger.warning("connection to the agent failed: %s", type(exc).__name__)
@@ -376,12 +453,19 @@ class AcpClient(anyio.AsyncContextManagerMixin):
             attempt += 1
 
     async def _handshake(self, conn: ClientSideConnection) -> None:
-        init = await conn.agent.initialize(
-            s.InitializeRequest.model_validate(
-                {"protocolVersion": PROTOCOL_VERSION, "info": self.info}
-            )
+        raw = await conn.rpc.request(
+            "initialize",
+            {"protocolVersion": PROTOCOL_VERSION, "info": self.info, "capabilities": {}},
         )
+        version = answer_version(raw)
+        if version == 1:
+            await self._handshake_v1(conn, v1.InitializeResponse.model_validate(raw))
+            return
+        if version is None:
+            raise AgentRefused(_not_acp(raw))
+        init = s.InitializeResponse.model_validate(raw)
         self.agent_info = init
+        self.protocol_version = 2
         meta = init.field_meta or {}
         advertised = isinstance(meta.get(KEYS_META), dict) and meta[KEYS_META].get(
             "idempotencyKeys"
@@ -402,6 +486,33 @@ class AcpClient(anyio.AsyncContextManagerMixin):
                 )
             except SessionNotFound:
                 logger.warning("session %s is gone from the agent", state.session_id)
+
+    async def _handshake_v1(self, conn: ClientSideConnection, init: v1.InitializeResponse) -> None:
+        if self.on_unaware == "refuse":
+            raise AgentRefused(f"{V1_NO_KEYS} (on_unaware='refuse')")
+        if self.on_unaware == "warn" and not self._warned_v1:
+            self._warned_v1 = True
+            logger.warning("%s; a prompt whose answer is lost is not resent", V1_NO_KEYS)
+        conn.use_v1()
+        self.agent_info_v1 = init
+        self.protocol_version = 1
+        self.keys_trusted = self.on_unaware == "trust"
+        for state in list(self._sessions.values()):
+            if not self._v1_can_load():
+                logger.warning(
+                    "session %s cannot be re-attached: the v1 agent does not offer session/load",
+                    state.session_id,
+                )
+                continue
+            state.replaying = True
+            try:
+                await conn.rpc.request("session/load", _load_params(state.session_id, state.cwd))
+            except AcpError as exc:
+                logger.warning("session %s could not be loaded: %s", state.session_id, exc.code)
+            finally:
+                state.replaying = False
+            # the replay's message ids belong to the history: the next turn starts afresh
+            conn.translator(state.session_id).begin_turn()
 
     async def _ready(self) -> ClientSideConnection:
         while True:
@@ -456,6 +567,8 @@ class AcpClient(anyio.AsyncContextManagerMixin):
                 job = self._enqueue(state, submission)
             finally:
                 added.set()
+            if job.handle is None:
+                job.handle = handle
             await job.done.wait()
         except Exception as exc:  # the outbox failed: the caller hears it from the handle
             handle._set_failed(exc)
@@ -515,6 +628,8 @@ class AcpClient(anyio.AsyncContextManagerMixin):
             params["idempotencyKey"] = submission.idempotency_key
         while True:
             conn = await self._ready()
+            if conn.protocol_version == 1:
+                return await self._send_v1(conn, job, params["prompt"])
             await self.outbox.record_attempt(submission.submission_id)
             job.attempts += 1
             try:
@@ -537,10 +652,66 @@ class AcpClient(anyio.AsyncContextManagerMixin):
             await self.outbox.complete(submission.submission_id)
             return str(result["messageId"])
 
+    async def _send_v1(
+        self, conn: ClientSideConnection, job: _Job, prompt: list[dict[str, Any]]
+    ) -> str:
+        """One v1 turn: no key; the answer comes at the end of the turn. A lost answer is
+        resent (as a new turn) only under `on_unaware="trust"`."""
+        submission = job.submission
+        session_id = submission.session_id
+        # a local id: v1 agents give none; never derived from the key, which stays private
+        message_id = job.local_id = job.local_id or f"v1_{uuid.uuid4().hex}"
+        if job.handle is not None:
+            job.handle._expect(message_id)
+        while True:
+            await self.outbox.record_attempt(submission.submission_id)
+            job.attempts += 1
+            conn.translator(session_id).begin_turn(message_id)
+            await self._dispatch_update(user_message(session_id, message_id, prompt))
+            await self._dispatch_update(running_update(session_id))
+            try:
+                result = await conn.rpc.request(
+                    "session/prompt", {"sessionId": session_id, "prompt": prompt}
+                )
+            except TransportError:
+                if not self.keys_trusted:
+                    await self.outbox.complete(submission.submission_id)
+                    raise OutcomeUnknown(
+                        f"The answer to session/prompt was lost and it was not resent: {V1_NO_KEYS}"
+                    ) from None
+                conn = await self._ready()
+                if conn.protocol_version != 1:
+                    raise OutcomeUnknown(
+                        "The answer to session/prompt was lost and the agent no longer "
+                        "speaks ACP v1"
+                    ) from None
+                logger.info("resending a v1 prompt after a lost answer (on_unaware='trust')")
+                continue
+            except RequestCancelled as exc:
+                await self.outbox.complete(submission.submission_id)
+                raise PromptCancelled(exc.message, exc.data) from None
+            except AcpError:
+                await self.outbox.complete(submission.submission_id)
+                raise
+            reason = result.get("stopReason") if isinstance(result, dict) else None
+            await self.outbox.complete(submission.submission_id)
+            await self._dispatch_update(
+                idle_update(session_id, reason if isinstance(reason, str) else None)
+            )
+            return message_id
+
     async def _recover_pending(self) -> None:
         """Resend what an earlier run left pending (after resuming its sessions)."""
         pending = await self.outbox.pending()
         if not pending:
+            return
+        await self._ready()
+        if self.protocol_version == 1 and not self.keys_trusted:
+            # no keys: a resend may run the work twice; the application decides
+            for sub in pending:
+                self._stale.append(sub)
+                if self.on_stale is not None:
+                    await self.on_stale(sub)
             return
         # a stale one and everything after it in its session go to the application
         resend, hand_over = plan_resend(pending, time.time(), self.max_age)
@@ -583,7 +754,7 @@ class AcpClient(anyio.AsyncContextManagerMixin):
 
     async def _dispatch_update(self, params: s.UpdateSessionNotification) -> None:
         state = self._sessions.get(params.session_id)
-        if state is None:
+        if state is None or state.replaying:
             return
         update = params.update
         for handle in list(state.handles):
@@ -604,3 +775,25 @@ class AcpClient(anyio.AsyncContextManagerMixin):
                 send.close()
             except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                 state.subscribers.remove(send)
+
+
+def _load_params(session_id: str, cwd: str) -> dict[str, Any]:
+    """v1 `session/load` params (v1 requires `mcpServers`)."""
+    return {"sessionId": session_id, "cwd": cwd, "mcpServers": []}
+
+
+def _not_acp(answer: Any) -> str:
+    """One line: why an `initialize` answer is neither ACP v1 nor v2."""
+    version = answer.get("protocolVersion") if isinstance(answer, dict) else None
+    if isinstance(version, int) and not isinstance(version, bool) and version > PROTOCOL_VERSION:
+        return f"the agent answered protocol version {version}; this client speaks 1 and 2"
+    model: type[s.InitializeResponse | v1.InitializeResponse] = (
+        v1.InitializeResponse if version == 1 else s.InitializeResponse
+    )
+    try:
+        model.model_validate(answer)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "the answer"
+        return f"the agent's initialize answer is not valid ACP: {where}: {first['msg']}"
+    return f"the agent's initialize answer is not ACP v1 or v2 (protocolVersion {version!r})"

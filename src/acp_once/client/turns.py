@@ -14,6 +14,15 @@ turn ends with an idle update, so an earlier turn ends when a later message's tu
 reconnect the client resumes the session and the agent reports its state: a turn that ended
 while the client was away ends then (an idle without stop reason: `None`), and a turn an agent
 restart interrupted ends with `stopReason: "error"`.
+
+Against an ACP v1 agent there is no insertion and no message id: a v1 `session/prompt` is
+answered once, at the end of its turn, with `{stopReason}`. The client then gives the prompt a
+local id (`v1_<hex>`, known to this client only, never sent) and reports the turn as a v2 agent
+would: its `user_message` under that id when the prompt is sent, the agent's updates
+translated to v2, and an idle `state_update` with the answer's stop reason. So `message_id` is
+the local id from the moment the prompt is sent, `updates()` streams the turn as it runs,
+`await handle` (`inserted()`) returns the local id at the end of the turn, and `finished()`
+gives its stop reason.
 """
 
 from __future__ import annotations
@@ -129,9 +138,11 @@ class PromptHandle:
     def __init__(self, session_id: str) -> None:
         self.session_id = session_id
         self._inserted = anyio.Event()
+        self._started = anyio.Event()  # inserted, failed, or (v1) the turn began
         self._ended = anyio.Event()
         self._changed = anyio.Event()
         self._message_id: str | None = None
+        self._accepted = False  # the agent answered the prompt with success
         self._error: BaseException | None = None
         self._early: list[SessionUpdate] = []
         self._early_mark: int | None = None  # where the latest connection's updates begin
@@ -147,7 +158,8 @@ class PromptHandle:
 
     @property
     def message_id(self) -> str | None:
-        """The inserted message's id; None until insertion."""
+        """The inserted message's id; None until insertion (against a v1 agent: the local id,
+        from the moment the prompt is sent)."""
         return self._message_id
 
     @property
@@ -167,7 +179,7 @@ class PromptHandle:
             OutcomeUnknown: the answer was lost and automatic resends are refused.
         """
         await self._inserted.wait()
-        if self._message_id is not None:
+        if self._accepted and self._message_id is not None:
             return self._message_id  # inserted, even if the turn's end was lost since
         assert self._error is not None
         raise self._error
@@ -191,7 +203,9 @@ class PromptHandle:
 
         Raises the errors of `finished()`.
         """
-        await self.inserted()
+        await self._started.wait()
+        if self._inserted.is_set():
+            await self.inserted()  # raises what the prompt failed with
         index = 0
         while True:
             while index < len(self._updates):
@@ -207,9 +221,17 @@ class PromptHandle:
 
     def _set_inserted(self, message_id: str, *, retried: bool) -> None:
         self._message_id = message_id
+        self._accepted = True
         # after a resend, the user message may have been broadcast on a connection that is gone
         self._assume_begun = self._assume_begun or retried
         self._inserted.set()
+        self._started.set()
+        self._try_begin()
+
+    def _expect(self, message_id: str) -> None:
+        """v1: the turn's user message will carry `message_id` (a local id); its turn is
+        followed from there, before the end-of-turn answer says it was accepted."""
+        self._message_id = message_id
         self._try_begin()
 
     def _set_failed(self, error: BaseException) -> None:
@@ -217,6 +239,7 @@ class PromptHandle:
             return
         self._error = error
         self._inserted.set()
+        self._started.set()
         self._finish()
 
     def _reconnected(self) -> None:
@@ -258,6 +281,7 @@ class PromptHandle:
             # it went with a lost connection: the turn is what the new connection reports
             start = self._early_mark if self._early_mark is not None else len(early)
         self._begun = True
+        self._started.set()
         self._early.clear()
         if start is not None:
             for update in early[start:]:

@@ -41,12 +41,15 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
+from pydantic import ValidationError
+
 from acp_once.protocol import schema as s
 from acp_once.protocol import v1
 from acp_once.protocol.updates import validate_update_notification
 
 __all__ = [
     "V1Translator",
+    "answer_version",
     "idle_update",
     "permission_request_to_v2",
     "running_update",
@@ -102,6 +105,31 @@ def _other(session_id: str, update: dict[str, Any]) -> s.UpdateSessionNotificati
     """The update kept as a generic v2 update (`SessionUpdateOther`), fields unchanged."""
     other = s.SessionUpdateOther.model_validate(update)
     return s.UpdateSessionNotification(session_id=session_id, update=other)
+
+
+def answer_version(result: Any) -> Literal[1, 2] | None:
+    """Which protocol an agent's answer to a v2 `initialize` speaks: 2 (a valid v2
+    `InitializeResponse`), 1 (a valid v1 one, with `protocolVersion: 1`, or with a higher
+    version copied from the request but in v1's shape: no `info`, v1's `agentCapabilities`),
+    or None (neither, or a version this code does not know)."""
+    if not isinstance(result, dict):
+        return None
+    version = result.get("protocolVersion")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        return None
+    if version >= 2:
+        try:
+            s.InitializeResponse.model_validate(result)
+        except ValidationError:
+            if "info" in result:
+                return None  # a v2 answer with a broken field, not a v1 one
+        else:
+            return 2 if version == 2 else None
+    try:
+        v1.InitializeResponse.model_validate(result)
+    except ValidationError:
+        return None
+    return 1
 
 
 def user_message(
