@@ -13,7 +13,14 @@ from pathlib import Path
 import pytest
 
 HERE = Path(__file__).resolve().parent
-PROJECT_FILES = ("package.json", "package-lock.json", ".npmrc", "ts_client.mjs", "ts_server.mjs")
+PROJECT_FILES = (
+    "package.json",
+    "package-lock.json",
+    ".npmrc",
+    "ts_client.mjs",
+    "ts_server.mjs",
+    "ts_v1_client.mjs",
+)
 
 
 @dataclass(frozen=True)
