@@ -1,5 +1,5 @@
 """`python -m acp_once` is the `acp-once` command."""
 
-from acp_once.cli.app import main
+from acp_once.cli.entry import main
 
 main()

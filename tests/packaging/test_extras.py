@@ -39,7 +39,7 @@ def _cli(blocked: list[str], *args: str, stdin: str = "") -> subprocess.Complete
         "import sys\n"
         f"for name in {blocked!r}: sys.modules[name] = None\n"
         "sys.argv = ['acp-once', *sys.argv[1:]]\n"
-        "from acp_once.cli.app import main\n"
+        "from acp_once.cli.entry import main\n"
         "main()\n"
     )
     return subprocess.run(
@@ -102,7 +102,7 @@ def test_a_command_that_needs_a_missing_extra_names_it() -> None:
     # anything), so the packages blocked change between commands: sys.modules is restored.
     code = (
         "import contextlib, io, json, sys\n"
-        "from acp_once.cli.app import main\n"
+        "from acp_once.cli.entry import main\n"
         "results = []\n"
         f"for blocked, args, _ in {NEEDS_AN_EXTRA!r}:\n"
         "    saved = {name: sys.modules.pop(name, None) for name in blocked}\n"

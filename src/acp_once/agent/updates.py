@@ -15,6 +15,7 @@ the client has not seen creates the call) and no `plan` kind (`plan_update` carr
 
 from __future__ import annotations
 
+import functools
 import typing
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -410,8 +411,11 @@ def selected_option(response: s.RequestPermissionResponse) -> str | None:
     return option_id if isinstance(option_id, str) else None
 
 
+@functools.cache
 def _kinds() -> dict[str, TypeAdapter[Any]]:
-    """Per `sessionUpdate` literal of the schema, an adapter over the kinds that name it."""
+    """Per `sessionUpdate` literal of the schema, an adapter over the kinds that name it.
+    Made on the first check, not at import: the unions' validators cost ~10 ms of every
+    agent process's start, and only `check_update`'s callers need them."""
     members = typing.get_args(s.UpdateSessionNotification.model_fields["update"].annotation)
     by_tag: dict[str, list[Any]] = {}
     for kind in members:
@@ -427,16 +431,13 @@ def _kinds() -> dict[str, TypeAdapter[Any]]:
     return adapters
 
 
-_KINDS = _kinds()
-
-
 def update_kinds() -> list[str]:
     """Every `sessionUpdate` value the schema names, sorted.
 
     Returns:
         The kinds.
     """
-    return sorted(_KINDS)
+    return sorted(_kinds())
 
 
 def check_update(update: Mapping[str, Any]) -> None:
@@ -450,7 +451,7 @@ def check_update(update: Mapping[str, Any]) -> None:
             fit the kind (the message names the field and says why).
     """
     kind = update.get("sessionUpdate")
-    adapter = _KINDS.get(kind) if isinstance(kind, str) else None
+    adapter = _kinds().get(kind) if isinstance(kind, str) else None
     if adapter is None:
         raise ValueError(
             f"invalid session update: unknown sessionUpdate {kind!r}; "

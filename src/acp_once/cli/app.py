@@ -5,7 +5,6 @@ from __future__ import annotations
 import enum
 import importlib.util
 import logging
-import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -13,6 +12,7 @@ import anyio
 import typer
 
 from acp_once.cli import _eventloop
+from acp_once.cli.stdio_agent import configure_logging, data_dir, make_store_dir
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -95,9 +95,6 @@ class Transport(enum.StrEnum):
     http = "http"
 
 
-LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
-# the startup URL of `serve` and `bridge`: one INFO record, shown at the default level
-_ADDRESS_LOGGER = "acp_once.server.address"
 # the level given before the command (`acp-once -v serve`), set by the app's callback
 _GLOBAL_LEVEL: dict[str, int | None] = {}
 
@@ -136,14 +133,7 @@ def _configure_logging(verbose: int = 0, log_level: LogLevel | None = None) -> N
     given before it: `acp-once -v serve`, else warning). The startup URL's INFO record is shown
     unless the level is error or above."""
     level = _chosen_level(verbose, log_level)
-    if level is None:
-        level = _GLOBAL_LEVEL.get("level")
-    if level is None:
-        level = logging.WARNING
-    logging.basicConfig(level=level, stream=sys.stderr, format=LOG_FORMAT, force=True)
-    logging.getLogger(_ADDRESS_LOGGER).setLevel(
-        min(level, logging.INFO) if level <= logging.WARNING else level
-    )
+    configure_logging(_GLOBAL_LEVEL.get("level") if level is None else level)
 
 
 @app.callback()
@@ -164,9 +154,7 @@ def _data_dir() -> Path:
     """The user's data directory for acp-once, as the platform has it (platformdirs):
     $XDG_DATA_HOME/acp-once or ~/.local/share/acp-once on Linux, ~/Library/Application
     Support/acp-once on macOS, %LOCALAPPDATA%\\acp-once on Windows."""
-    from platformdirs import user_data_dir
-
-    return Path(user_data_dir("acp-once", appauthor=False))
+    return data_dir()
 
 
 def _store_url(store: str | None, default_db: str, *, langgraph: bool = False) -> str:
@@ -185,10 +173,7 @@ def _store_url(store: str | None, default_db: str, *, langgraph: bool = False) -
             "the langgraph runtime keeps its threads in memory: or sqlite:PATH",
             param_hint="--store",
         )
-    if url.startswith("sqlite:") and url != "sqlite::memory:":
-        # `~` expanded (the store expands it too), the file's own directory private: 0700
-        db_dir = Path(url.removeprefix("sqlite:")).expanduser().parent
-        db_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    make_store_dir(url)
     return url
 
 
@@ -272,16 +257,14 @@ def agent(
     a user message (for fault-injection tests). With --runtime langgraph the same turn runs
     over a LangGraph thread per session, answered by a fake chat model that echoes.
     """
-    from acp_once.agent.reference import ReferenceAgent
-    from acp_once.agent.serve import serve_stdio
-    from acp_once.storage import open_store
-
     default_db = "langgraph.sqlite3" if runtime is Runtime.langgraph else "sessions.sqlite3"
     url = _store_url(store, default_db, langgraph=runtime is Runtime.langgraph)
     effects = side_effects or _data_dir() / "side-effects"
     _configure_logging(verbose, log_level)
 
     if runtime is Runtime.langgraph:
+        from acp_once.agent.serve import serve_stdio
+
         try:
             from acp_once.adapters.langgraph import LangGraphAgent, LangGraphStore
         except ImportError as exc:
@@ -304,20 +287,16 @@ def agent(
         _eventloop.run(run_langgraph)
         return
 
-    async def run() -> None:
-        async with (
-            open_store(url) as opened,
-            ReferenceAgent(
-                opened,
-                side_effects=effects,
-                policy="steer" if policy is Policy.steer else "hold",
-                compare_prompts=compare_prompts,
-                resume_interrupted=interrupted is Interrupted.continue_,
-            ) as reference,
-        ):
-            await serve_stdio(reference)
+    # the same start as `acp-once agent` without typer (acp_once.cli.entry's fast path)
+    from acp_once.cli.stdio_agent import run_reference
 
-    _eventloop.run(run)
+    run_reference(
+        url,
+        side_effects=effects,
+        policy=policy.value,
+        compare_prompts=compare_prompts,
+        resume_interrupted=interrupted is Interrupted.continue_,
+    )
 
 
 @app.command()

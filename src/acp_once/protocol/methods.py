@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, TypeAdapter
+from pydantic import BaseModel, ConfigDict, TypeAdapter
 
 from acp_once.protocol import schema as s
 
@@ -81,8 +81,16 @@ class MethodSpec:
     notification: bool = False
 
 
+# An adapter over a union builds its validator at once unless told to wait; a model's
+# adapter already waits (the models' own `defer_build`). Built at import, the union cost a few
+# milliseconds of every process's start, for a method most sessions never call.
+_DEFERRED = ConfigDict(defer_build=True)
+
+
 def _spec(method: str, params: Any, result: type[Any] | None) -> MethodSpec:
-    return MethodSpec(method, TypeAdapter(params), result, notification=result is None)
+    is_model = isinstance(params, type) and issubclass(params, BaseModel)
+    adapter = TypeAdapter(params) if is_model else TypeAdapter(params, config=_DEFERRED)
+    return MethodSpec(method, adapter, result, notification=result is None)
 
 
 AGENT_METHODS: dict[str, MethodSpec] = {

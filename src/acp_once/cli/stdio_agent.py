@@ -1,0 +1,215 @@
+"""`acp-once agent` without the command-line framework: its common forms parsed by hand.
+
+An editor starts `acp-once agent` and waits for its `initialize` answer; typer (with its
+option coercion through pydantic) cost about a quarter of that start. `parse_agent_args`
+reads the forms the command takes with the reference runtime and a memory or SQLite store
+(`--store X` or `--store=X`, `--policy`, `--compare-prompts/--no-compare-prompts`,
+`--side-effects`, `--interrupted`, `--runtime reference`, `-v`/`-vv`/`--verbose`,
+`--log-level`) and gives up (None) on anything else: help, an unknown option or value, a
+repeated option, a store URL `check_store_url` refuses, a PostgreSQL store, another runtime.
+Then `acp-once.cli.entry` hands the whole command line to the typer application, which parses
+it (and reports its errors) as it always did. The two paths start the same agent through
+`run_reference` (`tests/cli/test_cli_fast_agent.py` holds them equal option by option).
+
+This module imports neither typer nor rich, nor the agent before it runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = [
+    "LOG_FORMAT",
+    "AgentArgs",
+    "configure_logging",
+    "data_dir",
+    "make_store_dir",
+    "parse_agent_args",
+    "run_reference",
+    "try_fast_agent",
+]
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
+# the startup URL of `serve` and `bridge`: one INFO record, shown at the default level
+ADDRESS_LOGGER = "acp_once.server.address"
+
+_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING}
+_LEVELS["error"] = logging.ERROR
+_CHOICES = {
+    "--policy": ("hold", "steer"),
+    "--interrupted": ("report", "continue"),
+    "--runtime": ("reference",),
+}
+_VALUED = ("--store", "--side-effects", "--log-level", *_CHOICES)
+
+
+@dataclass(frozen=True, slots=True)
+class AgentArgs:
+    """The options of `acp-once agent` as the fast path read them (the typer command's
+    defaults where an option is absent)."""
+
+    store: str | None = None
+    policy: str = "hold"
+    compare_prompts: bool = True
+    side_effects: Path | None = None
+    interrupted: str = "report"
+    verbose: int = 0
+    log_level: str | None = None
+
+
+def data_dir() -> Path:
+    """The user's data directory for acp-once, as the platform has it (platformdirs):
+    $XDG_DATA_HOME/acp-once or ~/.local/share/acp-once on Linux, ~/Library/Application
+    Support/acp-once on macOS, %LOCALAPPDATA%\\acp-once on Windows."""
+    from platformdirs import user_data_dir
+
+    return Path(user_data_dir("acp-once", appauthor=False))
+
+
+def make_store_dir(url: str) -> None:
+    """Create the directory of a `sqlite:PATH` store's file, private (0700), `~` expanded as
+    the store expands it; nothing for other stores."""
+    if url.startswith("sqlite:") and url != "sqlite::memory:":
+        db_dir = Path(url.removeprefix("sqlite:")).expanduser().parent
+        db_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+
+
+def chosen_level(verbose: int, log_level: str | None) -> int | None:
+    """The level `--log-level` (a name, any case) or `-v` (info) / `-vv` (debug) asks for;
+    None when neither is given."""
+    if log_level is not None:
+        return _LEVELS[log_level.lower()]
+    if verbose:
+        return logging.DEBUG if verbose > 1 else logging.INFO
+    return None
+
+
+def configure_logging(level: int | None) -> None:
+    """One format on stderr for every record, at `level` (None: warning). The startup URL's
+    INFO record is shown unless the level is error or above."""
+    if level is None:
+        level = logging.WARNING
+    logging.basicConfig(level=level, stream=sys.stderr, format=LOG_FORMAT, force=True)
+    logging.getLogger(ADDRESS_LOGGER).setLevel(
+        min(level, logging.INFO) if level <= logging.WARNING else level
+    )
+
+
+def parse_agent_args(argv: Sequence[str]) -> AgentArgs | None:
+    """The options after `agent` read by hand, or None when they are not one of the forms
+    this path takes (the typer application then parses them, errors included).
+
+    Args:
+        argv: the arguments after `agent`.
+
+    Returns:
+        The options, or None.
+    """
+    values: dict[str, str] = {}
+    flags: dict[str, bool] = {}
+    verbose = 0
+    args = list(argv)
+    while args:
+        arg = args.pop(0)
+        if arg in ("-v", "-vv", "-vvv", "--verbose"):
+            verbose += 1 if arg == "--verbose" else len(arg) - 1
+            continue
+        if arg in ("--compare-prompts", "--no-compare-prompts"):
+            if "compare" in flags:
+                return None
+            flags["compare"] = arg == "--compare-prompts"
+            continue
+        name, eq, value = arg.partition("=")
+        if name not in _VALUED or name in values:
+            return None
+        if not eq:
+            if not args:
+                return None
+            value = args.pop(0)
+        if not value or value.startswith("-"):
+            return None
+        if name in _CHOICES and value not in _CHOICES[name]:
+            return None
+        if name == "--log-level" and value.lower() not in _LEVELS:
+            return None
+        values[name] = value
+    side_effects = values.get("--side-effects")
+    return AgentArgs(
+        store=values.get("--store"),
+        policy=values.get("--policy", "hold"),
+        compare_prompts=flags.get("compare", True),
+        side_effects=Path(side_effects) if side_effects is not None else None,
+        interrupted=values.get("--interrupted", "report"),
+        verbose=verbose,
+        log_level=values.get("--log-level"),
+    )
+
+
+def run_reference(
+    url: str,
+    *,
+    side_effects: Path,
+    policy: str,
+    compare_prompts: bool,
+    resume_interrupted: bool,
+) -> None:
+    """Serve the reference agent on this process's stdin and stdout until stdin closes, on
+    the store `url` (checked, its directory made), on the commands' event loop.
+
+    Raises:
+        StorageError: the store cannot be opened.
+    """
+    from acp_once.agent.reference import ReferenceAgent
+    from acp_once.agent.serve import serve_stdio
+    from acp_once.cli import _eventloop
+    from acp_once.storage import open_store
+
+    async def run() -> None:
+        async with (
+            open_store(url) as opened,
+            ReferenceAgent(
+                opened,
+                side_effects=side_effects,
+                policy="steer" if policy == "steer" else "hold",
+                compare_prompts=compare_prompts,
+                resume_interrupted=resume_interrupted,
+            ) as reference,
+        ):
+            await serve_stdio(reference)
+
+    _eventloop.run(run)
+
+
+def try_fast_agent(argv: Sequence[str]) -> bool:
+    """Run `acp-once agent ARGV` here when `parse_agent_args` takes ARGV and its store is
+    memory or SQLite; False (nothing done) otherwise, for the typer application to handle.
+
+    Raises:
+        KeyboardInterrupt, StorageError: from the running agent.
+    """
+    from acp_once.storage import check_store_url
+
+    args = parse_agent_args(argv)
+    if args is None:
+        return False
+    try:
+        url = check_store_url(args.store or f"sqlite:{data_dir() / 'sessions.sqlite3'}")
+    except ValueError:
+        return False
+    if not url.startswith(("memory:", "sqlite:")):
+        return False
+    make_store_dir(url)
+    side_effects = args.side_effects or data_dir() / "side-effects"
+    configure_logging(chosen_level(args.verbose, args.log_level))
+    run_reference(
+        url,
+        side_effects=side_effects,
+        policy=args.policy,
+        compare_prompts=args.compare_prompts,
+        resume_interrupted=args.interrupted == "continue",
+    )
+    return True
