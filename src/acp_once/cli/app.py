@@ -72,6 +72,14 @@ class Policy(enum.StrEnum):
     steer = "steer"
 
 
+class Unaware(enum.StrEnum):
+    """What the client does with an agent that may not honour keys (e.g. an ACP v1 agent)."""
+
+    warn = "warn"
+    refuse = "refuse"
+    trust = "trust"
+
+
 class Interrupted(enum.StrEnum):
     """What becomes of work a crash interrupted."""
 
@@ -85,6 +93,7 @@ class Runtime(enum.StrEnum):
 
     reference = "reference"
     langgraph = "langgraph"
+    v1 = "v1"
 
 
 class Transport(enum.StrEnum):
@@ -208,8 +217,9 @@ def demo(
     raise typer.Exit(show_demo(submissions=submissions, seed=seed, transport="http"))
 
 
-@app.command()
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def agent(
+    ctx: typer.Context,
     store: Annotated[
         str | None,
         typer.Option(
@@ -240,7 +250,8 @@ def agent(
         Runtime,
         typer.Option(
             help="reference: our own store; langgraph: sessions in a LangGraph checkpointer "
-            "(memory: or sqlite:PATH; needs the langgraph extra)"
+            "(memory: or sqlite:PATH; needs the langgraph extra); v1: the v1 agent given "
+            "after -- served as v2 with keys"
         ),
     ] = Runtime.reference,
     verbose: _VerboseOption = 0,
@@ -256,7 +267,32 @@ def agent(
     ACP_ONCE_CRASH=after-insert makes it exit right after committing
     a user message (for fault-injection tests). With --runtime langgraph the same turn runs
     over a LangGraph thread per session, answered by a fake chat model that echoes.
+
+    With --runtime v1 -- CMD ARGS, the turns are run by the ACP v1 stdio agent CMD (a child
+    process): it is served as v2 with idempotency keys kept in the store (see
+    docs/guide/upgrade.md).
     """
+    if runtime is Runtime.v1:
+        from acp_once.cli.upgrade import run_upgrade
+
+        if interrupted is Interrupted.continue_:
+            raise typer.BadParameter(
+                "the v1 runtime never runs interrupted work again", param_hint="--interrupted"
+            )
+        url = _store_url(store, "sessions.sqlite3")
+        _configure_logging(verbose, log_level)
+        raise typer.Exit(
+            run_upgrade(
+                list(ctx.args),
+                url,
+                policy="steer" if policy is Policy.steer else "hold",
+                compare_prompts=compare_prompts,
+            )
+        )
+    if ctx.args:
+        raise typer.BadParameter(
+            f"unexpected arguments: {' '.join(ctx.args)} (-- CMD needs --runtime v1)"
+        )
     default_db = "langgraph.sqlite3" if runtime is Runtime.langgraph else "sessions.sqlite3"
     url = _store_url(store, default_db, langgraph=runtime is Runtime.langgraph)
     effects = side_effects or _data_dir() / "side-effects"
@@ -601,6 +637,13 @@ def prompt(
     wait: Annotated[
         float, typer.Option(help="seconds to wait for the turn to end (0: don't)")
     ] = 60.0,
+    on_unaware: Annotated[
+        Unaware,
+        typer.Option(
+            help="an agent that may not honour keys (an ACP v1 agent has none): warn once, "
+            "refuse it, or trust it (a lost answer is then resent and may run twice)"
+        ),
+    ] = Unaware.warn,
     verbose: _VerboseOption = 0,
     log_level: _LogLevelOption = None,
 ) -> None:
@@ -625,6 +668,7 @@ def prompt(
                 cwd=str(Path(cwd).resolve()),
                 outbox=f"sqlite:{outbox}" if outbox else "memory:",
                 wait=wait,
+                on_unaware=on_unaware.value,
             )
         )
     )

@@ -1,0 +1,47 @@
+"""`acp-once agent --runtime v1 -- CMD ARGS`: a v1 stdio agent served as v2 on our stdio."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import typer
+
+from acp_once.agent.runtime import HeldPolicy
+from acp_once.cli import _eventloop
+
+__all__ = ["run_upgrade"]
+
+logger = logging.getLogger("acp_once.upgrade")
+
+
+def run_upgrade(
+    command: Sequence[str], url: str, *, policy: HeldPolicy, compare_prompts: bool
+) -> int:
+    """Serve the v1 agent `command` as v2 on stdin/stdout over the store `url` until stdin
+    closes; returns the exit code (1: the agent could not be started, said on stderr).
+
+    Raises:
+        typer.BadParameter: no command was given.
+    """
+    if not command:
+        raise typer.BadParameter("give the v1 agent's command after --, e.g. -- python my_agent.py")
+    from acp_once.agent.serve import serve_stdio
+    from acp_once.storage import open_store
+    from acp_once.upgrade import ChildError, UpgradedAgent
+
+    async def run() -> None:
+        async with (
+            open_store(url) as store,
+            UpgradedAgent(
+                store, command, policy=policy, compare_prompts=compare_prompts
+            ) as upgraded,
+        ):
+            await serve_stdio(upgraded)
+
+    try:
+        _eventloop.run(run)
+    except ChildError as exc:
+        logger.error("%s", exc)
+        return 1
+    return 0
