@@ -12,6 +12,7 @@ from acp_once.protocol import schema as s
 from acp_once.protocol import v1
 from acp_once.protocol.v1_to_v2 import (
     V1Translator,
+    answer_version,
     idle_update,
     permission_request_to_v2,
     running_update,
@@ -241,3 +242,32 @@ def test_default_ids_are_unique() -> None:
     tr = V1Translator("sess_1")
     ids = {tr.begin_turn() for _ in range(100)}
     assert len(ids) == 100
+
+
+@pytest.mark.parametrize(
+    ("answer", "version"),
+    [
+        ({"protocolVersion": 2, "info": {"name": "a", "version": "1"}, "capabilities": {}}, 2),
+        ({"protocolVersion": 1, "agentCapabilities": {"loadSession": True}}, 1),
+        ({"protocolVersion": 1}, 1),
+        # an official-SDK agent copying the client's version, in v1's shape
+        (
+            {
+                "protocolVersion": 2,
+                "agentCapabilities": {},
+                "agentInfo": {"name": "a", "version": "1"},
+            },
+            1,
+        ),
+        ({"protocolVersion": 2}, None),  # v2 without its required `info`, nothing of v1's
+        ({"protocolVersion": 2, "info": "broken"}, None),
+        ({"protocolVersion": 3, "info": {"name": "a", "version": "1"}}, None),
+        ({"protocolVersion": 0}, None),
+        ({"protocolVersion": True}, None),
+        ({"info": {"name": "a", "version": "1"}}, None),
+        ([], None),
+        (None, None),
+    ],
+)
+def test_answer_version_tells_v1_from_v2(answer: Any, version: int | None) -> None:
+    assert answer_version(answer) == version

@@ -14,6 +14,7 @@ is a warning and a failed MAY is "not implemented"; only a failed MUST fails the
 
 from __future__ import annotations
 
+import shlex
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -38,8 +39,9 @@ from acp_once.conformance import (
     write_junit,
 )
 from acp_once.conformance.rules import explain_refs
+from acp_once.conformance.suite import AgentSpeaksV1
 
-__all__ = ["list_checks", "run_check"]
+__all__ = ["EXIT_V1", "list_checks", "run_check"]
 
 _STYLE = {Status.PASSED: "green", Status.FAILED: "red", Status.SKIPPED: "yellow"}
 _MARK = {Status.PASSED: "✓", Status.FAILED: "✗", Status.SKIPPED: "-"}
@@ -81,7 +83,8 @@ def run_check(
 ) -> int:
     """Run the conformance suite; return the exit status (1 when a MUST fails, 2 on misuse:
     no target, a bad URL, a target that did not start or initialize, an `--only` pattern that
-    matches no check, a timeout that is not positive).
+    matches no check, a timeout that is not positive; `EXIT_V1` (3) when the agent speaks ACP
+    v1, said in one line: the suite checks v2 agents).
 
     `select`: fnmatch patterns of the requirement ids to run (default: every check); a value
     may hold several, separated by commas. `timeout`: seconds any one answer may take.
@@ -118,6 +121,8 @@ def run_check(
         )
         try:
             report = _run(remote, out, slow_prompt=slow_prompt, timeout=timeout, select=select)
+        except AgentSpeaksV1:
+            return _speaks_v1(out, None)
         except (TargetUnavailable, OSError) as exc:
             out.print(f"acp-once check: could not connect to and initialize {target}: {exc}")
             return 2
@@ -135,6 +140,8 @@ def run_check(
         agent = StdioLauncher(command, stderr=stderr.fileno(), shutdown_timeout=3.0)
         try:
             report = _run(agent, out, slow_prompt=slow_prompt, timeout=timeout, select=select)
+        except AgentSpeaksV1:
+            return _speaks_v1(out, command)
         except (TargetUnavailable, OSError) as exc:
             stderr.seek(0)
             tail = stderr.read().decode("utf-8", "replace")[-2000:]
@@ -143,6 +150,25 @@ def run_check(
                 out.print(tail, markup=False, highlight=False)
             return 2
     return _finish(out, report, json_report=json_report, junit=junit)
+
+
+EXIT_V1 = 3
+"""`acp-once check`'s exit status for an agent that speaks ACP v1."""
+
+
+def _speaks_v1(out: Console, command: list[str] | None) -> int:
+    """One line: the agent speaks v1, and how to check it anyway."""
+    behind = "acp-once agent --runtime v1 --store STORE -- " + (
+        shlex.join(command) if command else "CMD"
+    )
+    out.print(
+        "acp-once check: this agent speaks ACP v1; the conformance suite checks v2 agents; "
+        f"run it behind `{behind}` to get keys",
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )
+    return EXIT_V1
 
 
 def _finish(out: Console, report: Report, *, json_report: Path | None, junit: Path | None) -> int:

@@ -1,15 +1,18 @@
 """`acp-once prompt`: one prompt, its turn streamed readably as it arrives.
 
 The agent is a command (run over stdio), a `ws://`/`wss://` URL (WebSocket) or an
-`http(s)://` URL (Streamable HTTP), both as served by `acp-once serve`.
+`http(s)://` URL (Streamable HTTP), both as served by `acp-once serve`. An agent that speaks
+ACP v1 works too: the prompt goes without a key, its turn is streamed the same way, and the
+unaware-agent policy (`on_unaware`) says what a lost answer means (see `AcpClient`).
 """
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import shlex
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 import orjson
@@ -18,6 +21,7 @@ from rich.markup import escape
 
 from acp_once.client import (
     AcpClient,
+    AgentRefused,
     ClientSession,
     HttpLauncher,
     Launcher,
@@ -127,10 +131,15 @@ async def run_prompt(
     outbox: str,
     wait: float,
     token: str | None = None,
+    on_unaware: Literal["trust", "warn", "refuse"] = "warn",
 ) -> int:
     """Send `text` to `agent` (see `launcher_for`) and print its turn; return the exit status:
     0 the turn ended (or was not waited for), 1 refused, unreachable, a failed turn, or no end
-    within `wait` seconds. Failures are one line on stdout, never a traceback."""
+    within `wait` seconds. Failures are one line on stdout, never a traceback.
+
+    Against an ACP v1 agent the turn is always followed (its answer comes at its end; with
+    `wait` 0, for as long as it runs), and a pending submission of a killed run is not
+    finished but dropped: v1 has no keys, so this run's prompt is a new one."""
     console = Console(stderr=False, highlight=False)
     launcher: Launcher | None = None
     blocks = orjson.dumps([{"type": "text", "text": text}])
@@ -139,7 +148,9 @@ async def run_prompt(
         launcher = launcher_for(agent, token)
         # a stdio agent that exits is started again; a server that is gone is not waited for
         backoff = Backoff(max_attempts=5) if not isinstance(launcher, StdioLauncher) else None
-        async with AcpClient(launcher, outbox=outbox, backoff=backoff) as client:
+        async with AcpClient(
+            launcher, outbox=outbox, backoff=backoff, on_unaware=on_unaware
+        ) as client:
             # A pending submission of a killed run with this text is this submission: finish it.
             pending = [
                 p
@@ -155,6 +166,10 @@ async def run_prompt(
                 target = await client.new_session(cwd)
             assert target is not None
             console.print(f"[dim]session {target.session_id}[/]")
+            if client.protocol_version == 1:
+                for stale in pending:
+                    await client.discard(stale)
+                return await _prompt_v1(target, text, console, wait, dropped=bool(pending))
             key = pending[0].idempotency_key if pending else None
             turn = target.prompt(text, idempotency_key=key)
             message_id = await turn
@@ -173,6 +188,9 @@ async def run_prompt(
     except AcpError as exc:
         console.print(f"[bold red]refused[/] ({exc.code}): {escape(exc.message)}", soft_wrap=True)
         return 1
+    except AgentRefused as exc:
+        console.print(f"[bold red]refused the agent:[/] {escape(str(exc))}", soft_wrap=True)
+        return 1
     except (TransportError, OSError, TimeoutError, anyio.BrokenResourceError) as exc:
         noted = getattr(launcher, "last_failure", None)
         reason = escape(_reason(exc, noted))
@@ -182,6 +200,26 @@ async def run_prompt(
         console.print(f"[bold red]bad --agent:[/] {escape(str(exc))}", soft_wrap=True)
         return 1
     return status
+
+
+async def _prompt_v1(
+    session: ClientSession, text: str, console: Console, wait: float, *, dropped: bool
+) -> int:
+    """One prompt to an ACP v1 agent: no key, no message id; the turn streamed as it runs."""
+    if dropped:
+        console.print(
+            "[yellow]a killed run's submission of this text was dropped, not finished: "
+            "ACP v1 has no idempotency keys; this is a new prompt[/]",
+            soft_wrap=True,
+        )
+    console.print("[dim]ACP v1 agent: sent without an idempotency key[/]")
+    turn = session.prompt(text)
+    renderer = Renderer(console)
+    with anyio.move_on_after(wait if wait > 0 else math.inf):
+        return await _follow(turn, renderer, console)
+    renderer.finish()
+    console.print(f"[bold red]the turn did not end within {wait:g} s[/]")
+    return 1
 
 
 def _reason(exc: BaseException, noted: str | None = None) -> str:

@@ -19,9 +19,17 @@ from acp_once.conformance.harness import (
 )
 from acp_once.conformance.model import CheckResult, Report, Status
 from acp_once.protocol.errors import AcpError
+from acp_once.protocol.v1_to_v2 import answer_version
 from acp_once.rpc.errors import ConnectionClosed, TransportError
 
-__all__ = ["TargetUnavailable", "checks_for", "preflight", "run_check", "run_suite"]
+__all__ = [
+    "AgentSpeaksV1",
+    "TargetUnavailable",
+    "checks_for",
+    "preflight",
+    "run_check",
+    "run_suite",
+]
 
 ResultCallback = Callable[[CheckResult], None]
 
@@ -30,18 +38,25 @@ class TargetUnavailable(Exception):
     """The target could not even be connected to and initialized; no check was run."""
 
 
+class AgentSpeaksV1(Exception):
+    """The target answered `initialize` as an ACP v1 agent; no check was run (the checks are
+    about v2's idempotency keys, which v1 does not have)."""
+
+
 async def preflight(target: Launcher | Target, timeout: float = 30.0) -> None:
     """Connect once and initialize.
 
     Raises:
         TargetUnavailable: the agent could not be started, or did not answer `initialize`.
+        AgentSpeaksV1: the agent answered `initialize` as an ACP v1 agent.
     """
     ctx = CheckContext(Target.of(target), SuiteState(), slow_prompt="", timeout=timeout)
+    answer: object = None
     try:
         # the start as well as the answer: a command that never opens its pipes
         with anyio.fail_after(timeout):
-            async with ctx.connect():
-                pass
+            async with ctx.connect() as probe:
+                answer = probe.initialize_result
     except Exception as raised:  # reported as one clear error
         exc = _leaf(raised)
         failure = ctx.non_json_failure()
@@ -55,6 +70,8 @@ async def preflight(target: Launcher | Target, timeout: float = 30.0) -> None:
             case _:
                 message = f"{type(exc).__name__}: {exc}"
         raise TargetUnavailable(message) from exc
+    if answer_version(answer) == 1:
+        raise AgentSpeaksV1("the agent answered initialize with ACP v1")
 
 
 def checks_for(select: Iterable[str] | None = None) -> list[Check]:
@@ -179,6 +196,7 @@ async def run_suite(
 
     Raises:
         TargetUnavailable: the target did not start or answer `initialize` (nothing was run).
+        AgentSpeaksV1: the target speaks ACP v1 (nothing was run).
     """
     target = Target.of(target)
     await preflight(target, timeout)

@@ -110,8 +110,8 @@ def _other(session_id: str, update: dict[str, Any]) -> s.UpdateSessionNotificati
 def answer_version(result: Any) -> Literal[1, 2] | None:
     """Which protocol an agent's answer to a v2 `initialize` speaks: 2 (a valid v2
     `InitializeResponse`), 1 (a valid v1 one, with `protocolVersion: 1`, or with a higher
-    version copied from the request but in v1's shape: no `info`, v1's `agentCapabilities`),
-    or None (neither, or a version this code does not know)."""
+    version copied from the request but in v1's shape: no `info`, and v1's `agentCapabilities`
+    or `agentInfo`), or None (neither, or a version this code does not know)."""
     if not isinstance(result, dict):
         return None
     version = result.get("protocolVersion")
@@ -121,8 +121,8 @@ def answer_version(result: Any) -> Literal[1, 2] | None:
         try:
             s.InitializeResponse.model_validate(result)
         except ValidationError:
-            if "info" in result:
-                return None  # a v2 answer with a broken field, not a v1 one
+            if "info" in result or not {"agentCapabilities", "agentInfo"} & result.keys():
+                return None  # a broken v2 answer: nothing in it is v1's
         else:
             return 2 if version == 2 else None
     try:
