@@ -3,7 +3,8 @@
 agent negotiates v1 at `initialize` and serves the SDK in v1 (its v1 face).
 
 Also: a v1 client (the SDK) and a v2 client (acp-once's `ClientSideConnection`) use one SQLite
-session in turn, each in a process of its own, and see the same conversation.
+session in turn, each in a process of its own, and see the same conversation; and the
+LangGraph adapter (`acp-once agent --runtime langgraph`) serves the SDK in v1 as well.
 """
 
 from __future__ import annotations
@@ -207,3 +208,20 @@ async def test_a_v1_client_and_a_v2_client_use_one_sqlite_session_in_turn(tmp_pa
     ]
     assert seen_by_v2 == seen_by_v1 == expected
     assert all(KEY not in str(update) for update in last.updates)
+
+
+async def test_the_sdk_client_drives_the_langgraph_adapter_in_v1(tmp_path: Path) -> None:
+    """`acp-once agent --runtime langgraph` (a LangGraph thread per session) gets v1 the same
+    way: the SDK's client runs a turn, and a new process loads the thread's history."""
+    command = agent_command(f"sqlite:{tmp_path / 'threads.sqlite3'}", tmp_path)
+    command[4:4] = ["--runtime", "langgraph"]
+    first, second = SdkClient(), SdkClient()
+    with anyio.fail_after(TIMEOUT):
+        async with sdk_client(command, first) as conn:
+            sid = (await conn.new_session(cwd=str(tmp_path))).session_id
+            done = await conn.prompt(session_id=sid, prompt=text_prompt("graph turn"))
+            assert done.stop_reason == "end_turn"
+            assert first.texts("agent_message_chunk") == ["graph turn"]
+        async with sdk_client(command, second) as conn:
+            await conn.load_session(cwd=str(tmp_path), session_id=sid)
+    assert conversation_v1(second.updates) == [("user", "graph turn"), ("agent", "graph turn")]
