@@ -20,6 +20,7 @@ PROJECT_FILES = (
     "ts_client.mjs",
     "ts_server.mjs",
     "ts_v1_client.mjs",
+    "ts_v1_agent.mjs",
 )
 
 
