@@ -43,7 +43,7 @@ const { values: opts } = parseArgs({
     active: { type: "string" },
     warmup: { type: "string", default: "2" },
     duration: { type: "string", default: "5" },
-    "open-concurrency": { type: "string", default: "200" },
+    "open-concurrency": { type: "string" },
     addresses: { type: "string", default: "0" },
     "open-timeout": { type: "string", default: "120" },
     "wait-go": { type: "boolean", default: false },
@@ -60,9 +60,12 @@ const N = Number(opts.connections);
 const ACTIVE = opts.active === undefined ? N : Math.min(N, Number(opts.active));
 const WARMUP_MS = Number(opts.warmup) * 1000;
 const DURATION_MS = Number(opts.duration) * 1000;
-const OPEN_CONCURRENCY = Number(opts["open-concurrency"]);
-// Default: one source address per 400 connections, below the server's per-address caps.
-const ADDRESSES = Number(opts.addresses) > 0 ? Number(opts.addresses) : Math.max(1, Math.ceil(N / 400));
+// Defaults below `acp-once serve`'s caps: 256 half-open connections per address (1,024 in all),
+// 100 HTTP connections that have not opened a stream yet, 512 connections per address. An HTTP
+// client holds up to three sockets (its two SSE streams and one for POSTs).
+const OPEN_CONCURRENCY = Number(opts["open-concurrency"] ?? (TRANSPORT === "ws" ? 200 : 50));
+const PER_ADDRESS = TRANSPORT === "ws" ? 400 : 150;
+const ADDRESSES = Number(opts.addresses) > 0 ? Number(opts.addresses) : Math.max(1, Math.ceil(N / PER_ADDRESS));
 const OPEN_TIMEOUT_MS = Number(opts["open-timeout"]) * 1000;
 const KEEP_CONNECTION_STREAM = opts["http-connection-stream"] === "keep";
 const PROMPT = [{ type: "text", text: opts.text }];
@@ -260,8 +263,10 @@ function dispatcherFor(index) {
   let dispatcher = dispatchers.get(address);
   if (dispatcher === undefined) {
     dispatcher = new Agent({
-      connect: { localAddress: address },
-      keepAliveTimeout: 60_000,
+      localAddress: address,
+      // below the 5 s after which `serve` closes an idle kept-alive socket
+      keepAliveTimeout: 4_000,
+      keepAliveMaxTimeout: 4_000,
       headersTimeout: 0,
       bodyTimeout: 0,
     });
@@ -378,7 +383,7 @@ async function openAll() {
     while (next < N) {
       const peer = TRANSPORT === "ws" ? new WsPeer(next++) : new HttpPeer(next++);
       try {
-        await withTimeout(peer.open(), OPEN_TIMEOUT_MS, `opening connection ${peer.index}`);
+        await withTimeout(peer.open(), OPEN_TIMEOUT_MS, "opening a connection");
         peers.push(peer);
       } catch (err) {
         failed += 1;
