@@ -52,7 +52,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Self
+from typing import TYPE_CHECKING, Any, Literal, Self
 
 import anyio
 import orjson
@@ -67,7 +67,6 @@ from acp_once.client.outbox import Outbox, Submission, open_outbox
 from acp_once.client.recovery import DEFAULT_MAX_AGE, Backoff, plan_resend
 from acp_once.client.turns import PromptHandle, UpdateCallback
 from acp_once.protocol import schema as s
-from acp_once.protocol import v1
 from acp_once.protocol.errors import AcpError, MethodNotFound, RequestCancelled, SessionNotFound
 from acp_once.protocol.initialization import PROTOCOL_VERSION
 from acp_once.protocol.keys import new_key
@@ -75,6 +74,9 @@ from acp_once.protocol.retry import may_resend
 from acp_once.protocol.v1_to_v2 import answer_version, idle_update, running_update, user_message
 from acp_once.rpc.connection import unwrap_single_exception
 from acp_once.rpc.errors import TransportError
+
+if TYPE_CHECKING:
+    from acp_once.protocol import v1
 
 __all__ = ["AcpClient", "AgentRefused", "ClientSession", "OutcomeUnknown", "PromptCancelled"]
 
@@ -459,6 +461,8 @@ class AcpClient(anyio.AsyncContextManagerMixin):
         )
         version = answer_version(raw)
         if version == 1:
+            from acp_once.protocol import v1  # on first use: the v1 models take ~0.2 s to build
+
             await self._handshake_v1(conn, v1.InitializeResponse.model_validate(raw))
             return
         if version is None:
@@ -787,6 +791,8 @@ def _not_acp(answer: Any) -> str:
     version = answer.get("protocolVersion") if isinstance(answer, dict) else None
     if isinstance(version, int) and not isinstance(version, bool) and version > PROTOCOL_VERSION:
         return f"the agent answered protocol version {version}; this client speaks 1 and 2"
+    from acp_once.protocol import v1
+
     model: type[s.InitializeResponse | v1.InitializeResponse] = (
         v1.InitializeResponse if version == 1 else s.InitializeResponse
     )

@@ -39,13 +39,16 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any, Literal
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import ValidationError
 
 from acp_once.protocol import schema as s
-from acp_once.protocol import v1
 from acp_once.protocol.updates import validate_update_notification
+
+if TYPE_CHECKING:
+    from acp_once.protocol import v1
 
 __all__ = [
     "V1Translator",
@@ -76,6 +79,14 @@ _SAME_NAME = frozenset(
         "compaction_summary_chunk",
     }
 )
+
+
+def _v1() -> ModuleType:
+    """The v1 models, imported on first use: building them costs ~0.2 s, which a client that
+    never meets a v1 agent does not pay."""
+    from acp_once.protocol import v1
+
+    return v1
 
 
 def _new_uuid_id() -> str:
@@ -126,7 +137,7 @@ def answer_version(result: Any) -> Literal[1, 2] | None:
         else:
             return 2 if version == 2 else None
     try:
-        v1.InitializeResponse.model_validate(result)
+        _v1().InitializeResponse.model_validate(result)
     except ValidationError:
         return None
     return 1
@@ -239,15 +250,15 @@ class V1Translator:
         sid = self.session_id
         kind = _CHUNK_KIND.get(tag)
         if kind is not None:
-            v1.ContentChunk.model_validate(data)  # the fields v1 requires
+            _v1().ContentChunk.model_validate(data)  # the fields v1 requires
             return [_notification(sid, {**data, "messageId": self._message_id(kind)})]
         if tag in ("tool_call", "tool_call_update"):
             if tag == "tool_call":
-                v1.ToolCall.model_validate(data)
+                _v1().ToolCall.model_validate(data)
                 # a new entity: the agent's next text goes after it
                 self._current = {}
             else:
-                v1.ToolCallUpdate.model_validate(data)
+                _v1().ToolCallUpdate.model_validate(data)
             fields = {k: v for k, v in data.items() if k != "sessionUpdate"}
             fields = {k: v for k, v in fields.items() if v is not None}
             return [_notification(sid, {**fields, "sessionUpdate": "tool_call_update"})]
