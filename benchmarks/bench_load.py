@@ -694,6 +694,7 @@ async def idle(args: argparse.Namespace, workdir: Path) -> None:
                     active = client_command(
                         transport, running.urls(transport), args.idle_active, args
                     )
+                    await run_client(active, running)  # warms the server up; not counted
                     without = await run_client(active, running)
                     before = running.rss()
                     holder = client_command(

@@ -169,14 +169,18 @@ class Peer {
   }
 
   async open() {
+    this.step = "connect";
     await this.connect();
+    this.step = "initialize";
     await this.call("initialize", {
       protocolVersion: 2,
       capabilities: {},
       info: { name: "acp-once-load-client", version: "0.0.0" },
     });
+    this.step = "session/new";
     const created = await this.call("session/new", { cwd: "/tmp" });
     this.sessionId = created.sessionId;
+    this.step = "the session's stream";
     await this.sessionReady();
   }
 
@@ -301,6 +305,7 @@ class HttpPeer extends Peer {
     if (res.statusCode !== 200) throw new Error(`initialize: HTTP ${res.statusCode} ${body.slice(0, 200)}`);
     this.connectionId = res.headers["acp-connection-id"];
     if (!this.connectionId) throw new Error("initialize: no Acp-Connection-Id");
+    this.step = "the connection's stream";
     await this.openStream(null);
     return JSON.parse(body).result;
   }
@@ -383,7 +388,9 @@ async function openAll() {
     while (next < N) {
       const peer = TRANSPORT === "ws" ? new WsPeer(next++) : new HttpPeer(next++);
       try {
-        await withTimeout(peer.open(), OPEN_TIMEOUT_MS, "opening a connection");
+        await withTimeout(peer.open(), OPEN_TIMEOUT_MS, "opening a connection").catch((err) => {
+          throw peer.step !== undefined && err.message.startsWith("opening") ? new Error(`${err.message} (at ${peer.step})`) : err;
+        });
         peers.push(peer);
       } catch (err) {
         failed += 1;
