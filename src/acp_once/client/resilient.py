@@ -184,6 +184,10 @@ class ClientSession:
         the key you stored with your own pending input). Retries after lost answers happen
         inside, with the same key.
 
+        Against an ACP v1 agent no key is sent (v1 has none), the handle's `message_id` is a
+        local id, and awaiting it returns at the end of the turn (`acp_once.client.turns`); a
+        lost answer is resent only under `on_unaware="trust"`.
+
         Raises:
             RuntimeError: the client is not running (use it inside `async with AcpClient(...)`).
 

@@ -250,33 +250,43 @@ class V1Translator:
         sid = self.session_id
         kind = _CHUNK_KIND.get(tag)
         if kind is not None:
-            _v1().ContentChunk.model_validate(data)  # the fields v1 requires
-            return [_notification(sid, {**data, "messageId": self._message_id(kind)})]
+            converted = {**data, "messageId": self._message_id(kind)}
+            return [self._strict(converted, data, "ContentChunk")]
         if tag in ("tool_call", "tool_call_update"):
             if tag == "tool_call":
-                _v1().ToolCall.model_validate(data)
+                if not isinstance(data.get("title"), str):
+                    _v1().ToolCall.model_validate(data)  # raises: v1 requires a title
                 # a new entity: the agent's next text goes after it
                 self._current = {}
-            else:
-                _v1().ToolCallUpdate.model_validate(data)
-            fields = {k: v for k, v in data.items() if k != "sessionUpdate"}
-            fields = {k: v for k, v in fields.items() if v is not None}
-            return [_notification(sid, {**fields, "sessionUpdate": "tool_call_update"})]
+            fields = {k: v for k, v in data.items() if k != "sessionUpdate" and v is not None}
+            converted = {**fields, "sessionUpdate": "tool_call_update"}
+            return [self._strict(converted, data, "ToolCallUpdate")]
         if tag == "plan":
             plan: dict[str, Any] = {
                 "type": "items",
                 "planId": self.plan_id,
                 "entries": data.get("entries", []),
             }
-            converted: dict[str, Any] = {"sessionUpdate": "plan_update", "plan": plan}
+            plan_update: dict[str, Any] = {"sessionUpdate": "plan_update", "plan": plan}
             if "_meta" in data:
-                converted["_meta"] = data["_meta"]
-            return [_notification(sid, converted)]
+                plan_update["_meta"] = data["_meta"]
+            return [_notification(sid, plan_update)]
         if tag == "available_commands_update":
             return [_notification(sid, _tag_commands(data))]
         if tag in _SAME_NAME:
             return [_notification(sid, data)]
         return [_other(sid, data)]
+
+    def _strict(
+        self, converted: dict[str, Any], original: dict[str, Any], v1_model: str
+    ) -> s.UpdateSessionNotification:
+        """`converted` as a v2 notification; if v2 refuses it, `original` is checked against
+        the v1 model (raising its errors), and kept generic when v1 accepts it. v1 is not
+        checked on the way that succeeds: it would double the cost of each update."""
+        notification = _notification(self.session_id, converted)
+        if isinstance(notification.update, s.SessionUpdateOther):
+            getattr(_v1(), v1_model).model_validate(original)
+        return notification
 
     def translate_notification(self, params: dict[str, Any]) -> list[s.UpdateSessionNotification]:
         """`translate` for the params of a v1 `session/update` notification (its `update`)."""
