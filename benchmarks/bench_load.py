@@ -178,6 +178,19 @@ async def stop(process: anyio.abc.Process) -> None:
     await process.wait()
 
 
+Failure = (RuntimeError, TimeoutError, OSError, ExceptionGroup)
+"""What a measurement may end with and the run goes on after (task groups wrap it in a group)."""
+
+
+def describe(exc: BaseException) -> str:
+    """One line for a failed measurement; re-raises what is not a `Failure` (a bug here)."""
+    if isinstance(exc, BaseExceptionGroup):
+        return "; ".join(describe(inner) for inner in exc.exceptions)
+    if not isinstance(exc, (RuntimeError, TimeoutError, OSError)):
+        raise exc
+    return f"{type(exc).__name__}: {exc}"[:400]
+
+
 # -- servers -----------------------------------------------------------------------------------
 
 
@@ -627,9 +640,11 @@ async def throughput(args: argparse.Namespace, workdir: Path) -> None:
                                 transport, running.urls(transport), connections, args
                             )
                             runs[kind].append(await run_client(command, running))
-                    except (RuntimeError, TimeoutError) as exc:
-                        failures[kind] = str(exc)[:300]
-                        console.print(f"[red]{LABELS[kind]} at {connections}: {exc}[/red]")
+                    except Failure as exc:
+                        failures[kind] = describe(exc)
+                        console.print(
+                            f"[red]{LABELS[kind]} at {connections}: {failures[kind]}[/red]"
+                        )
             rates = {
                 kind: median([r.result["promptsPerSecond"] for r in runs[kind]])
                 for kind in args.servers
@@ -720,13 +735,50 @@ async def idle(args: argparse.Namespace, workdir: Path) -> None:
                         fmt(without.result["promptsPerSecond"]),
                         fmt(beside.result["promptsPerSecond"]),
                     )  # fmt: skip
-            except (RuntimeError, TimeoutError) as exc:
-                notes.append(f"{label} {transport}: {exc}")
+            except Failure as exc:
+                notes.append(f"{label} {transport}: {describe(exc)}")
                 table.add_row(label, transport, "failed", *[""] * 8)
             console.print(f"[dim]idle {label} {transport} done; {load_average()}[/dim]")
     console.print(table)
     for note in notes:
         console.print(f"[yellow]{note}[/yellow]")
+
+
+async def cluster_row(
+    args: argparse.Namespace, workdir: Path, nodes: int, connections: int
+) -> list[str]:
+    """One measurement of `nodes` nodes on a fresh database; the row of the cluster table."""
+    with fresh_database() as (name, direct_url):
+        await migrate(direct_url)
+        async with counting_proxy(("127.0.0.1", 5432)) as (proxy_port, counts):
+            url = f"postgresql://postgres@127.0.0.1:{proxy_port}/{name}?sslmode=disable"
+            probe = PgProbe(name)
+            try:
+                async with contextlib.AsyncExitStack() as stack:
+                    started = [
+                        await stack.enter_async_context(
+                            serve_node(url, workdir, 2 * connections + 1000, f"node{i}")
+                        )
+                        for i in range(nodes)
+                    ]
+                    running = Running([pid for pid, _ in started], [h for _, h in started])
+                    window = PgWindow(probe, counts)
+                    command = client_command("ws", running.urls("ws"), connections, args)
+                    run = await run_client(command, running, extra_cpu=window)
+            finally:
+                probe.close()
+    prompts = max(1, run.result["prompts"])
+    return [
+        str(nodes),
+        f"{connections:,}",
+        fmt(run.result["promptsPerSecond"]),
+        fmt(run.result["p99Ms"], 1),
+        fmt(run.server_cpu / prompts * 1e6),
+        fmt(run.extra_cpu / prompts * 1e6),
+        f"{window.commits / prompts:.2f}",
+        f"{window.round_trips / prompts:.2f}",
+        str(counts.connections),
+    ]
 
 
 async def cluster(args: argparse.Namespace, workdir: Path) -> None:
@@ -739,41 +791,13 @@ async def cluster(args: argparse.Namespace, workdir: Path) -> None:
         "PostgreSQL µs CPU/prompt", "transactions/prompt", "round trips/prompt", "PG connections",
     ):  # fmt: skip
         table.add_column(column, justify="right")
-    host, port = "127.0.0.1", 5432
     for connections in args.cluster_connections:
         for nodes in args.cluster_nodes:
-            with fresh_database() as (name, direct_url):
-                await migrate(direct_url)
-                async with counting_proxy((host, port)) as (proxy_port, counts):
-                    url = f"postgresql://postgres@127.0.0.1:{proxy_port}/{name}?sslmode=disable"
-                    probe = PgProbe(name)
-                    try:
-                        async with contextlib.AsyncExitStack() as stack:
-                            started = [
-                                await stack.enter_async_context(
-                                    serve_node(url, workdir, 2 * connections + 1000, f"node{i}")
-                                )
-                                for i in range(nodes)
-                            ]
-                            running = Running([pid for pid, _ in started], [h for _, h in started])
-                            window = PgWindow(probe, counts)
-
-                            command = client_command("ws", running.urls("ws"), connections, args)
-                            run = await run_client(command, running, extra_cpu=window)
-                    finally:
-                        probe.close()
-                prompts = max(1, run.result["prompts"])
-                table.add_row(
-                    str(nodes),
-                    f"{connections:,}",
-                    fmt(run.result["promptsPerSecond"]),
-                    fmt(run.result["p99Ms"], 1),
-                    fmt(run.server_cpu / prompts * 1e6),
-                    fmt(run.extra_cpu / prompts * 1e6),
-                    f"{window.commits / prompts:.2f}",
-                    f"{window.round_trips / prompts:.2f}",
-                    str(counts.connections),
-                )
+            try:
+                table.add_row(*await cluster_row(args, workdir, nodes, connections))
+            except Failure as exc:
+                table.add_row(str(nodes), f"{connections:,}", "failed", *[""] * 6)
+                console.print(f"[red]{nodes} node(s) at {connections}: {describe(exc)}[/red]")
             console.print(
                 f"[dim]cluster {nodes} node(s) at {connections} done; {load_average()}[/dim]"
             )
