@@ -11,8 +11,10 @@ side-by-side with an agent on the official TypeScript SDK (2.4.0, its v2 API).
      rate);
    - echo turns: after the answer, wait for that prompt's idle `state_update` (user_message,
      state_update running, agent_message, state_update idle) before sending the next.
-   Reports the key's overhead (target < 5%) and SQLite/memory (target >= 0.8), plus the CPU
-   time that the agent process and this client spend per turn (from /proc).
+   Reports the key's overhead (target < 5%) and SQLite/memory (0.7-0.8 accepted on these
+   sequential turns: one durable commit per prompt; issue 23 moved the durable store's target
+   to concurrent sessions, `bench_load*.py`), plus the CPU time that the agent process and this
+   client spend per turn (from /proc).
    1b. The echo turns again, memory against SQLite, driven by the raw client (below), which
    shows the stores' own cost instead of diluting it in the typed client's.
    1c. The key's cost turn by turn: in one agent process per store, a keyed turn and an
@@ -642,7 +644,8 @@ def print_throughput(t: Throughput, n: int, rounds: int) -> tuple[float, float]:
             )
             worst_ratio = min(worst_ratio, ratio)
             cells.append(f"{ratio:.2f}")
-        derived.add_row(f"sqlite / memory, {'keyed' if keyed else 'unkeyed'}", *cells, ">= 0.8")
+        label = f"sqlite / memory, {'keyed' if keyed else 'unkeyed'}"
+        derived.add_row(label, *cells, "0.7-0.8 accepted")
     # The same figures from the agent's CPU time per prompt, which moves far less with the
     # machine's load than wall time does (informative; the targets are on wall time).
     for store in ("memory", "sqlite"):
@@ -992,17 +995,19 @@ async def main(args: argparse.Namespace) -> None:
             summary.add_row(
                 "key overhead < 5% (worst case)", f"{overhead:+.1f}%", _verdict(overhead < 5)
             )
+            # issue 23: one durable commit per sequential prompt puts SQLite at 0.7-0.8x
+            # memory, accepted; the durable store's target is at concurrency (bench_load*.py)
             summary.add_row(
-                "SQLite / memory >= 0.8 (worst case), typed client",
+                "SQLite / memory, sequential turns: 0.7-0.8 accepted (worst case), typed client",
                 f"{ratio:.2f}",
-                _verdict(ratio >= 0.8),
+                "[green]accepted[/green]" if ratio >= 0.7 else "[yellow]below 0.7[/yellow]",
             )
             raw = await bench_stores_raw(args.n, args.rounds, tmp)
             raw_ratio = print_stores_raw(raw, args.n, args.rounds)
             summary.add_row(
-                "SQLite / memory >= 0.8 (worst case), raw client",
+                "(no target) SQLite / memory (worst case), raw client",
                 f"{raw_ratio:.2f}",
-                _verdict(raw_ratio >= 0.8),
+                "[dim]figure[/dim]",
             )
             pairs = args.n * args.rounds
             pair_overhead = print_key_pairs(bench_key_pairs(pairs, tmp), pairs)
