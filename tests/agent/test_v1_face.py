@@ -11,7 +11,7 @@ import anyio
 import orjson
 import pytest
 
-from acp_once.agent.runtime import SessionAgent, Turn, TurnContext
+from acp_once.agent.runtime import HeldPolicy, SessionAgent, Turn, TurnContext
 from acp_once.agent.updates import selected_option
 from acp_once.protocol import schema as s
 from acp_once.protocol import v1
@@ -31,8 +31,8 @@ class Scripted(SessionAgent):
     "[permission]" asks first and reports the option chosen; "[fail]" raises; "[max]" stops
     with `max_tokens`. Every turn ends with the prompt's text as a retained agent message."""
 
-    def __init__(self, store: MemoryStore) -> None:
-        super().__init__(store, name="scripted")
+    def __init__(self, store: MemoryStore, policy: HeldPolicy = "hold") -> None:
+        super().__init__(store, name="scripted", policy=policy)
         self.release = anyio.Event()
 
     async def run_turn(self, turn: Turn, emit: TurnContext) -> str:
@@ -57,8 +57,8 @@ def _message(text: str) -> dict[str, Any]:
 
 
 @asynccontextmanager
-async def scripted() -> AsyncIterator[Scripted]:
-    async with MemoryStore() as store, Scripted(store) as agent:
+async def scripted(policy: HeldPolicy = "hold") -> AsyncIterator[Scripted]:
+    async with MemoryStore() as store, Scripted(store, policy) as agent:
         yield agent
 
 
@@ -257,3 +257,47 @@ async def test_a_v1_and_a_v2_client_share_one_session() -> None:
             if orjson.loads(entry.update)["sessionUpdate"] == "user_message"
         ]
         assert users == ["from v1", "from v2", "v1 again"]
+
+
+def send_prompt(peer: RawPeer, id: str, session_id: str, text: str) -> Any:
+    params = prompt_params(session_id, text)
+    return peer.send({"jsonrpc": "2.0", "id": id, "method": "session/prompt", "params": params})
+
+
+@pytest.mark.parametrize("policy", ["hold", "steer"])
+async def test_a_prompt_sent_during_a_turn_is_answered_at_the_end_of_its_own(
+    policy: HeldPolicy,
+) -> None:
+    async with scripted(policy) as agent, v1_client(agent) as peer:
+        sid = await new_session(peer)
+        await send_prompt(peer, "first", sid, "[hold] first")
+        await peer.wait_for(lambda m: m.get("method") == "session/update")
+        await send_prompt(peer, "second", sid, "second")
+        if policy == "steer":  # inserted at once: its turn waits for the running one
+            await anyio.wait_all_tasks_blocked()
+        agent.release.set()
+        first, second = await peer.answer("first"), await peer.answer("second")
+        assert first["result"] == second["result"] == {"stopReason": "end_turn"}
+        assert peer.received.index(first) < peer.received.index(second)
+        assert texts(peer.updates(sid), "agent_message_chunk") == [
+            "working",
+            "[hold] first",
+            "second",
+        ]
+
+
+@pytest.mark.parametrize("policy", ["hold", "steer"])
+async def test_session_cancel_answers_every_waiting_prompt_cancelled(policy: HeldPolicy) -> None:
+    async with scripted(policy) as agent, v1_client(agent) as peer:
+        sid = await new_session(peer)
+        await send_prompt(peer, "first", sid, "[hold] first")
+        await peer.wait_for(lambda m: m.get("method") == "session/update")
+        await send_prompt(peer, "second", sid, "second")
+        await anyio.wait_all_tasks_blocked()  # held (hold) or queued behind the turn (steer)
+        await peer.notify("session/cancel", {"sessionId": sid})
+        for id in ("first", "second"):
+            assert (await peer.answer(id))["result"] == {"stopReason": "cancelled"}
+        # the second turn never ran
+        assert texts(peer.updates(sid), "agent_message_chunk") == ["working"]
+        after = await peer.call("session/prompt", prompt_params(sid, "after"))
+        assert after["result"] == {"stopReason": "end_turn"}

@@ -101,6 +101,8 @@ STRICT_ENV = "ACP_ONCE_STRICT"
 
 INTERRUPTED_MESSAGE = "The agent restarted before the turn finished"
 """The `error.message` of the idle `stopReason: "error"` reported for interrupted work."""
+_DROPPED_IDLE = {"sessionUpdate": "state_update", "state": "idle", "stopReason": "cancelled"}
+"""How a queued turn that a cancel dropped ended (it never ran)."""
 _BASELINE_BLOCKS: tuple[type[Any], ...] = (s.ContentBlockText, s.ContentBlockResourceLink)
 """Every agent accepts these in a prompt (the spec requires both)."""
 _OPTIONAL_BLOCKS: dict[str, type[Any]] = {
@@ -679,6 +681,7 @@ class SessionAgent(Agent, anyio.AsyncContextManagerMixin):
                 # arrives before the turn got going still stops it
                 session.turn_scope = self._new_scope()
                 idle = await self._run_one(session, turn, context, session.turn_scope)
+                self._turn_ended(session, turn.message_id, idle)
                 # a cancelled turn always ends with its idle update (R57), even when a
                 # prompt sent after the cancel is already waiting
                 if idle["stopReason"] == "cancelled" or not (session.turns or session.held):
@@ -765,8 +768,11 @@ class SessionAgent(Agent, anyio.AsyncContextManagerMixin):
                 self._withdraw(session, pending)
             else:
                 session.pending_by_key.pop(key, None)
-        dropped = [t for t in session.turns if not t.live_only]
+        cleared = list(session.turns)
+        dropped = [t for t in cleared if not t.live_only]
         session.turns.clear()
+        for turn in cleared:
+            self._turn_ended(session, turn.message_id, dict(_DROPPED_IDLE))
         if session.turn_scope is not None:
             session.turn_scope.cancel()
         if dropped:
@@ -875,6 +881,14 @@ class SessionAgent(Agent, anyio.AsyncContextManagerMixin):
                 "error": InternalError(INTERRUPTED_MESSAGE).to_wire(),
             }
         return {"sessionUpdate": "state_update", "state": "idle"}
+
+    def _turn_ended(self, session: Session, message_id: str, idle: dict[str, Any]) -> None:
+        """Tell the v1 connections of `session` how the turn of `message_id` ended (its idle
+        update): their v1 `session/prompt` is answered with it (`acp_once.agent.v1face`). The
+        idle update itself is sent only after the last queued turn."""
+        for conn in list(session.conns.values()):
+            if conn.v1_face is not None:
+                conn.v1_face.turn_ended(session.id, message_id, idle)
 
     async def _broadcast(self, session: Session, update: dict[str, Any]) -> None:
         self._coordinator.publish(session.id, update)

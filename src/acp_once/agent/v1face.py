@@ -17,10 +17,14 @@ and update of the connection passes through it, and the agent sees v2 only:
   of the client's own prompt is not echoed back (a v1 client shows it already), and kinds v1
   does not have are dropped. Permission requests are sent in v1's shape.
 
-Which turn ends when: turns run in the order their user messages are inserted, each starts
-with a `running` state update and the last ends with an idle one. The face follows the
-session's updates: the user messages it has seen whose turn has not started, the turn that
-runs, and the outcome of recent turns (a turn can end before its prompt's handler resumes).
+Which turn ends when: a `SessionAgent` tells the face how each turn ended, by message id
+(`turn_ended`, called by the worker as each turn ends and by a cancel for each queued turn it
+drops). Any other agent, and a turn run by another node of a cluster, is followed from the
+session's updates: turns run in the order their user messages are inserted, each starts with a
+`running` state update, and the last ends with an idle one (a turn followed by another reports
+no stop reason of its own: it is answered `end_turn`). The first outcome known for a message
+is the one answered; outcomes of recent turns are kept, as a turn can end before its prompt's
+handler resumes.
 """
 
 from __future__ import annotations
@@ -67,6 +71,7 @@ _logger = logging.getLogger("acp_once.agent")
 _ENDED_KEPT = 64  # outcomes of turns kept per session for prompts whose handler resumes late
 _permission_ids = itertools.count(1)
 _CANCELLED: dict[str, Any] = {"stopReason": "cancelled"}
+_END_TURN_IDLE: dict[str, Any] = {"sessionUpdate": "state_update", "state": "idle"}
 
 
 @dataclass
@@ -294,6 +299,11 @@ class V1Face:
                 waiter.idle = _CANCELLED
                 waiter.done.set()
 
+    def turn_ended(self, session_id: str, message_id: str, idle: dict[str, Any]) -> None:
+        """Record that the turn of `message_id` ended with the idle update `idle` (its
+        `stopReason`, and `error` for a failed turn): a v1 prompt waiting for it is answered."""
+        self._ended(self._view(session_id), message_id, idle)
+
     # -- outbound ----------------------------------------------------------------------------
 
     async def session_update(self, session_id: str, update: dict[str, Any]) -> None:
@@ -352,6 +362,8 @@ class V1Face:
         elif kind == "state_update":
             state = update.get("state")
             if state == "running":
+                # a new turn: the one before it ended without an idle update of its own
+                self._ended(view, view.current, _END_TURN_IDLE)
                 view.current = view.queued.popleft() if view.queued else None
             elif state == "idle":
                 self._ended(view, view.current, update)
@@ -364,12 +376,17 @@ class V1Face:
         return True
 
     def _ended(self, view: _SessionView, message_id: str | None, idle: dict[str, Any]) -> None:
+        """The first outcome known for a message is kept: `turn_ended` reports it before the
+        updates that end the turn arrive."""
         if message_id is None:
             return
         waiter = view.waiting.get(message_id)
         if waiter is not None:
-            waiter.idle = idle
-            waiter.done.set()
+            if not waiter.done.is_set():
+                waiter.idle = idle
+                waiter.done.set()
+            return
+        if message_id in view.ended:
             return
         view.ended[message_id] = idle
         while len(view.ended) > _ENDED_KEPT:
