@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import os
 import uuid
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
 import psycopg
@@ -18,9 +19,10 @@ import pytest
 from psycopg import sql
 
 from acp_once.storage import MemoryStore, SqliteStore
+from acp_once.storage.postgres import PostgresStore
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import AsyncIterator, Callable, Iterator
     from contextlib import AbstractAsyncContextManager
     from pathlib import Path
 
@@ -68,24 +70,61 @@ def new_schema(postgres_dsn: str) -> Iterator[Callable[[], str]]:
                 )
 
 
-@pytest.fixture(params=["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+STORE_KINDS = [
+    "memory",
+    "sqlite",
+    "sqlite-batched",
+    "sqlite-single",
+    pytest.param("postgres", marks=pytest.mark.postgres),
+    pytest.param("postgres-batched", marks=pytest.mark.postgres),
+    pytest.param("postgres-single", marks=pytest.mark.postgres),
+]
+"""The store configurations every contract check runs on: the durable stores as opened by
+default (group commit: a lone write alone, writes that queue together in one transaction),
+`-batched` (every write through the path of a batch, even alone: one transaction of several
+writes, a pipeline on PostgreSQL) and `-single` (without group commit: a transaction per
+write)."""
+
+
+def batch_everything(store: SqliteStore | PostgresStore) -> None:
+    """Make `store` write even a lone write as a batch (see `STORE_KINDS`)."""
+    store._batch_from = 1
+
+
+@asynccontextmanager
+async def _opened(
+    opening: AbstractAsyncContextManager[SqliteStore] | AbstractAsyncContextManager[PostgresStore],
+    batched: bool,
+) -> AsyncIterator[SessionStore]:
+    async with opening as store:
+        if batched:
+            batch_everything(store)
+        yield store
+
+
+@pytest.fixture(params=STORE_KINDS)
 def store_factory(request: pytest.FixtureRequest, tmp_path: Path) -> StoreFactory:
     """Opens a store on fresh, empty storage at each call (a new file or a new schema)."""
-    if request.param == "memory":
+    kind: str = request.param
+    if kind == "memory":
         return MemoryStore
-    if request.param == "postgres":
-        from acp_once.storage.postgres import PostgresStore
-
+    backend, _, variant = kind.partition("-")
+    group_commit = variant != "single"
+    batched = variant == "batched"
+    if backend == "postgres":
         dsn: str = request.getfixturevalue("postgres_dsn")
         new_schema: Callable[[], str] = request.getfixturevalue("new_schema")
 
         def open_postgres() -> AbstractAsyncContextManager[SessionStore]:
-            return PostgresStore.open(dsn, schema=new_schema())
+            return _opened(
+                PostgresStore.open(dsn, schema=new_schema(), group_commit=group_commit), batched
+            )
 
         return open_postgres
     counter = itertools.count()
 
     def open_sqlite() -> AbstractAsyncContextManager[SessionStore]:
-        return SqliteStore.open(tmp_path / f"store-{next(counter)}.db")
+        path = tmp_path / f"store-{next(counter)}.db"
+        return _opened(SqliteStore.open(path, group_commit=group_commit), batched)
 
     return open_sqlite

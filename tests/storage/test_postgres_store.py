@@ -457,7 +457,7 @@ async def test_an_insert_whose_caller_is_cancelled_inside_its_transaction_comple
     app = f"acp-once-test-{uuid.uuid4().hex[:12]}"
     async with (
         _caller_pool(postgres_dsn, cursor_factory=_GatedCursor, application_name=app) as pool,
-        PostgresStore.open(pool, schema=new_schema()) as store,
+        PostgresStore.open(pool, schema=new_schema(), group_commit=False) as store,
     ):
         await store.create_session(_record())
         gate = _Gate("WITH ins AS", pause=True)  # after the session lock, before the INSERT
@@ -497,7 +497,7 @@ async def test_a_write_cancelled_while_its_statement_waits_on_the_server(
     app = f"acp-once-test-{uuid.uuid4().hex[:12]}"
     async with (
         _caller_pool(postgres_dsn, cursor_factory=_GatedCursor, application_name=app) as pool,
-        PostgresStore.open(pool, schema=schema) as store,
+        PostgresStore.open(pool, schema=schema, group_commit=False) as store,
     ):
         await store.create_session(_record())
         gate = _Gate("FOR NO KEY UPDATE" if write == "insert" else "UPDATE", pause=False)

@@ -34,6 +34,7 @@ class Statements:
     find_key: sql.Composed
     insert_entry: sql.Composed
     insert_fenced: sql.Composed
+    insert_one: sql.Composed
     append_entry: sql.Composed
     read_timeline: sql.Composed
     read_tail: sql.Composed
@@ -88,6 +89,30 @@ def statements(schema: str) -> Statements:
             " UPDATE {s}.sessions SET next_seq = ins.seq + 1,"
             "  updated_at = GREATEST(updated_at, %(now)s) FROM ins"
             " WHERE session_id = %(sid)s RETURNING ins.seq"
+        ),
+        # A whole unfenced insert in one statement (grouped writes: one trip, or one entry of a
+        # pipeline): the session row locked, the key looked up, the row inserted at
+        # `next_seq` unless the key is there, `next_seq` advanced. The lookup reads the
+        # statement's snapshot: a key committed by a writer this statement waited for (on the
+        # session lock) is not in it, but ON CONFLICT sees it and inserts nothing; the
+        # answer (no seq, no recorded message) then asks the caller to look the key up again,
+        # in a statement of its own, which sees it.
+        insert_one=q(
+            "WITH l AS (SELECT next_seq FROM {s}.sessions WHERE session_id = %(sid)s"
+            "  FOR NO KEY UPDATE),"
+            " rec AS (SELECT message_id, prompt_digest FROM {s}.timeline"
+            "  WHERE session_id = %(sid)s AND idempotency_key = %(key)s::bytea),"
+            " ins AS (INSERT INTO {s}.timeline (session_id, seq, message_id, payload,"
+            "  is_user_message, idempotency_key, prompt_digest)"
+            "  SELECT %(sid)s, l.next_seq, %(mid)s, %(payload)s::bytea, true, %(key)s::bytea,"
+            "  %(digest)s::bytea FROM l WHERE NOT EXISTS (SELECT 1 FROM rec)"
+            "  ON CONFLICT (session_id, idempotency_key) WHERE idempotency_key IS NOT NULL"
+            "  DO NOTHING RETURNING seq),"
+            " adv AS (UPDATE {s}.sessions SET next_seq = ins.seq + 1,"
+            "  updated_at = GREATEST(updated_at, %(now)s) FROM ins"
+            "  WHERE session_id = %(sid)s RETURNING ins.seq)"
+            " SELECT EXISTS (SELECT 1 FROM l), (SELECT seq FROM adv),"
+            "  (SELECT message_id FROM rec), (SELECT prompt_digest FROM rec)"
         ),
         # A whole fenced insert in one statement (autocommit, one trip), in lock order: the
         # fence (FOR SHARE: a takeover, an UPDATE of the lease row, waits until this write

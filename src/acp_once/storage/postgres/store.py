@@ -55,7 +55,7 @@ from __future__ import annotations
 import functools
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import anyio
 import psycopg
@@ -80,6 +80,7 @@ from acp_once.storage.base import (
     list_position,
     one_page,
 )
+from acp_once.storage.grouping import GroupCommit, GroupStats, Write
 from acp_once.storage.postgres.connection import (
     Conn,
     Pool,
@@ -99,7 +100,7 @@ from acp_once.storage.postgres.urls import DEFAULT_SCHEMA, check_schema, describ
 from acp_once.support.opening import AsyncClosing, Opening
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Sequence
+    from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 __all__ = ["Fence", "PostgresStore", "QueueRowGone"]
 
@@ -136,6 +137,22 @@ class QueueRowGone(FencingError):
         self.row = row
 
 
+@dataclass(frozen=True, slots=True)
+class _Work:
+    """A grouped write: one statement, and what its rows come to (`finish`, which may run
+    one more statement on the same connection, in the same transaction)."""
+
+    query: Query
+    params: Mapping[str, object]
+    finish: Callable[[Conn, list[tuple[Any, ...]]], Awaitable[object]]
+
+
+async def _alone(work: _Work, conn: Conn) -> object:
+    """A grouped write written alone: its one statement (which commits on its own in
+    autocommit mode)."""
+    return await work.finish(conn, await fetch_all(conn, work.query, work.params))
+
+
 class PostgresStore(AsyncClosing):
     """A `SessionStore` in a PostgreSQL schema. Create it with `PostgresStore.open(...)`."""
 
@@ -147,9 +164,17 @@ class PostgresStore(AsyncClosing):
         owns_pool: bool,
         where: str,
         clock: Callable[[], float],
+        group_commit: bool = False,
     ) -> None:
         """Wrap an open pool on a migrated schema; use `PostgresStore.open` instead."""
         self._pool: Pool | None = pool
+        self._group: GroupCommit[_Work] | None = (
+            GroupCommit(self._write_batch) if group_commit else None
+        )
+        # The smallest batch written as a transaction of several; a lone write is written as
+        # without group commit. The tests lower it to 1, so that every write of a contract
+        # check takes the path of a batch.
+        self._batch_from = 2
         self._owns_pool = owns_pool
         self._sql = statements(schema)
         self._where = where
@@ -167,6 +192,7 @@ class PostgresStore(AsyncClosing):
         prepare_threshold: int | None = 5,
         connect_timeout: float = 30.0,
         clock: Callable[[], float] = time.time,
+        group_commit: bool = True,
     ) -> Opening[PostgresStore]:
         """Open the store in `schema`; await it or `async with` it.
 
@@ -183,6 +209,9 @@ class PostgresStore(AsyncClosing):
                 (needed behind PgBouncer in transaction mode). Own pool only.
             connect_timeout: seconds to wait for the first connections. Own pool only.
             clock: "now" in seconds since the epoch, for bumping `updated_at`.
+            group_commit: write the unfenced user messages and retained updates of many
+                sessions that arrive while a transaction is being written in the next one
+                (see `_write`); False gives every write a transaction of its own.
 
         Raises:
             SchemaOutOfDate: `migrate=False` and the schema is older than required.
@@ -205,7 +234,14 @@ class PostgresStore(AsyncClosing):
                 functools.partial(prepare_schema, schema=schema, migrate=migrate, where=where),
                 where=where,
             )
-            return cls(pool, schema=schema, owns_pool=False, where=where, clock=clock)
+            return cls(
+                pool,
+                schema=schema,
+                owns_pool=False,
+                where=where,
+                clock=clock,
+                group_commit=group_commit,
+            )
 
         async def open_own() -> PostgresStore:
             conn = await connect(conninfo, where, connect_timeout)
@@ -235,7 +271,14 @@ class PostgresStore(AsyncClosing):
                 if isinstance(exc, psycopg.Error):
                     raise StorageError(f"{where}: cannot open the connection pool") from None
                 raise
-            return cls(pool, schema=schema, owns_pool=True, where=where, clock=clock)
+            return cls(
+                pool,
+                schema=schema,
+                owns_pool=True,
+                where=where,
+                clock=clock,
+                group_commit=group_commit,
+            )
 
         async def open_() -> PostgresStore:
             return await (open_own() if given is None else open_given(given))
@@ -445,11 +488,39 @@ class PostgresStore(AsyncClosing):
                 return found
             return InsertOutcome(message_id, True, prompt_digest)
 
-        return await self._insert_shielded(insert, begin=True)
+        if self._group is None:
+            return await self._insert_shielded(insert, begin=True)
+
+        async def finish(conn: Conn, rows: list[tuple[Any, ...]]) -> InsertOutcome:
+            exists, seq, mid, digest = rows[0]
+            if not exists:
+                raise SessionMissing(session_id)
+            if seq is not None:
+                return InsertOutcome(message_id, True, prompt_digest)
+            if mid is not None:
+                return InsertOutcome(mid, False, digest)
+            # ON CONFLICT met a key committed while the statement waited for the session's
+            # lock (outside its snapshot): a statement of its own sees it.
+            found = await recorded(conn)
+            if found is None:  # pragma: no cover - the index just said it is there
+                raise StorageError(f"{self._where}: the key vanished during the insert")
+            return found
+
+        params = {
+            "sid": session_id,
+            "mid": message_id,
+            "payload": update,
+            "key": key,
+            "digest": prompt_digest,
+            "now": now,
+        }
+        work = _Work(statements.insert_one, params, finish)
+        outcome: InsertOutcome = await self._group.submit(session_id, work)
+        return outcome
 
     async def _insert_shielded(
-        self, work: Callable[[Conn], Awaitable[InsertOutcome]], *, begin: bool = False
-    ) -> InsertOutcome:
+        self, work: Callable[[Conn], Awaitable[_T]], *, begin: bool = False
+    ) -> _T:
         """Run an insert to its end, whatever cancels the caller meanwhile.
 
         A cancellation in the middle of a statement only asks the server to stop it: the
@@ -471,6 +542,85 @@ class PostgresStore(AsyncClosing):
             f"{self._where}: a user message insert took over {_INSERT_TIMEOUT:.0f} s"
             " (it may or may not have been stored)"
         )
+
+    async def _write_batch(self, batch: list[Write[_Work]]) -> None:
+        """Write a batch of grouped writes in one transaction on one pooled connection, their
+        statements sent together in pipeline mode (one round trip for the batch).
+
+        Each write is one statement that raises no SQL error for the outcomes callers
+        expect: a recorded key is settled by the lookup in the statement or by `ON CONFLICT
+        DO NOTHING`, a missing session by a statement that returns no row. So one write's
+        conflict is its own answer and the transaction goes on. A SQL error (the
+        connection, a deadlock, a value PostgreSQL refuses) aborts the whole transaction:
+        then each write runs alone, so only the one at fault fails. Writes lock their
+        sessions' rows, so they run in the order of their session ids (each session's
+        writes keep their order): two batches, even of two processes, take the locks of
+        the sessions they share in the same order and never deadlock. A batch of one is one
+        statement in autocommit. Bounded, as a lone insert is, by `_INSERT_TIMEOUT`.
+        """
+        if len(batch) < self._batch_from:
+            write = batch[0]
+            try:
+                write.settle(await self._insert_shielded(functools.partial(_alone, write.work)))
+            except StorageError as exc:
+                write.fail(exc)
+            return
+        ordered = sorted(batch, key=lambda write: write.session_id)
+        outcomes: list[tuple[bool, object]] = []
+
+        async def together(conn: Conn) -> None:
+            results: list[list[tuple[Any, ...]]] = []
+            async with conn.pipeline() as pipeline:
+                cursors = [conn.cursor(binary=True, row_factory=tuple_row) for _ in ordered]
+                try:
+                    for cursor, write in zip(cursors, ordered, strict=True):
+                        await cursor.execute(write.work.query, write.work.params)
+                    await pipeline.sync()
+                    results = [await cursor.fetchall() for cursor in cursors]
+                finally:
+                    for cursor in cursors:
+                        await cursor.close()
+            for write, rows in zip(ordered, results, strict=True):
+                try:
+                    outcomes.append((True, await write.work.finish(conn, rows)))
+                except StorageError as exc:  # SessionMissing: no SQL error, nothing written
+                    outcomes.append((False, exc))
+
+        failure: StorageError | None = None
+        with anyio.move_on_after(_INSERT_TIMEOUT) as scope:
+            try:
+                await self._call(together, begin=True)
+            except StorageError as exc:
+                failure = exc
+        if scope.cancelled_caught or (failure is not None and len(outcomes) == len(ordered)):
+            # Cut short or failed at COMMIT: the batch may or may not be stored, and writing
+            # it again could store it twice. Every caller learns that.
+            if failure is None:
+                text = f"{self._where}: a grouped write took over {_INSERT_TIMEOUT:.0f} s"
+            else:
+                text = f"{failure}, at the commit of a grouped write"
+            for write in batch:
+                write.fail(StorageError(f"{text} (it may or may not have been stored)"))
+            return
+        if failure is not None:  # a write failed the transaction, rolled back: each alone
+            for write in ordered:
+                try:
+                    write.settle(await self._call(functools.partial(_alone, write.work)))
+                except StorageError as exc:
+                    write.fail(exc)
+            return
+        for write, (ok, value) in zip(ordered, outcomes, strict=True):
+            if ok:
+                write.settle(value)
+            else:
+                assert isinstance(value, BaseException)
+                write.fail(value)
+
+    @property
+    def group_stats(self) -> GroupStats | None:
+        """How many batches (transactions) and writes group commit has written; None without
+        group commit. For tests and benchmarks."""
+        return None if self._group is None else self._group.stats
 
     async def find_key(self, session_id: str, key: str) -> KeyRecord | None:
         query = self._sql.find_key
@@ -508,7 +658,16 @@ class PostgresStore(AsyncClosing):
                 raise await self._refused(conn, session_id, fence)
             return int(row[0])
 
-        return await self._call(work)
+        if self._group is None or fence is not None:
+            return await self._call(work)
+
+        async def first_seq(conn: Conn, rows: list[tuple[Any, ...]]) -> int:
+            if not rows:
+                raise SessionMissing(session_id)
+            return int(rows[0][0])
+
+        seq: int = await self._group.submit(session_id, _Work(query, params, first_seq))
+        return seq
 
     async def append_updates(
         self,
@@ -542,7 +701,17 @@ class PostgresStore(AsyncClosing):
                 raise await self._refused(conn, session_id, fence)
             return sorted(int(row[0]) for row in rows)
 
-        return await self._call(work)
+        if self._group is None or fence is not None:
+            return await self._call(work)
+
+        async def all_seqs(conn: Conn, rows: list[tuple[Any, ...]]) -> list[int]:
+            if not rows:
+                raise SessionMissing(session_id)
+            return sorted(int(row[0]) for row in rows)
+
+        grouped = _Work(self._sql.append_many, params, all_seqs)
+        seqs: list[int] = await self._group.submit(session_id, grouped)
+        return seqs
 
     async def _refused(self, conn: Conn, session_id: str, fence: Fence | None) -> StorageError:
         """Why a write that wrote no row was refused: the fence no longer holds, or the

@@ -71,6 +71,7 @@ from acp_once.storage.base import (
     list_position,
     one_page,
 )
+from acp_once.storage.grouping import GroupCommit, GroupStats, Write
 from acp_once.storage.sqlite.checkpoint import (
     CHECKPOINT_EVERY,
     CHECKPOINT_LAG_LIMIT,
@@ -234,30 +235,84 @@ def _insert_user_row(
     digest: bytes | None,
     now: float,
 ) -> InsertOutcome:
-    """Insert a user message, the body of a `_write` transaction: bump, next seq, the row
-    with its key.
+    """Insert a user message inside a write transaction (alone, or one of a batch): next
+    seq, the row with its key, then the bump.
 
     A recorded key is found by the unique index itself (no lookup first): the INSERT fails
-    before writing anything, the recorded row is read in the same transaction, and the
-    transaction is rolled back, so a retry writes nothing (not even `updated_at`).
+    before writing anything (SQLite undoes the failed statement alone) and the recorded row
+    is read in the same transaction. Nothing else has been written by then, so a retry
+    writes nothing (not even `updated_at`), and the transaction, which may hold other
+    writes of a batch, goes on. `SessionMissing` is also raised before any write.
     """
     cur = conn.cur
-    seq = _touch(cur, session_id, now)
+    row: tuple[float, int] | None = cur.execute(_SESSION_FOR_WRITE, (session_id,)).fetchone()
+    if row is None:
+        raise SessionMissing(session_id)
     if key is None:
-        cur.execute(_INSERT_USER, (session_id, seq, message_id, _blob(update)))
-        return InsertOutcome(message_id, True, digest)
-    try:
-        blob_digest = None if digest is None else _blob(digest)
-        cur.execute(
-            _INSERT_KEYED_USER, (session_id, seq, message_id, _blob(update), key, blob_digest)
-        )
-    except sqlite3.IntegrityError:
-        recorded = _find_key(cur, session_id, key)
-        if recorded is None:
-            raise  # not the key's index: a real failure
-        cur.execute("ROLLBACK")
-        return InsertOutcome(recorded.message_id, False, recorded.prompt_digest)
+        cur.execute(_INSERT_USER, (session_id, row[1], message_id, _blob(update)))
+    else:
+        try:
+            blob_digest = None if digest is None else _blob(digest)
+            cur.execute(
+                _INSERT_KEYED_USER,
+                (session_id, row[1], message_id, _blob(update), key, blob_digest),
+            )
+        except sqlite3.IntegrityError:
+            recorded = _find_key(cur, session_id, key)
+            if recorded is None:
+                raise  # not the key's index: a real failure
+            return InsertOutcome(recorded.message_id, False, recorded.prompt_digest)
+    if row[0] <= now - BUMP_RESOLUTION:  # after the INSERT: a recorded key bumps nothing
+        cur.execute(_BUMP_SESSION, (now, session_id))
     return InsertOutcome(message_id, True, digest)
+
+
+_Outcome = tuple[bool, object]
+"""What one write of a batch came to: (True, its result) or (False, its error)."""
+
+
+def _write_together(
+    conn: Connection, works: Sequence[Callable[[Connection], object]], path: str
+) -> list[_Outcome]:
+    """Write a batch in one `BEGIN IMMEDIATE` transaction (in the worker thread); return each
+    write's outcome, in order.
+
+    A write that raises a `StorageError` (`SessionMissing`) has written nothing (see
+    `_insert_user_row`, `_append_rows`): that is its answer, and the others go on. A SQLite
+    error inside a write leaves the transaction in doubt: it is rolled back and each write
+    runs alone, so only the one at fault fails. A failure to begin or to commit fails all.
+    """
+    cur = conn.cur
+    cur.execute("BEGIN IMMEDIATE")
+    outcomes: list[_Outcome] = []
+    try:
+        for work in works:
+            try:
+                outcomes.append((True, work(conn)))
+            except StorageError as exc:
+                outcomes.append((False, exc))
+    except sqlite3.Error:
+        cur.execute("ROLLBACK")
+    except BaseException:
+        cur.execute("ROLLBACK")
+        raise
+    else:
+        try:
+            cur.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                cur.execute("ROLLBACK")
+            raise
+        return outcomes
+    outcomes = []
+    for work in works:
+        try:
+            outcomes.append((True, db.write(conn, work)))
+        except StorageError as exc:
+            outcomes.append((False, exc))
+        except sqlite3.Error as exc:
+            outcomes.append((False, StorageError(f"{path}: {exc}")))
+    return outcomes
 
 
 def _append_rows(
@@ -291,9 +346,17 @@ class SqliteStore(AsyncClosing):
         clock: Callable[[], float],
         fast: Connection | None = None,
         checkpointer: Checkpointer | None = None,
+        group_commit: bool = False,
     ) -> None:
         """Wrap an open, migrated connection; use `SqliteStore.open` instead."""
         self._conn: Connection | None = conn
+        self._group: GroupCommit[Callable[[Connection], object]] | None = (
+            GroupCommit(self._write_batch, gather=True) if group_commit else None
+        )
+        # The smallest batch written as a transaction of several; a lone write is written as
+        # without group commit. The tests lower it to 1, so that every write of a contract
+        # check takes the path of a batch.
+        self._batch_from = 2
         self._fast = fast
         self._fast_calls = 0
         self._checkpointer = checkpointer
@@ -312,6 +375,7 @@ class SqliteStore(AsyncClosing):
         busy_timeout_ms: int = 5000,
         clock: Callable[[], float] = time.time,
         inline: bool = True,
+        group_commit: bool = True,
     ) -> Opening[SqliteStore]:
         """Open (creating if needed) the database at `path`; await it or `async with` it.
 
@@ -324,6 +388,9 @@ class SqliteStore(AsyncClosing):
             clock: "now" in seconds since the epoch, for bumping `updated_at`.
             inline: run small calls on the event loop when the database is free (see
                 `_call`); False sends every call to the worker thread.
+            group_commit: write user messages and retained updates of many sessions that
+                arrive together in one transaction (see `_write`); False gives every write
+                a transaction of its own.
 
         Raises:
             SchemaOutOfDate: `migrate=False` and the schema is older than required.
@@ -365,7 +432,15 @@ class SqliteStore(AsyncClosing):
                 checkpointer = await anyio.to_thread.run_sync(
                     Checkpointer.open, where, synchronous, limiter=limiter
                 )
-            return cls(conn, limiter, path=where, clock=clock, fast=fast, checkpointer=checkpointer)
+            return cls(
+                conn,
+                limiter,
+                path=where,
+                clock=clock,
+                fast=fast,
+                checkpointer=checkpointer,
+                group_commit=group_commit,
+            )
 
         return Opening(open_, SqliteStore.aclose)
 
@@ -424,6 +499,47 @@ class SqliteStore(AsyncClosing):
                 return result  # type: ignore[return-value]
         # a thread call runs or waits (queue behind it), or the database was busy
         return await self._threaded(fn)
+
+    async def _write(self, session_id: str, work: Callable[[Connection], _T]) -> _T:
+        """Run `work(connection)` in a write transaction: its own, or with group commit the
+        next batch's (`acp_once.storage.grouping`).
+
+        A batch of one is written as a lone write is (inline when the database is free). A
+        batch of several is written in the worker thread, so the event loop goes on while
+        it commits, and what queues meanwhile makes the next batch. `work` must write
+        nothing when it raises a `StorageError` (it then answers its caller alone).
+        """
+        if self._group is None:
+            return await self._call(functools.partial(db.write, work=work), inline=True)
+        result: _T = await self._group.submit(session_id, work)
+        return result
+
+    async def _write_batch(self, batch: list[Write[Callable[[Connection], object]]]) -> None:
+        if len(batch) < self._batch_from:
+            write = batch[0]
+            try:
+                write.settle(
+                    await self._call(functools.partial(db.write, work=write.work), inline=True)
+                )
+            except StorageError as exc:
+                write.fail(exc)
+            return
+        works = [write.work for write in batch]
+        outcomes = await self._threaded(
+            functools.partial(_write_together, works=works, path=self._path)
+        )
+        for write, (ok, value) in zip(batch, outcomes, strict=True):
+            if ok:
+                write.settle(value)
+            else:
+                assert isinstance(value, BaseException)
+                write.fail(value)
+
+    @property
+    def group_stats(self) -> GroupStats | None:
+        """How many batches (transactions) and writes group commit has written; None without
+        group commit. For tests and benchmarks."""
+        return None if self._group is None else self._group.stats
 
     async def _threaded(self, fn: Callable[[Connection], _T]) -> _T:
         self._thread_calls += 1
@@ -570,18 +686,11 @@ class SqliteStore(AsyncClosing):
         prompt_digest: bytes | None,
     ) -> InsertOutcome:
         now = self._clock()
-        return await self._call(
-            lambda conn: db.write(
-                conn,
-                _insert_user_row,
-                session_id,
-                message_id,
-                update,
-                idempotency_key,
-                prompt_digest,
-                now,
+        return await self._write(
+            session_id,
+            lambda conn: _insert_user_row(
+                conn, session_id, message_id, update, idempotency_key, prompt_digest, now
             ),
-            inline=True,
         )
 
     async def find_key(self, session_id: str, key: str) -> KeyRecord | None:
@@ -593,9 +702,8 @@ class SqliteStore(AsyncClosing):
         self, session_id: str, update: bytes, *, message_id: str | None = None
     ) -> int:
         now = self._clock()
-        return await self._call(
-            lambda conn: db.write(conn, _append_rows, session_id, ((update, message_id),), now),
-            inline=True,
+        return await self._write(
+            session_id, lambda conn: _append_rows(conn, session_id, ((update, message_id),), now)
         )
 
     async def append_updates(
@@ -614,9 +722,8 @@ class SqliteStore(AsyncClosing):
             await self._call(exists, inline=True)
             return []
         now = self._clock()
-        first = await self._call(
-            lambda conn: db.write(conn, _append_rows, session_id, entries, now),
-            inline=True,
+        first = await self._write(
+            session_id, lambda conn: _append_rows(conn, session_id, entries, now)
         )
         return list(range(first, first + len(entries)))
 

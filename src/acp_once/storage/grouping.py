@@ -1,0 +1,181 @@
+"""Group commit for the durable stores: one writer at a time, and the writes that queue while
+a transaction is being written go together into the next one.
+
+A store hands each write (a user message with its key, a retained update) to
+`GroupCommit.submit`. When no batch is being written, the caller becomes the writer at once:
+it takes everything queued (its own write, and whatever else is waiting) and hands that batch
+to the store's `write` callback, which writes it in one transaction. Callers that arrive while
+a batch is being written queue; when the batch is done, the first of them becomes the writer
+of the next batch. So a lone write never waits for company (there is no timer), and under load
+the batch is whatever queued while the previous commit was in flight.
+
+Each caller is answered only after the transaction holding its own write has committed, with
+its own outcome: the store's `write` callback settles every item of the batch (`Write.settle`
+or `Write.fail`), so a conflict or an error of one item is that item's answer only.
+
+Cancellation: a caller cancelled while its write is still queued withdraws it (nothing is
+written). Once the write is taken into a batch, the caller waits for the batch to end and gets
+its outcome; the cancellation is delivered at its next checkpoint (as anyio's worker threads
+do), so a committed write is never left unknown to its caller. The writer shields its batch:
+its own cancellation must not abandon the writes of others. Every backend bounds a batch (the
+SQLite busy timeout, the PostgreSQL store's insert timeout), so these waits are bounded.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+import anyio
+import anyio.lowlevel
+
+from acp_once.storage.base import StorageError
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+__all__ = ["GroupCommit", "GroupStats", "Write"]
+
+_W = TypeVar("_W")
+
+
+class Write(Generic[_W]):
+    """One queued write: the session it writes to, the store's own description of the work
+    (`work`), and, once written, its outcome."""
+
+    __slots__ = ("_error", "_result", "_woken", "done", "lead", "session_id", "taken", "work")
+
+    def __init__(self, session_id: str, work: _W) -> None:
+        self.session_id = session_id
+        self.work = work
+        self.taken = False  # in a batch being written: no longer withdrawable
+        self.lead = False  # asked to write the next batch
+        self.done = False
+        self._result: Any = None
+        self._error: BaseException | None = None
+        self._woken: anyio.Event | None = None
+
+    def settle(self, result: object) -> None:
+        """Record the result of a write that is committed (or that rightly wrote nothing)."""
+        self._result = result
+        self.done = True
+
+    def fail(self, error: BaseException) -> None:
+        """Record the error the write's caller gets (nothing of this write is committed)."""
+        self._error = error
+        self.done = True
+
+    def outcome(self) -> Any:
+        """The result, or raise the recorded error."""
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+
+class GroupStats:
+    """What a `GroupCommit` has written: batches (one transaction each), writes, and the
+    largest batch. Figures for tests and benchmarks."""
+
+    __slots__ = ("batches", "largest", "writes")
+
+    def __init__(self) -> None:
+        self.batches = 0
+        self.writes = 0
+        self.largest = 0
+
+
+class GroupCommit(Generic[_W]):
+    """The queue and the one writer of a store's grouped writes (see the module docstring).
+
+    `write(batch)` writes the batch in one transaction (or each item alone, when one of them
+    fails the transaction) and settles each item; an exception it raises fails every item it
+    left unsettled. With `gather`, a writer whose session differs from the previous batch's
+    last one first lets the other ready tasks run once (a zero-length yield, not a delay):
+    writes of other sessions then join its batch. One session written sequentially (a stdio
+    agent) never yields.
+    """
+
+    def __init__(
+        self, write: Callable[[list[Write[_W]]], Awaitable[None]], *, gather: bool = False
+    ) -> None:
+        self._write = write
+        self._gather = gather
+        self._queue: list[Write[_W]] = []
+        self._writing = False
+        self._last_session: str | None = None
+        self.stats = GroupStats()
+
+    async def submit(self, session_id: str, work: _W) -> Any:
+        """Write `work` (on session `session_id`) in the next batch; return its result once
+        the batch is committed.
+
+        Raises:
+            whatever the store's `write` recorded for this item (a `StorageError`).
+        """
+        item = Write(session_id, work)
+        self._queue.append(item)
+        if self._writing:
+            await self._follow(item)
+        else:
+            self._writing = True
+            await self._lead(item)
+        return item.outcome()
+
+    async def _follow(self, item: Write[_W]) -> None:
+        woken = item._woken = anyio.Event()
+        try:
+            await woken.wait()
+        except BaseException:
+            if item.taken:
+                # Its batch is being written: learn the outcome first (bounded by the batch).
+                with anyio.CancelScope(shield=True):
+                    await woken.wait()
+                return
+            self._queue.remove(item)  # withdrawn: nothing of it was written
+            if item.lead:
+                self._hand_over()
+            raise
+        if not item.taken:  # woken to write the next batch, which holds this item
+            await self._lead(item)
+
+    async def _lead(self, item: Write[_W]) -> None:
+        with anyio.CancelScope(shield=True):
+            if self._gather and item.session_id != self._last_session:
+                await anyio.lowlevel.checkpoint()
+            batch, self._queue = self._queue, []
+            for write in batch:
+                write.taken = True
+            try:
+                await self._write(batch)
+            except Exception as exc:
+                _fail_unsettled(batch, exc)
+            except BaseException:
+                _fail_unsettled(batch, StorageError("the write was interrupted"))
+                raise
+            finally:
+                _fail_unsettled(batch, StorageError("the store left a write unsettled"))
+                stats = self.stats
+                stats.batches += 1
+                stats.writes += len(batch)
+                stats.largest = max(stats.largest, len(batch))
+                self._last_session = batch[-1].session_id
+                for write in batch:
+                    if write._woken is not None:
+                        write._woken.set()
+                self._hand_over()
+
+    def _hand_over(self) -> None:
+        if self._queue:
+            first = self._queue[0]
+            first.lead = True
+            assert first._woken is not None  # every queued item but a writer's own follows
+            first._woken.set()
+        else:
+            self._writing = False
+
+
+def _fail_unsettled(batch: list[Write[_W]], error: BaseException) -> None:
+    for write in batch:
+        if not write.done:
+            # One error object per caller: an exception raised in several tasks would
+            # collect all their tracebacks.
+            write.fail(StorageError(str(error)) if write is not batch[0] else error)
