@@ -12,6 +12,8 @@ Usage: `python sdk_v1_effects_agent.py --effects FILE [--load --state FILE] [--g
 The prompt text drives the turn:
 - `[wait:NAME]`: sends the chunk `waiting NAME`, then waits until the file `--gates`/NAME exists
   (the test creates it) or the turn is cancelled (then `stopReason: "cancelled"`);
+- `[work:SECONDS]`: keeps the turn running that long, unless it is cancelled (for
+  `acp-once check`'s slow prompt);
 - `[permission]`: asks `session/request_permission` (allow_once / reject_once) and answers
   `permission: <optionId>` or `permission: cancelled`;
 - `[tool]`: a `tool_call` (in progress), then a `tool_call_update` (completed);
@@ -46,6 +48,7 @@ from acp.schema import (
 )
 
 _WAIT = re.compile(r"\[wait:([A-Za-z0-9_-]+)\]")
+_WORK = re.compile(r"\[work:(\d+(?:\.\d+)?)\]")
 
 
 class EffectsAgent:
@@ -154,6 +157,12 @@ class EffectsAgent:
                     return PromptResponse(stop_reason="cancelled")
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(cancelled.wait(), 0.02)
+        work = _WORK.search(text)
+        if work is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(cancelled.wait(), float(work.group(1)))
+            if cancelled.is_set():
+                return PromptResponse(stop_reason="cancelled")
         await say(session_id=session_id, update=acp.update_agent_message_text("echo: "))
         await say(session_id=session_id, update=acp.update_agent_message_text(text))
         history.append(["agent", f"echo: {text}"])
