@@ -113,3 +113,32 @@ def test_check_says_in_one_line_that_the_agent_speaks_v1(tmp_path: Path) -> None
     )
     # one initialize, no check run against it
     assert [m.get("method") for m in received(tmp_path)] == ["initialize"]
+
+
+def test_prompt_continues_a_v1_session_through_session_load(tmp_path: Path) -> None:
+    state = str(tmp_path / "state.json")
+    agent = shlex.join(
+        [sys.executable, str(AGENT), "--log", str(tmp_path / "received.jsonl"), "--state", state]
+    )
+    first = acp_once("prompt", "--on-unaware", "trust", "--agent", agent, "first")
+    assert first.returncode == 0, first.stdout + first.stderr
+    session_id = first.stdout.splitlines()[0].removeprefix("session ").strip()
+    assert session_id.startswith("sdk_")
+    again = acp_once(
+        "prompt", "--on-unaware", "trust", "--agent", agent, "--session", session_id, "second"
+    )
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert again.stdout.splitlines()[0] == f"session {session_id}"
+    assert "agent echo: second" in again.stdout
+    assert "first" not in again.stdout  # the history the load replays is not printed
+    loads = [m["params"] for m in received(tmp_path) if m.get("method") == "session/load"]
+    assert [p["sessionId"] for p in loads] == [session_id]
+
+
+def test_prompt_to_a_v1_session_without_session_load_is_one_line(tmp_path: Path) -> None:
+    agent = shlex.join([sys.executable, str(AGENT), "--no-load"])
+    done = acp_once("prompt", "--agent", agent, "--session", "sdk_gone", "hi")
+    assert done.returncode == 1
+    (line,) = done.stdout.strip().splitlines()
+    assert line.startswith("refused (-32601):")
+    assert "does not offer session/load" in line
