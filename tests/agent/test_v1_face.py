@@ -15,7 +15,7 @@ from acp_once.agent.runtime import HeldPolicy, SessionAgent, Turn, TurnContext
 from acp_once.agent.updates import selected_option
 from acp_once.protocol import schema as s
 from acp_once.protocol import v1
-from acp_once.protocol.errors import INTERNAL_ERROR
+from acp_once.protocol.errors import INTERNAL_ERROR, METHOD_NOT_FOUND, RESOURCE_NOT_FOUND
 from acp_once.storage import MemoryStore
 from acp_once.testing import connected
 from tests.agent.v1_peer import TIMEOUT, V1_INIT, RawPeer, raw_peer
@@ -301,3 +301,27 @@ async def test_session_cancel_answers_every_waiting_prompt_cancelled(policy: Hel
         assert texts(peer.updates(sid), "agent_message_chunk") == ["working"]
         after = await peer.call("session/prompt", prompt_params(sid, "after"))
         assert after["result"] == {"stopReason": "end_turn"}
+
+
+async def test_the_other_v1_session_methods_map_to_the_v2_ones() -> None:
+    async with scripted() as agent:
+        async with v1_client(agent) as first:
+            sid = await new_session(first)
+        async with v1_client(agent) as peer:
+            listed = (await peer.call("session/list", {}))["result"]
+            v1.ListSessionsResponse.model_validate(listed)
+            assert [info["sessionId"] for info in listed["sessions"]] == [sid]
+            # resume: active again, no history replayed
+            assert (await peer.call("session/resume", {"sessionId": sid, "cwd": "/w"}))[
+                "result"
+            ] == {}
+            assert peer.updates(sid) == []
+            done = await peer.call("session/prompt", prompt_params(sid, "resumed"))
+            assert done["result"] == {"stopReason": "end_turn"}
+            assert (await peer.call("session/close", {"sessionId": sid}))["result"] == {}
+            closed = await peer.call("session/prompt", prompt_params(sid, "closed"))
+            assert closed["error"]["code"] == RESOURCE_NOT_FOUND
+            mode = await peer.call("session/set_mode", {"sessionId": sid, "modeId": "x"})
+            assert mode["error"]["code"] == METHOD_NOT_FOUND
+            assert (await peer.call("session/delete", {"sessionId": sid}))["result"] == {}
+            assert (await peer.call("session/list", {}))["result"]["sessions"] == []
