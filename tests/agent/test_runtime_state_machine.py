@@ -1,7 +1,8 @@
 """Hypothesis drives random interleavings of prompts, retries, cancels, closes, resumes,
 dropped connections and agent restarts against the session runtime, over the memory store and
 over a SQLite file (calls run inline, or all in the store's worker thread, where a cancelled
-caller waits for its transaction), then checks the promise:
+caller waits for its transaction; with group commit, every write as a batch, or without
+group commit), then checks the promise:
 
 - at most one user message per (session, key) in the store;
 - every successful answer for a key carries that key's recorded message id.
@@ -34,6 +35,7 @@ from acp_once.rpc.errors import TransportError
 from acp_once.storage import MemoryStore, SessionStore, SqliteStore
 from acp_once.testing import connected
 from tests.helpers import initialize_request
+from tests.storage.conftest import batch_everything
 
 pytestmark = pytest.mark.anyio
 
@@ -170,7 +172,16 @@ op = st.one_of(
 )
 
 
-STORES = ["memory", "sqlite", "sqlite-threads"]
+STORES = ["memory", "sqlite", "sqlite-threads", "sqlite-batched", "sqlite-single"]
+"""SQLite with group commit (the default): calls inline, or all in the worker thread, or every
+write through the path of a batch (one transaction of several writes); and without it."""
+
+
+@asynccontextmanager
+async def _batched(path: Path) -> AsyncIterator[SessionStore]:
+    async with SqliteStore.open(path) as store:
+        batch_everything(store)
+        yield store
 
 
 @asynccontextmanager
@@ -183,7 +194,12 @@ async def stores(kind: str) -> AsyncIterator[OpenStore]:
         return
     with tempfile.TemporaryDirectory(prefix="acp-sm-") as tmp:
         path = Path(tmp) / "sessions.sqlite3"
-        yield lambda: SqliteStore.open(path, inline=kind == "sqlite")
+        if kind == "sqlite-batched":
+            yield lambda: _batched(path)
+        else:
+            yield lambda: SqliteStore.open(
+                path, inline=kind != "sqlite-threads", group_commit=kind != "sqlite-single"
+            )
 
 
 async def run_program(program: list[tuple[Any, ...]], policy: str, store_kind: str) -> None:

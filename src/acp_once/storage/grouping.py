@@ -16,9 +16,11 @@ or `Write.fail`), so a conflict or an error of one item is that item's answer on
 Cancellation: a caller cancelled while its write is still queued withdraws it (nothing is
 written). Once the write is taken into a batch, the caller waits for the batch to end and gets
 its outcome; the cancellation is delivered at its next checkpoint (as anyio's worker threads
-do), so a committed write is never left unknown to its caller. The writer shields its batch:
-its own cancellation must not abandon the writes of others. Every backend bounds a batch (the
-SQLite busy timeout, the PostgreSQL store's insert timeout), so these waits are bounded.
+do), so a committed write is never left unknown to its caller. The writer shields a batch of
+several: its own cancellation must not abandon the writes of others. A batch of one is the
+store's lone write, with the store's own rules (a SQLite call that has started runs to its
+end; a PostgreSQL insert is shielded). Every backend bounds a batch (the SQLite busy timeout,
+the PostgreSQL store's insert timeout), so these waits are bounded.
 """
 
 from __future__ import annotations
@@ -138,30 +140,39 @@ class GroupCommit(Generic[_W]):
             await self._lead(item)
 
     async def _lead(self, item: Write[_W]) -> None:
-        with anyio.CancelScope(shield=True):
-            if self._gather and item.session_id != self._last_session:
+        if self._gather and item.session_id != self._last_session:
+            with anyio.CancelScope(shield=True):  # its item is not withdrawn: others follow it
                 await anyio.lowlevel.checkpoint()
-            batch, self._queue = self._queue, []
+        batch, self._queue = self._queue, []
+        for write in batch:
+            write.taken = True
+        if len(batch) == 1:
+            # A lone write: cancelled as the store cancels a write without group commit
+            # (shielding costs a few microseconds that a lone write need not pay).
+            await self._run(batch)
+        else:
+            with anyio.CancelScope(shield=True):
+                await self._run(batch)
+
+    async def _run(self, batch: list[Write[_W]]) -> None:
+        try:
+            await self._write(batch)
+        except Exception as exc:
+            _fail_unsettled(batch, exc)
+        except BaseException:
+            _fail_unsettled(batch, StorageError("the write was interrupted"))
+            raise
+        finally:
+            _fail_unsettled(batch, StorageError("the store left a write unsettled"))
+            stats = self.stats
+            stats.batches += 1
+            stats.writes += len(batch)
+            stats.largest = max(stats.largest, len(batch))
+            self._last_session = batch[-1].session_id
             for write in batch:
-                write.taken = True
-            try:
-                await self._write(batch)
-            except Exception as exc:
-                _fail_unsettled(batch, exc)
-            except BaseException:
-                _fail_unsettled(batch, StorageError("the write was interrupted"))
-                raise
-            finally:
-                _fail_unsettled(batch, StorageError("the store left a write unsettled"))
-                stats = self.stats
-                stats.batches += 1
-                stats.writes += len(batch)
-                stats.largest = max(stats.largest, len(batch))
-                self._last_session = batch[-1].session_id
-                for write in batch:
-                    if write._woken is not None:
-                        write._woken.set()
-                self._hand_over()
+                if write._woken is not None:
+                    write._woken.set()
+            self._hand_over()
 
     def _hand_over(self) -> None:
         if self._queue:
