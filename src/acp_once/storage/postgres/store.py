@@ -26,6 +26,13 @@ Concurrency (READ COMMITTED, which every write transaction asks for explicitly):
   key recorded before it (see `insert_fenced`); the unique index still refuses a duplicate.
 * `append_update` is one statement (`UPDATE sessions ... RETURNING` feeding the INSERT), atomic
   on its own and serialised by the same row lock.
+* Group commit (`group_commit=True`, the default; `acp_once.storage.grouping`): unfenced
+  inserts and appends go through one queue with one writer. An insert is then one statement
+  (`insert_one`: the lock, the lookup, the INSERT and `next_seq` together). A lone write is
+  that statement in autocommit, one round trip; the writes that queue while a batch commits
+  are sent together in pipeline mode inside one transaction, in the order of their session
+  ids (see `_write_batch`), and each caller is answered after its COMMIT. Fenced writes (the
+  cluster's) are never grouped.
 
 Cancellation (the encode/databases #460 lesson): a connection goes back to the pool only when
 it is idle. When a call ends any other way (an error, or a cancellation at any await,

@@ -25,6 +25,14 @@ Concurrency and durability:
   process using the same file (the agent restarted while a test counts messages, or two
   stores on one file). `busy_timeout` (5000 ms by default) makes the second writer wait
   instead of failing with "database is locked" (the LangGraph #8136 lesson).
+* Group commit (`group_commit=True`, the default; `acp_once.storage.grouping`): user
+  messages and retained updates go through one queue with one writer. A lone write is
+  written at once, as above. Writes of several sessions that queue together (while a batch
+  commits, or while the writer lets the other ready tasks run once because the sessions
+  interleave) are written in one `BEGIN IMMEDIATE` transaction in the worker thread, so the
+  event loop goes on meanwhile; each caller is answered after that COMMIT, with its own
+  outcome. A write that fails in a batch has written nothing (`SessionMissing` is found before
+  any write, a recorded key by the failed INSERT alone), so the others commit.
 * WAL journal mode, so readers never block the writer and vice versa.
 * Checkpoints (copying the WAL back into the database file, with an fsync) run in a thread
   of their own (`Checkpointer`), never on a caller's path.
