@@ -19,6 +19,7 @@ The prompt text drives the turn:
 - `[tool]`: a `tool_call` (in progress), then a `tool_call_update` (completed);
 - `[plan]`: a `plan` with two entries;
 - `[fail]`: the prompt is answered with an internal error;
+- `[die]`: the process exits at once (status 3), the prompt unanswered;
 - otherwise the text is echoed back in two `agent_message_chunk`s: `echo: ` and the text.
 """
 
@@ -117,6 +118,8 @@ class EffectsAgent:
         history.append(["user", text])
         cancelled = self.cancelled[session_id] = asyncio.Event()
         say = self.conn.session_update
+        if "[die]" in text:
+            os._exit(3)
         if "[fail]" in text:
             raise acp.RequestError.internal_error({"reason": "asked to fail"})
         if "[plan]" in text:

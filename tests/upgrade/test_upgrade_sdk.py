@@ -306,6 +306,22 @@ async def test_t5_retry_after_an_error(env: Env) -> None:
     assert texts == ["long [wait:g5]", "x", "boom [fail]"]
 
 
+async def test_a_child_that_dies_is_started_again_and_its_session_loaded(env: Env) -> None:
+    with anyio.fail_after(TIMEOUT):
+        async with upgraded(env) as (conn, rec, _):
+            sid = await new_session(conn)
+            died = await prompt(conn, sid, "bye [die]", KEY)
+            (idle,) = await wait_idle(rec)
+            assert idle["stopReason"] == "error"
+            assert idle["error"]["message"] == "The turn failed (InternalError)"
+            assert await prompt(conn, sid, "bye [die]", KEY) == died  # not sent again
+            await prompt(conn, sid, "after")
+            assert (await wait_idle(rec, 2))[-1]["stopReason"] == "end_turn"
+    assert [line.split(" ", 1)[1] for line in env.effects_lines()] == ["bye [die]", "after"]
+    assert len(set(child_sessions(env))) == 1  # the new child loaded the session
+    assert "the v1 agent exited" in env.stderr.read_text()
+
+
 async def test_t6_same_key_in_another_session(env: Env) -> None:
     with anyio.fail_after(TIMEOUT):
         async with upgraded(env) as (conn, rec, _):
