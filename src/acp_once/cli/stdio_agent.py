@@ -1,13 +1,14 @@
 """`acp-once agent` without the command-line framework: its common forms parsed by hand.
 
-An editor starts `acp-once agent` and waits for its `initialize` answer; typer (with its
-option coercion through pydantic) cost about a quarter of that start. `parse_agent_args`
+An editor starts `acp-once agent` and waits for its `initialize` answer; importing typer and
+building its command (its option coercion goes through pydantic) was about a seventh of the
+instructions of that start (`benchmarks/README.md`, bench_coldstart.py). `parse_agent_args`
 reads the forms the command takes with the reference runtime and a memory or SQLite store
 (`--store X` or `--store=X`, `--policy`, `--compare-prompts/--no-compare-prompts`,
 `--side-effects`, `--interrupted`, `--runtime reference`, `-v`/`-vv`/`--verbose`,
 `--log-level`) and gives up (None) on anything else: help, an unknown option or value, a
 repeated option, a store URL `check_store_url` refuses, a PostgreSQL store, another runtime.
-Then `acp-once.cli.entry` hands the whole command line to the typer application, which parses
+Then `acp_once.cli.entry` hands the whole command line to the typer application, which parses
 it (and reports its errors) as it always did. The two paths start the same agent through
 `run_reference` (`tests/cli/test_cli_fast_agent.py` holds them equal option by option).
 
