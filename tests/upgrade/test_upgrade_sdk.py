@@ -299,6 +299,7 @@ async def test_t5_retry_after_an_error(env: Env) -> None:
             failed = await prompt(conn, sid, "boom [fail]", KEY + "-2")
             idle = (await wait_idle(rec, 3))[-1]
             assert idle["stopReason"] == "error"
+            assert idle["error"]["message"] == "The turn failed (V1TurnFailed)"
             assert await prompt(conn, sid, "boom [fail]", KEY + "-2") == failed
             assert await prompt(conn, sid, "x", KEY) == inserted
     assert await env.count(sid, KEY) == 1
@@ -313,7 +314,7 @@ async def test_a_child_that_dies_is_started_again_and_its_session_loaded(env: En
             died = await prompt(conn, sid, "bye [die]", KEY)
             (idle,) = await wait_idle(rec)
             assert idle["stopReason"] == "error"
-            assert idle["error"]["message"] == "The turn failed (InternalError)"
+            assert idle["error"]["message"] == "The turn failed (V1AgentExited)"
             assert await prompt(conn, sid, "bye [die]", KEY) == died  # not sent again
             await prompt(conn, sid, "after")
             assert (await wait_idle(rec, 2))[-1]["stopReason"] == "end_turn"

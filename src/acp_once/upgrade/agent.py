@@ -65,7 +65,7 @@ from acp_once.upgrade.translate import (
     stop_reason,
 )
 
-__all__ = ["CHILD_SESSION_STATE", "UpgradedAgent"]
+__all__ = ["CHILD_SESSION_STATE", "UpgradedAgent", "V1AgentExited", "V1TurnFailed"]
 
 logger = logging.getLogger("acp_once.upgrade")
 
@@ -75,6 +75,14 @@ _CANCEL_TIMEOUT = 5.0  # seconds the child has to answer a cancelled prompt
 _SESSION_TIMEOUT = 60.0  # seconds for the child's session/new or session/load
 _CANCELLED = {"outcome": {"outcome": "cancelled"}}
 _PROMPT_BLOCKS = ("image", "audio", "embeddedContext")
+
+
+class V1AgentExited(Exception):
+    """The child died during a turn (the turn ends with `stopReason: "error"`)."""
+
+
+class V1TurnFailed(Exception):
+    """The child answered a prompt with an error (the turn ends with `stopReason: "error"`)."""
 
 
 def _child_session_marker(session_id: str, child_session_id: str) -> bytes:
@@ -240,7 +248,11 @@ class UpgradedAgent(SessionAgent):
                 await self._cancel_child_turn(session_id, child, child_session, call)
             raise
         except ConnectionClosed:
-            raise InternalError("The v1 agent exited during the turn") from None
+            raise V1AgentExited("the v1 agent exited during the turn") from None
+        except AcpError as exc:
+            # the child answered the prompt with an error: its code is logged, not its text
+            # (which could quote anything); the turn ends with stopReason "error"
+            raise V1TurnFailed(f"the v1 agent answered the prompt with error {exc.code}") from None
         finally:
             with anyio.CancelScope(shield=True):
                 await self._deliver(session_id, self._translator(session_id).finish())
