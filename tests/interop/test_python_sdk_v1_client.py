@@ -225,3 +225,26 @@ async def test_the_sdk_client_drives_the_langgraph_adapter_in_v1(tmp_path: Path)
         async with sdk_client(command, second) as conn:
             await conn.load_session(cwd=str(tmp_path), session_id=sid)
     assert conversation_v1(second.updates) == [("user", "graph turn"), ("agent", "graph turn")]
+
+
+async def test_an_idempotency_key_in_a_v1_prompt_is_ignored(tmp_path: Path) -> None:
+    """v1 has no keys: the same `idempotencyKey` sent twice in v1 prompts (through the SDK's
+    raw request, its typed API has no such field) is two messages, and is echoed nowhere."""
+    store = f"sqlite:{tmp_path / 'sessions.db'}"
+    command = agent_command(store, tmp_path)
+    client, later = SdkClient(), SdkClient()
+    with anyio.fail_after(TIMEOUT):
+        async with sdk_client(command, client) as conn:
+            sid = (await conn.new_session(cwd=str(tmp_path))).session_id
+            params = {
+                "sessionId": sid,
+                "prompt": [{"type": "text", "text": "twice"}],
+                "idempotencyKey": KEY,
+            }
+            for _ in range(2):
+                answer = await conn._conn.send_request("session/prompt", params)
+                assert answer == {"stopReason": "end_turn"}
+        async with sdk_client(command, later) as conn:
+            await conn.load_session(cwd=str(tmp_path), session_id=sid)
+    assert later.texts("user_message_chunk") == ["twice", "twice"]
+    assert KEY not in str(client.updates) + str(later.updates)
