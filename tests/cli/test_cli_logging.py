@@ -134,7 +134,7 @@ def test_every_command_takes_verbose_and_log_level() -> None:
 @pytest.mark.parametrize(
     ("command", "choices"),
     [
-        (["agent"], ["<hold|steer>", "<report|continue>", "<reference|langgraph>"]),
+        (["agent"], ["<hold|steer>", "<report|continue>", "<reference|langgraph|v1>"]),
         (["serve"], ["<hold|steer>", "<report|continue>", "<debug|info|warning|error>"]),
         (["demo"], ["<stdio|ws|http>"]),
     ],
