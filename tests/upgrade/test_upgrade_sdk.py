@@ -55,7 +55,7 @@ class PermissionClient(UpdateRecorder):
 
 class Env:
     def __init__(self, tmp: Path, *, load: bool) -> None:
-        self.db = tmp / "sessions.sqlite3"
+        self.store = f"sqlite:{tmp / 'sessions.sqlite3'}"
         self.effects = tmp / "effects.log"
         self.state = tmp / "v1-state.json"
         self.gates = tmp / "gates"
@@ -76,7 +76,7 @@ class Env:
             "--runtime",
             "v1",
             "--store",
-            f"sqlite:{self.db}",
+            self.store,
             *extra,
             "--",
             *child,
@@ -89,7 +89,7 @@ class Env:
         return self.effects.read_text().splitlines() if self.effects.exists() else []
 
     async def count(self, session_id: str, key: str | None = None) -> int:
-        async with open_store(f"sqlite:{self.db}") as store:
+        async with open_store(self.store) as store:
             return await store.count_user_messages(session_id, idempotency_key=key)
 
 
@@ -224,7 +224,19 @@ async def test_t2_keyed_retry_after_resume_on_a_new_connection(env: Env) -> None
 
 @pytest.mark.parametrize("load", [True, False], ids=["loadSession", "no-loadSession"])
 async def test_t3_keyed_retry_after_sigkill_and_restart(tmp_path: Path, load: bool) -> None:
-    env = Env(tmp_path, load=load)
+    await sigkill_trace(Env(tmp_path, load=load), load)
+
+
+@pytest.mark.postgres
+async def test_t3_on_postgresql(tmp_path: Path, postgres_dsn: str, new_schema: Any) -> None:
+    """The same trace on a PostgreSQL store (the v1 session id kept there too)."""
+    env = Env(tmp_path, load=True)
+    env.store = f"{postgres_dsn}?schema={new_schema()}"
+    await sigkill_trace(env, True)
+
+
+async def sigkill_trace(env: Env, load: bool) -> None:
+    """T3: SIGKILL mid-turn, restart twice (the interrupted turn reported once), retry."""
     with anyio.fail_after(TIMEOUT):
         async with upgraded(env) as (conn, rec, proc):
             sid = await new_session(conn)
