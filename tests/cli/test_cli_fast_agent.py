@@ -9,6 +9,7 @@ extra, no v1 models, no pydantic validator that the first request does not need.
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -193,3 +194,18 @@ print("ok")
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
     )
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+
+
+def test_the_collector_paused_for_the_imports_runs_again_after_them() -> None:
+    assert gc.isenabled()
+    with pytest.raises(ImportError), stdio_agent._no_cycle_collection():
+        assert not gc.isenabled()
+        import acp_once.no_such_module  # type: ignore[import-not-found]  # noqa: F401
+    assert gc.isenabled()
+    gc.disable()
+    try:  # a collector the caller paused stays paused
+        with stdio_agent._no_cycle_collection():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

@@ -17,9 +17,11 @@ This module imports neither typer nor rich, nor the agent before it runs.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -150,6 +152,22 @@ def parse_agent_args(argv: Sequence[str]) -> AgentArgs | None:
     )
 
 
+@contextlib.contextmanager
+def _no_cycle_collection() -> Iterator[None]:
+    """The cyclic garbage collector paused for the block (re-enabled after it, whatever
+    happens). Importing the agent creates ~350 model classes and their field objects, which
+    set off young-generation collections that find nothing to free: ~6% of the imports' time.
+    Reference counting frees as usual meanwhile; cycles made in the block wait for the next
+    collection."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 def run_reference(
     url: str,
     *,
@@ -164,10 +182,11 @@ def run_reference(
     Raises:
         StorageError: the store cannot be opened.
     """
-    from acp_once.agent.reference import ReferenceAgent
-    from acp_once.agent.serve import serve_stdio
-    from acp_once.cli import _eventloop
-    from acp_once.storage import open_store
+    with _no_cycle_collection():
+        from acp_once.agent.reference import ReferenceAgent
+        from acp_once.agent.serve import serve_stdio
+        from acp_once.cli import _eventloop
+        from acp_once.storage import open_store
 
     async def run() -> None:
         async with (
