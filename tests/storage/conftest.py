@@ -88,7 +88,8 @@ write)."""
 
 def batch_everything(store: SqliteStore | PostgresStore) -> None:
     """Make `store` write even a lone write as a batch (see `STORE_KINDS`)."""
-    store._batch_from = 1
+    assert store._group is not None
+    store._group.batch_from = 1
 
 
 @asynccontextmanager

@@ -1,8 +1,9 @@
 """A crash between enqueue and commit: a real process writing to a real SQLite file with group
 commit is killed (SIGKILL) while a batch of several writes has run its statements but not its
-COMMIT, with more writes queued behind it. Afterwards every caller that was answered finds its
-message, no caller that was not answered does (the stalled batch and those queued after it
-never committed), and no write is half there.
+COMMIT (the callers of that batch queued and waiting for it, others waiting for their turn).
+Afterwards every caller that was answered finds its message, no caller that was not answered
+does (the stalled batch never committed, and nothing after it was written), and no write is
+half there.
 
 The child says where it is on a pipe (`group_commit_child.py`); no sleeps.
 """

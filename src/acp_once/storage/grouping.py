@@ -7,7 +7,8 @@ it takes everything queued (its own write, and whatever else is waiting) and han
 to the store's `write` callback, which writes it in one transaction. Callers that arrive while
 a batch is being written queue; when the batch is done, the first of them becomes the writer
 of the next batch. So a lone write never waits for company (there is no timer), and under load
-the batch is whatever queued while the previous commit was in flight.
+the batch is whatever queued while the previous batch was being written, or, with `gather`,
+what the other ready tasks queued when the writer let them run once.
 
 Each caller is answered only after the transaction holding its own write has committed, with
 its own outcome: the store's `write` callback settles every item of the batch (`Write.settle`
@@ -88,19 +89,29 @@ class GroupStats:
 class GroupCommit(Generic[_W]):
     """The queue and the one writer of a store's grouped writes (see the module docstring).
 
-    `write(batch)` writes the batch in one transaction (or each item alone, when one of them
-    fails the transaction) and settles each item; an exception it raises fails every item it
-    left unsettled. With `gather`, a writer whose session differs from the previous batch's
+    `write_one(work)` writes a lone write as the store does without group commit and returns
+    its result (or raises its error). `write(batch)` writes a batch of `batch_from` writes or
+    more in one transaction (or each alone, when one of them fails the transaction) and
+    settles each item; an exception it raises fails every item it left unsettled. With
+    `gather`, a writer whose session differs from the previous batch's
     last one first lets the other ready tasks run once (a zero-length yield, not a delay):
     writes of other sessions then join its batch. One session written sequentially (a stdio
     agent) never yields.
     """
 
     def __init__(
-        self, write: Callable[[list[Write[_W]]], Awaitable[None]], *, gather: bool = False
+        self,
+        write_one: Callable[[_W], Awaitable[Any]],
+        write: Callable[[list[Write[_W]]], Awaitable[None]],
+        *,
+        gather: bool = False,
     ) -> None:
+        self._write_one = write_one
         self._write = write
         self._gather = gather
+        self.batch_from = 2
+        """The smallest batch written by `write`; the tests lower it to 1, so that every
+        write takes the path of a batch."""
         self._queue: list[Write[_W]] = []
         self._writing = False
         self._last_session: str | None = None
@@ -113,6 +124,19 @@ class GroupCommit(Generic[_W]):
         Raises:
             whatever the store's `write` recorded for this item (a `StorageError`).
         """
+        if (
+            not self._writing
+            and self.batch_from > 1
+            and (not self._gather or session_id == self._last_session)
+        ):
+            # Alone, with nothing to gather: the lone write itself, without the queue's
+            # bookkeeping (the path of every write of a stdio agent).
+            self._writing = True
+            try:
+                return await self._write_one(work)
+            finally:
+                self._count(1, session_id)
+                self._hand_over()
         item = Write(session_id, work)
         self._queue.append(item)
         if self._writing:
@@ -121,6 +145,14 @@ class GroupCommit(Generic[_W]):
             self._writing = True
             await self._lead(item)
         return item.outcome()
+
+    def _count(self, size: int, last_session: str) -> None:
+        stats = self.stats
+        stats.batches += 1
+        stats.writes += size
+        if size > stats.largest:
+            stats.largest = size
+        self._last_session = last_session
 
     async def _follow(self, item: Write[_W]) -> None:
         woken = item._woken = anyio.Event()
@@ -146,7 +178,7 @@ class GroupCommit(Generic[_W]):
         batch, self._queue = self._queue, []
         for write in batch:
             write.taken = True
-        if len(batch) == 1:
+        if len(batch) < self.batch_from:
             # A lone write: cancelled as the store cancels a write without group commit
             # (shielding costs a few microseconds that a lone write need not pay).
             await self._run(batch)
@@ -156,7 +188,14 @@ class GroupCommit(Generic[_W]):
 
     async def _run(self, batch: list[Write[_W]]) -> None:
         try:
-            await self._write(batch)
+            if len(batch) < self.batch_from:
+                only = batch[0]
+                try:
+                    only.settle(await self._write_one(only.work))
+                except Exception as exc:
+                    only.fail(exc)
+            else:
+                await self._write(batch)
         except Exception as exc:
             _fail_unsettled(batch, exc)
         except BaseException:
@@ -164,11 +203,7 @@ class GroupCommit(Generic[_W]):
             raise
         finally:
             _fail_unsettled(batch, StorageError("the store left a write unsettled"))
-            stats = self.stats
-            stats.batches += 1
-            stats.writes += len(batch)
-            stats.largest = max(stats.largest, len(batch))
-            self._last_session = batch[-1].session_id
+            self._count(len(batch), batch[-1].session_id)
             for write in batch:
                 if write._woken is not None:
                     write._woken.set()

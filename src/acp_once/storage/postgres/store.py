@@ -176,12 +176,8 @@ class PostgresStore(AsyncClosing):
         """Wrap an open pool on a migrated schema; use `PostgresStore.open` instead."""
         self._pool: Pool | None = pool
         self._group: GroupCommit[_Work] | None = (
-            GroupCommit(self._write_batch) if group_commit else None
+            GroupCommit(self._write_alone, self._write_batch) if group_commit else None
         )
-        # The smallest batch written as a transaction of several; a lone write is written as
-        # without group commit. The tests lower it to 1, so that every write of a contract
-        # check takes the path of a batch.
-        self._batch_from = 2
         self._owns_pool = owns_pool
         self._sql = statements(schema)
         self._where = where
@@ -550,6 +546,10 @@ class PostgresStore(AsyncClosing):
             " (it may or may not have been stored)"
         )
 
+    async def _write_alone(self, work: _Work) -> object:
+        """A grouped write alone: its one statement in autocommit, shielded as an insert."""
+        return await self._insert_shielded(functools.partial(_alone, work))
+
     async def _write_batch(self, batch: list[Write[_Work]]) -> None:
         """Write a batch of grouped writes in one transaction on one pooled connection, their
         statements sent together in pipeline mode (one round trip for the batch).
@@ -562,16 +562,9 @@ class PostgresStore(AsyncClosing):
         then each write runs alone, so only the one at fault fails. Writes lock their
         sessions' rows, so they run in the order of their session ids (each session's
         writes keep their order): two batches, even of two processes, take the locks of
-        the sessions they share in the same order and never deadlock. A batch of one is one
-        statement in autocommit. Bounded, as a lone insert is, by `_INSERT_TIMEOUT`.
+        the sessions they share in the same order and never deadlock. Bounded, as a lone insert
+        is, by `_INSERT_TIMEOUT`.
         """
-        if len(batch) < self._batch_from:
-            write = batch[0]
-            try:
-                write.settle(await self._insert_shielded(functools.partial(_alone, write.work)))
-            except StorageError as exc:
-                write.fail(exc)
-            return
         ordered = sorted(batch, key=lambda write: write.session_id)
         outcomes: list[tuple[bool, object]] = []
 
