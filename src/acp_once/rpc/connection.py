@@ -449,10 +449,11 @@ class Connection(anyio.AsyncContextManagerMixin):
         frames = self._outbox
         if frame is not None:
             frames.append(frame)
-        data = frames[0] if len(frames) == 1 else b"\n".join(frames)
         self._outbox = []
         self._outbox_size = 0
-        return self._nowait.send_nowait(data)
+        if len(frames) == 1:
+            return self._nowait.send_nowait(frames[0])
+        return self._nowait.send_frames_nowait(frames)
 
     async def _drain_locked(self) -> None:
         """Under the send lock: finish a half-written chunk, then write the outbox."""

@@ -13,6 +13,7 @@ stdout: a client may close our stdin and wait for the answers) says so with a tr
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 import anyio
@@ -58,6 +59,11 @@ class NowaitFrameStream(FrameStream, Protocol):
 
     def send_nowait(self, frame: bytes) -> memoryview | None:
         """Write what fits now; the unwritten rest, or None. Raises like `send`."""
+        ...
+
+    def send_frames_nowait(self, frames: Sequence[bytes]) -> memoryview | None:
+        """`send_nowait` for several whole frames, in order, with one write where the
+        transport can (lines joined for stdio, one WebSocket message each)."""
         ...
 
     async def send_rest(self, rest: memoryview) -> None:

@@ -21,7 +21,8 @@
   never) is closed (WebSocket close 1000 "idle timeout"; Streamable HTTP: the connection ends
   with its SSE streams, its id then answers 404); a client that stops reading (its socket's
   send buffer full) for `write_timeout` seconds (30) is dropped, so a turn waits on it no
-  longer than that. ASGI has no way to reset a socket: the ASGI server closes a stalled one
+  longer than that. Under `acp-once serve` (its uvicorn protocol's direct channel) the stalled
+  socket is dropped at once; plain ASGI has no way to reset one: the ASGI server closes it
   only once its buffer drains, but its ACP connection, engine and table entry are gone.
 - `GET /ops/status` (token-protected like `/acp`): the agent's `ops_status()`; for a cluster
   node, every node sharing its database with sessions owned, prompts held and dedup hits.
@@ -81,6 +82,7 @@ from acp_once.transports.websocket import (
     CLOSE_POLICY,
     ServerWebSocketFrames,
     redact_authorization,
+    server_websocket_frames,
 )
 
 __all__ = [
@@ -334,7 +336,7 @@ class AcpServer:
             await _deny(websocket, 503, "too many connections", {"Retry-After": "1"})
             return
         connection_id = uuid.uuid4().hex
-        frames = ServerWebSocketFrames(
+        frames = server_websocket_frames(
             websocket, max_frame=self.max_message_bytes, write_timeout=self.write_timeout
         )
         self.connections[connection_id] = frames  # counted before the first await

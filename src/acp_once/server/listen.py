@@ -27,6 +27,7 @@ from .guard import (
     guarded_protocol,
     is_loopback,
 )
+from .websocket_protocol import DirectWebSocketProtocol
 
 __all__ = [
     "InsecureListen",
@@ -127,7 +128,8 @@ def uvicorn_config(
     max_half_open_per_address: int = DEFAULT_MAX_HALF_OPEN_PER_ADDRESS,
     max_connections_per_address: int | None = DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
 ) -> uvicorn.Config:
-    """uvicorn's configuration for an ACP app: its lifespan on, `websockets-sansio`, a
+    """uvicorn's configuration for an ACP app: its lifespan on, `websockets-sansio` with a
+    direct channel for ACP messages (`acp_once.server.websocket_protocol`), a
     WebSocket size limit just above `max_message_bytes` (the app answers -32600 below it), and
     h11 with a `HalfOpenGuard` (a request's headers due within `header_timeout` seconds, at
     most `max_half_open` connections waiting for them, `max_half_open_per_address` per client
@@ -151,7 +153,8 @@ def uvicorn_config(
         # an idle kept-alive connection is also closed by the guard's header deadline
         timeout_keep_alive=5,
         lifespan="on",  # the app owns its HTTP connections; the agent is owned by the caller
-        ws="websockets-sansio",
+        # uvicorn's websockets-sansio protocol, with a direct channel for ACP connections
+        ws=DirectWebSocketProtocol,
         ws_max_size=max_message_bytes + _WS_HEADROOM,
         # uvicorn's records go to the root logger's handlers in the application's format, at
         # its level (None: uvicorn's loggers inherit it) rather than uvicorn's own INFO setup

@@ -99,6 +99,10 @@ class ByteStreamFrames:
             return None
         return memoryview(data)[written:]
 
+    def send_frames_nowait(self, frames: Sequence[bytes]) -> memoryview | None:
+        """`send_nowait` for several frames: one line each, in one write."""
+        return self.send_nowait(b"\n".join(frames))
+
     async def send_rest(self, rest: memoryview) -> None:
         """Write the rest of a frame that `send_nowait` began, waiting for room as `send` does."""
         if isinstance(self._tx, FdSendStream):

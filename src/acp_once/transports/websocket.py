@@ -1,10 +1,13 @@
 """WebSocket: one text frame = one JSON-RPC message (R69).
 
 - `ServerWebSocketFrames`: the agent side, a `FrameStream` over an accepted starlette
-  `WebSocket` (any ASGI server). Binary frames are ignored. A text frame above `max_frame`
-  bytes is reported as `OversizedFrame` (the engine answers a request with -32600) and the
-  connection lives on; the ASGI server's own limit (uvicorn's `ws_max_size`) closes the socket
-  with 1009 for anything larger still, before it is held in memory.
+  `WebSocket` (any ASGI server). Binary frames are ignored. `server_websocket_frames` picks
+  `DirectWebSocketFrames` instead when the ASGI server offers a direct channel
+  (`DIRECT_EXTENSION`, see `DirectWebSocket`; `acp-once serve`'s uvicorn protocol does): the
+  same stream, written without waiting, several messages in one system call. A text frame
+  above `max_frame` bytes is reported as `OversizedFrame` (the engine answers a request with
+  -32600) and the connection lives on; the ASGI server's own limit (uvicorn's `ws_max_size`)
+  closes the socket with 1009 for anything larger still, before it is held in memory.
 - `connect_websocket(url)`: the client side, with the `websockets` asyncio client (so it runs
   on anyio's asyncio backend). Frames above `max_frame` close the connection with 1009.
 
@@ -18,7 +21,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, Protocol
 
 import anyio
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
@@ -34,17 +38,25 @@ from acp_once.protocol.framing import DEFAULT_MAX_FRAME, FrameEvent, OversizedFr
 
 __all__ = [
     "CONNECTION_ID_HEADER",
+    "DIRECT_EXTENSION",
     "ClientWebSocketFrames",
+    "DirectWebSocket",
+    "DirectWebSocketFrames",
     "ServerWebSocketFrames",
     "WebSocketRejected",
     "connect_websocket",
     "redact_authorization",
+    "server_websocket_frames",
 ]
 
 CONNECTION_ID_HEADER = "Acp-Connection-Id"
 """Sent on the 101 response: the transport-level id of the new connection (not a credential)."""
 
 _HEAD_BYTES = 1024  # what an OversizedFrame keeps, as the line framer does
+
+DIRECT_EXTENSION = "acp_once.websocket.direct"
+"""The ASGI scope extension under which a server offers a `DirectWebSocket`:
+`scope["extensions"][DIRECT_EXTENSION] == {"channel": <DirectWebSocket>}`."""
 
 CLOSE_NORMAL = 1000
 CLOSE_GOING_AWAY = 1001
@@ -189,6 +201,140 @@ class ServerWebSocketFrames:
 
     async def aclose(self) -> None:
         await self.close(CLOSE_NORMAL)
+
+
+class DirectWebSocket(Protocol):
+    """The messages of one accepted WebSocket without an ASGI event each (what a server puts
+    under `DIRECT_EXTENSION`; `acp_once.server.websocket_protocol.DirectChannel` is one)."""
+
+    close_code: int | None
+
+    def start(self) -> None:
+        """Take the messages over from ASGI (after the upgrade was accepted)."""
+        ...
+
+    async def receive(self) -> bytes:
+        """The next text message's UTF-8 bytes. Raises `anyio.EndOfStream` at the end."""
+        ...
+
+    @property
+    def writable(self) -> bool:
+        """Whether `write` may be called now (the socket's buffer has room)."""
+        ...
+
+    def encode(self, frames: Sequence[bytes]) -> bytes:
+        """`frames` as text messages. Raises `anyio.ClosedResourceError` once closing."""
+        ...
+
+    def write(self, data: bytes | memoryview) -> None:
+        """Write encoded messages. Raises `anyio.BrokenResourceError` when gone."""
+        ...
+
+    async def wait_writable(self) -> None:
+        """Wait until `writable`, or the connection ended."""
+        ...
+
+    def abort(self) -> None:
+        """Drop the connection at once."""
+        ...
+
+
+def server_websocket_frames(
+    websocket: WebSocket, *, max_frame: int = DEFAULT_MAX_FRAME, write_timeout: float | None = None
+) -> ServerWebSocketFrames:
+    """The frame stream for an ASGI `websocket` (not accepted yet): `DirectWebSocketFrames`
+    when its server offers a direct channel, else `ServerWebSocketFrames`."""
+    offered: Any = websocket.scope.get("extensions", {}).get(DIRECT_EXTENSION)
+    if isinstance(offered, dict) and offered.get("channel") is not None:
+        return DirectWebSocketFrames(
+            websocket, offered["channel"], max_frame=max_frame, write_timeout=write_timeout
+        )
+    return ServerWebSocketFrames(websocket, max_frame=max_frame, write_timeout=write_timeout)
+
+
+class DirectWebSocketFrames(ServerWebSocketFrames):
+    """`ServerWebSocketFrames` over a server's `DirectWebSocket`: the upgrade and the close
+    go through ASGI, messages through the channel. A `NowaitFrameStream`: the engine writes
+    the frames of one event loop turn with one system call (`send_frames_nowait`).
+
+    A peer that stops reading fills the socket's buffer; a frame then waits for room at most
+    `write_timeout` seconds, after which the TCP connection is dropped at once (`stalled`)
+    and its buffers freed.
+    """
+
+    def __init__(
+        self,
+        websocket: WebSocket,
+        channel: DirectWebSocket,
+        *,
+        max_frame: int = DEFAULT_MAX_FRAME,
+        write_timeout: float | None = None,
+    ) -> None:
+        super().__init__(websocket, max_frame=max_frame, write_timeout=write_timeout)
+        self.channel = channel
+
+    burst = True
+    """Always (see `NowaitFrameStream.burst`): the frames made in one event loop turn go in one
+    write, even to a peer that sent one request and waits. A server has many peers, and the
+    system calls are what it runs out of first: with 20 clients doing keyed prompts, 2 writes
+    per prompt instead of 5 (a prompt's answer still leaves at the end of its own turn)."""
+
+    async def accept(self, connection_id: str) -> None:
+        await super().accept(connection_id)
+        self.channel.start()
+
+    async def receive(self) -> FrameEvent:
+        try:
+            frame = await self.channel.receive()
+        except anyio.EndOfStream:
+            self._ended = True
+            if self.close_code is None:
+                self.close_code = self.channel.close_code or CLOSE_NORMAL
+            raise
+        self._last_activity = time.monotonic()
+        if len(frame) > self.max_frame:
+            return OversizedFrame(size=len(frame), head=frame[:_HEAD_BYTES])
+        return frame
+
+    def send_nowait(self, frame: bytes) -> memoryview | None:
+        """Write one frame now if the socket's buffer has room; else return it encoded, to be
+        finished by `send_rest`.
+
+        Raises:
+            anyio.BrokenResourceError, anyio.ClosedResourceError: the connection is gone or
+                closing.
+        """
+        return self.send_frames_nowait((frame,))
+
+    def send_frames_nowait(self, frames: Sequence[bytes]) -> memoryview | None:
+        """`send_nowait` for several frames, one message each, in one write."""
+        if self._ended:
+            raise anyio.ClosedResourceError
+        channel = self.channel
+        data = channel.encode(frames)
+        if not channel.writable:
+            return memoryview(data)
+        channel.write(data)
+        self._last_activity = time.monotonic()
+        return None
+
+    async def send_rest(self, rest: memoryview) -> None:
+        """Write what `send_nowait` returned once the socket's buffer has room, waiting at most
+        `write_timeout` seconds (then the connection is dropped: `stalled`)."""
+        channel = self.channel
+        with anyio.move_on_after(self.write_timeout):
+            await channel.wait_writable()
+            channel.write(rest)
+            self._last_activity = time.monotonic()
+            return
+        self.stalled = self._ended = True
+        channel.abort()
+        raise anyio.BrokenResourceError("the client stopped reading")
+
+    async def send(self, frame: bytes) -> None:
+        rest = self.send_nowait(frame)
+        if rest is not None:
+            await self.send_rest(rest)
 
 
 class ClientWebSocketFrames:

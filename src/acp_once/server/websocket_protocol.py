@@ -1,0 +1,238 @@
+"""uvicorn's WebSocket protocol with a direct channel for ACP connections beside ASGI.
+
+`DirectWebSocketProtocol` is uvicorn's `websockets-sansio` protocol (passed as
+`uvicorn.Config(ws=...)` by `uvicorn_config`). The handshake, the denial response, the close
+handshake and keepalive pings stay uvicorn's, through ASGI. It also puts a `DirectChannel` in
+the scope's extensions (`acp_once.transports.websocket.DIRECT_EXTENSION`); an app that takes it
+(`ServerWebSocketFrames` does, after the upgrade is accepted) reads and writes messages through
+it instead of one ASGI event per message:
+
+- several messages ready in the same event loop turn are written as one `transport.write`
+  (one system call), instead of one ASGI `send`, one wait and one write each;
+- a text message is handed over as the bytes that arrived (checked to be UTF-8 as uvicorn
+  does, 1007 otherwise), not decoded to a `str` and encoded again;
+- reading is paused once `_PAUSE_AT` bytes of messages wait unread (and resumed when they are
+  read), not after every message: a pause and a resume are two system calls.
+
+What one connection holds stays bounded: at most `_PAUSE_AT` bytes of unread messages plus one
+read, and what the transport's write buffer holds up to its high-water mark (beyond it nothing
+is written until it drains: `DirectChannel.writable`). An app that never takes the channel
+(any ASGI app, or ours mounted under another server) sees plain uvicorn behaviour.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import anyio
+from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+
+from acp_once.transports.websocket import CLOSE_NORMAL, DIRECT_EXTENSION
+
+__all__ = ["DirectChannel", "DirectWebSocketProtocol"]
+
+_PAUSE_AT = 64 * 1024
+"""Bytes of received messages waiting for the app before reading from the socket pauses."""
+_CLOSE_ABNORMAL = 1006
+
+
+class _Routed:
+    """Takes the place of uvicorn's ASGI receive queue once the channel is started: the events
+    uvicorn's code puts there (a disconnect, from several places) reach the channel."""
+
+    __slots__ = ("_channel",)
+
+    def __init__(self, channel: DirectChannel) -> None:
+        self._channel = channel
+
+    def put_nowait(self, message: dict[str, Any]) -> None:
+        if message.get("type") == "websocket.disconnect":
+            self._channel._end(int(message.get("code", _CLOSE_ABNORMAL)))
+
+    def empty(self) -> bool:
+        return True
+
+    async def get(self) -> dict[str, Any]:
+        # nobody reads ASGI events once the channel is started; an app that does sees the end
+        return {"type": "websocket.disconnect", "code": self._channel.close_code or CLOSE_NORMAL}
+
+
+class DirectChannel:
+    """Messages of one WebSocket connection without ASGI events (see the module docstring).
+
+    Implements `acp_once.transports.websocket.DirectWebSocket`.
+    """
+
+    def __init__(self, protocol: DirectWebSocketProtocol) -> None:
+        self._protocol = protocol
+        self._inbox: collections.deque[bytes] = collections.deque()
+        self._queued = 0
+        self._waiter: asyncio.Future[None] | None = None
+        self._drained: asyncio.Future[None] | None = None
+        self.started = False
+        self.ended = False
+        self.close_code: int | None = None
+        """The close code once the connection has ended (the peer's, or ours)."""
+
+    # -- reading ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """From now on messages arrive here, not as ASGI events. Call it once, after the
+        upgrade was accepted; events uvicorn queued before are taken over in order."""
+        protocol = self._protocol
+        if self.started:
+            return
+        self.started = True
+        queue = protocol.queue
+        while not queue.empty():
+            message = queue.get_nowait()
+            if message["type"] == "websocket.receive":
+                text = message.get("text")
+                if isinstance(text, str):
+                    self._push(text.encode("utf-8", errors="surrogatepass"))
+            elif message["type"] == "websocket.disconnect":
+                self._end(int(message.get("code", _CLOSE_ABNORMAL)))
+        protocol.queue = _Routed(self)  # type: ignore[assignment]
+        # uvicorn pauses reading after each message it queues, until the app reads them all
+        if protocol.read_paused and self._queued < _PAUSE_AT:
+            protocol.read_paused = False
+            protocol.transport.resume_reading()
+
+    @property
+    def queued(self) -> int:
+        """Bytes of messages received and not read yet."""
+        return self._queued
+
+    def _push(self, message: bytes) -> None:
+        self._inbox.append(message)
+        self._queued += len(message)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+        protocol = self._protocol
+        if self._queued >= _PAUSE_AT and not protocol.read_paused:
+            protocol.read_paused = True
+            protocol.transport.pause_reading()
+
+    def _end(self, code: int) -> None:
+        if self.close_code is None:
+            self.close_code = code
+        self.ended = True
+        for future in (self._waiter, self._drained):
+            if future is not None and not future.done():
+                future.set_result(None)
+
+    async def receive(self) -> bytes:
+        """The next text message, as its UTF-8 bytes.
+
+        Raises:
+            anyio.EndOfStream: the connection has ended (`close_code` says how).
+        """
+        while not self._inbox:
+            if self.ended:
+                raise anyio.EndOfStream
+            self._waiter = self._protocol.loop.create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        message = self._inbox.popleft()
+        self._queued -= len(message)
+        protocol = self._protocol
+        if protocol.read_paused and self._queued < _PAUSE_AT // 2:
+            protocol.read_paused = False
+            protocol.transport.resume_reading()
+        return message
+
+    # -- writing ------------------------------------------------------------------------
+
+    @property
+    def writable(self) -> bool:
+        """False while the socket's write buffer is above its high-water mark, or once the
+        connection is closing: write nothing then (`wait_writable`)."""
+        protocol = self._protocol
+        return protocol.writable.is_set() and not protocol.transport.is_closing()
+
+    def encode(self, frames: Sequence[bytes]) -> bytes:
+        """`frames` as text messages, ready for `write`.
+
+        Raises:
+            anyio.ClosedResourceError: a close frame was sent or received already.
+        """
+        protocol = self._protocol
+        if self.ended or protocol.close_sent:
+            raise anyio.ClosedResourceError
+        conn = protocol.conn
+        try:
+            for frame in frames:
+                conn.send_text(frame)
+        except Exception as exc:  # websockets' InvalidState: the closing handshake began
+            raise anyio.ClosedResourceError from exc
+        return b"".join(conn.data_to_send())
+
+    def write(self, data: bytes | memoryview) -> None:
+        """Write encoded messages (one system call, or into the transport's buffer).
+
+        Raises:
+            anyio.BrokenResourceError: the connection is gone.
+        """
+        transport = self._protocol.transport
+        if self.ended or transport.is_closing():
+            raise anyio.BrokenResourceError
+        transport.write(data)
+
+    async def wait_writable(self) -> None:
+        """Wait until `writable` (or the connection ended)."""
+        protocol = self._protocol
+        while not self.ended and not protocol.writable.is_set():
+            await protocol.writable.wait()
+
+    def abort(self) -> None:
+        """Drop the TCP connection at once (a peer that stopped reading: its buffer is freed)."""
+        self._end(_CLOSE_ABNORMAL)
+        self._protocol.transport.abort()
+
+
+class DirectWebSocketProtocol(WebSocketsSansIOProtocol):
+    """uvicorn's `websockets-sansio` protocol with a `DirectChannel` (module docstring)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.channel = DirectChannel(self)
+
+    def handle_connect(self, event: Any) -> None:
+        super().handle_connect(event)
+        scope = getattr(self, "scope", None)
+        if scope is not None:
+            scope["extensions"][DIRECT_EXTENSION] = {"channel": self.channel}
+
+    def send_receive_event_to_app(self) -> None:
+        channel = self.channel
+        if not channel.started:
+            super().send_receive_event_to_app()
+            return
+        frames = self.frames
+        data = frames[0] if len(frames) == 1 else b"".join(frames)
+        self.frames = []
+        if self.close_sent or self.curr_msg_data_type != "text":
+            return  # binary messages carry no ACP message; after our close, nothing is read
+        message = data if type(data) is bytes else bytes(data)
+        try:
+            message.decode("utf-8")
+        except UnicodeDecodeError:
+            logging.getLogger("uvicorn.error").warning(
+                "Invalid UTF-8 sequence received from client."
+            )
+            self.conn.send_close(1007)
+            self.handle_parser_exception()
+            return
+        channel._push(message)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        if self.channel.started:  # uvicorn told the routed queue already; this is for safety
+            self.channel._end(_CLOSE_ABNORMAL)
