@@ -20,6 +20,8 @@ The prompt text drives the turn:
 - `[plan]`: a `plan` with two entries;
 - `[fail]`: the prompt is answered with an internal error;
 - `[die]`: the process exits at once (status 3), the prompt unanswered;
+- `[fs]`: asks the client for `fs/read_text_file` (even though it was told the client has no
+  `fs`) and answers `fs: error <code>` or `fs: read`;
 - otherwise the text is echoed back in two `agent_message_chunk`s: `echo: ` and the text.
 """
 
@@ -120,6 +122,12 @@ class EffectsAgent:
         say = self.conn.session_update
         if "[die]" in text:
             os._exit(3)
+        if "[fs]" in text:
+            try:
+                await self.conn.read_text_file(session_id=session_id, path="/etc/hostname")
+                text = "fs: read"
+            except acp.RequestError as exc:
+                text = f"fs: error {exc.code}"
         if "[fail]" in text:
             raise acp.RequestError.internal_error({"reason": "asked to fail"})
         if "[plan]" in text:

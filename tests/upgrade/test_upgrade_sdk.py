@@ -399,6 +399,16 @@ async def test_permission_request_round_trip(env: Env) -> None:
     assert texts == ["echo: ", "permission: reject_once"]
 
 
+async def test_the_child_gets_no_file_system_from_the_client(env: Env) -> None:
+    with anyio.fail_after(TIMEOUT):
+        async with upgraded(env) as (conn, rec, _):
+            sid = await new_session(conn)
+            await prompt(conn, sid, "read [fs]")
+            await wait_text(rec, "fs: error -32601")
+            (idle,) = await wait_idle(rec)
+            assert idle["stopReason"] == "end_turn"
+
+
 async def test_a_missing_command_or_one_that_fails_is_reported(tmp_path: Path) -> None:
     base = [sys.executable, "-m", "acp_once", "agent", "--runtime", "v1"]
     store = ["--store", f"sqlite:{tmp_path / 's.db'}"]
