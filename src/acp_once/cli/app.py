@@ -376,7 +376,13 @@ def serve(
     side_effects: Annotated[
         Path | None, typer.Option(help="directory of the per-session side-effect logs")
     ] = None,
-    max_connections: Annotated[int, typer.Option(help="open WebSocket connections at most")] = 1000,
+    max_connections: Annotated[
+        int, typer.Option(help="open WebSocket (and HTTP stream) connections at most")
+    ] = 10_000,
+    max_connections_per_address: Annotated[
+        int,
+        typer.Option(help="established connections of one client address at most (0: no cap)"),
+    ] = 512,
     max_message_bytes: Annotated[
         int, typer.Option(help="largest message read (a larger request is answered -32600)")
     ] = 16 * 1024 * 1024,
@@ -474,6 +480,10 @@ def serve(
         raise typer.BadParameter("0 (never) or positive", param_hint="--idle-timeout")
     if write_timeout <= 0:
         raise typer.BadParameter("must be positive", param_hint="--write-timeout")
+    if max_connections_per_address < 0:
+        raise typer.BadParameter(
+            "0 (no cap) or positive", param_hint="--max-connections-per-address"
+        )
     _configure_logging(verbose, log_level)
     if sock is None:
         try:
@@ -495,6 +505,7 @@ def serve(
                 policy="steer" if policy is Policy.steer else "hold",
                 resume_interrupted=interrupted is Interrupted.continue_,
                 max_connections=max_connections,
+                max_connections_per_address=max_connections_per_address or None,
                 max_message_bytes=max_message_bytes,
                 sock=sock,
                 node_id=node_id,

@@ -100,7 +100,9 @@ __all__ = [
 
 logger = logging.getLogger("acp_once.server")
 
-DEFAULT_MAX_CONNECTIONS = 1000
+DEFAULT_MAX_CONNECTIONS = 10_000
+"""Open connections at most (WebSocket, and Streamable HTTP with a stream); one more is
+answered 503. An idle WebSocket connection with an open session holds ~60 KB."""
 DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 """Largest text frame read as a message (uvicorn's own `ws_max_size` default is the same): a
 larger request is answered -32600 and the connection lives on."""

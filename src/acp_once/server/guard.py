@@ -44,9 +44,9 @@ DEFAULT_MAX_HALF_OPEN = 1024
 DEFAULT_MAX_HALF_OPEN_PER_ADDRESS = 256
 """The same, per client address."""
 DEFAULT_MAX_CONNECTIONS_PER_ADDRESS = 512
-"""Established connections per client address; one more is answered 503. Half the app's
-default `max_connections` (1,000), so one address cannot take them all; well above what one
-editor or a test run opens."""
+"""Established connections per client address; one more is answered 503. Well below the app's
+default `max_connections` (10,000), so one address cannot take them all; well above what one
+editor or a test run opens (`acp-once serve --max-connections-per-address` changes it)."""
 
 _REFUSED = (
     b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset=utf-8\r\n"

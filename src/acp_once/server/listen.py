@@ -34,6 +34,7 @@ __all__ = [
     "check_listen",
     "is_loopback",
     "listen",
+    "raise_open_files_limit",
     "serve_app",
     "uvicorn_config",
 ]
@@ -44,6 +45,30 @@ address_logger = logging.getLogger("acp_once.server.address")
 _WS_HEADROOM = 1024 * 1024
 """uvicorn closes the socket (1009) above max_message_bytes + this; between the two a request
 is answered -32600 and the connection lives on."""
+
+
+_BACKLOG = 4096
+"""Connections the kernel may hold waiting to be accepted (it caps this at its somaxconn): a
+burst of thousands of clients connecting at once is queued, not refused or made to retry."""
+
+
+def raise_open_files_limit() -> tuple[int, int]:
+    """Raise this process's soft limit on open files to its hard limit (every connection is a
+    file descriptor: the usual soft limit of 1,024 would refuse the 1,021st client). Returns
+    the soft limit before and after; unchanged where it cannot be raised (or on Windows)."""
+    try:
+        import resource
+    except ImportError:  # Windows: no such limit to raise
+        return (-1, -1)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == hard:
+        return (soft, soft)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ValueError, OSError):  # e.g. an infinite hard limit the kernel refuses as a soft one
+        return (soft, soft)
+    logger.debug("open files limit raised from %d to %d", soft, hard)
+    return (soft, hard)
 
 
 class InsecureListen(ValueError):
@@ -77,7 +102,7 @@ def listen(host: str, port: int) -> socket.socket:
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host.strip("[]"), port))
-        sock.listen(128)
+        sock.listen(_BACKLOG)
     except OSError:
         sock.close()
         raise
@@ -173,16 +198,25 @@ async def serve_app(
     *,
     on_server: Callable[[uvicorn.Server], None] | None = None,
     handle_signals: bool = True,
+    max_connections_per_address: int | None = DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
 ) -> None:
-    """Serve `app` (made by `create_app`) with uvicorn (`uvicorn_config`) on the listening
-    `sock` until SIGINT or SIGTERM (with `handle_signals`; a second one stops waiting for open
-    connections) or `server.should_exit`. The URL is announced first, one INFO line on the
-    `acp_once.server.address` logger (tests and the demo read it; the CLI shows it at its
-    default level). `on_server` receives the uvicorn server before it
+    """Serve `app` (made by `create_app`) with uvicorn (`uvicorn_config`, with
+    `max_connections_per_address`) on the listening `sock`, with the open files limit raised
+    (`raise_open_files_limit`), until SIGINT or SIGTERM (with `handle_signals`; a second one
+    stops waiting for open connections) or `server.should_exit`. The URL is announced first,
+    one INFO line on the `acp_once.server.address` logger (tests and the demo read it; the CLI
+    shows it at its default level). `on_server` receives the uvicorn server before it
     starts."""
     acp: AcpServer = app.state.acp
     host, port = sock.getsockname()[:2]
-    config = uvicorn_config(app, host=host, port=port, max_message_bytes=acp.max_message_bytes)
+    raise_open_files_limit()
+    config = uvicorn_config(
+        app,
+        host=host,
+        port=port,
+        max_message_bytes=acp.max_message_bytes,
+        max_connections_per_address=max_connections_per_address,
+    )
     server = _Server(config)
     if on_server is not None:
         on_server(server)

@@ -20,6 +20,7 @@ import uvicorn
 from acp_once.bridge import Bridge
 
 from .app import DEFAULT_IDLE_TIMEOUT, DEFAULT_WRITE_TIMEOUT, AcpServer, create_app
+from .guard import DEFAULT_MAX_CONNECTIONS_PER_ADDRESS
 from .listen import check_listen, listen, serve_app
 from .tenants import TokensFileError, load_tokens
 
@@ -77,6 +78,7 @@ async def serve_reference(
     allowed_hosts: Sequence[str] = (),
     tokens_file: Path | None = None,
     migrate: bool = True,
+    max_connections_per_address: int | None = DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
 ) -> None:
     """Run the reference agent on `store` behind `create_app` until SIGINT or SIGTERM (with
     `handle_signals`) or `server.should_exit`; connections are closed, then the agent (a
@@ -90,6 +92,9 @@ async def serve_reference(
     `sock`: an already listening socket to serve on instead of binding `host`:`port` (clients
     may connect at once: they wait in its backlog). `on_server` receives the uvicorn server
     before it starts (tests stop it with `should_exit`).
+
+    `max_connections_per_address`: established connections of one client address at most
+    (None: no cap; see `acp_once.server.guard`).
 
     `migrate`: apply the store's pending schema migrations when it opens; with False a schema
     that is out of date raises `SchemaOutOfDate` (naming `acp-once db migrate`) before anything
@@ -147,7 +152,13 @@ async def serve_reference(
                 main = threading.current_thread() is threading.main_thread()
                 if tokens_file is not None and handle_signals and main:
                     tg.start_soon(_reload_on_sighup, app.state.acp, tokens_file)
-                await serve_app(app, sock, on_server=on_server, handle_signals=handle_signals)
+                await serve_app(
+                    app,
+                    sock,
+                    on_server=on_server,
+                    handle_signals=handle_signals,
+                    max_connections_per_address=max_connections_per_address,
+                )
                 tg.cancel_scope.cancel()
 
 
