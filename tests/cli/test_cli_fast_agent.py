@@ -198,14 +198,16 @@ print("ok")
 
 def test_the_collector_paused_for_the_imports_runs_again_after_them() -> None:
     assert gc.isenabled()
-    with pytest.raises(ImportError), stdio_agent._no_cycle_collection():
-        assert not gc.isenabled()
-        import acp_once.no_such_module  # type: ignore[import-not-found]  # noqa: F401
-    assert gc.isenabled()
-    gc.disable()
-    try:  # a collector the caller paused stays paused
-        with stdio_agent._no_cycle_collection():
+    try:
+        with pytest.raises(ImportError), stdio_agent._imports_frozen():
+            assert not gc.isenabled()
+            import acp_once.no_such_module  # type: ignore[import-not-found]  # noqa: F401
+        assert gc.isenabled()
+        assert gc.get_freeze_count() > 0  # what the block left alive is out of reach
+        gc.disable()
+        with stdio_agent._imports_frozen():  # a collector the caller paused stays paused
             pass
         assert not gc.isenabled()
     finally:
+        gc.unfreeze()
         gc.enable()

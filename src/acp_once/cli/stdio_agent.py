@@ -153,17 +153,23 @@ def parse_agent_args(argv: Sequence[str]) -> AgentArgs | None:
 
 
 @contextlib.contextmanager
-def _no_cycle_collection() -> Iterator[None]:
-    """The cyclic garbage collector paused for the block (re-enabled after it, whatever
-    happens). Importing the agent creates ~350 model classes and their field objects, which
-    set off young-generation collections that find nothing to free: ~6% of the imports' time.
-    Reference counting frees as usual meanwhile; cycles made in the block wait for the next
-    collection."""
+def _imports_frozen() -> Iterator[None]:
+    """The cyclic garbage collector paused for the block; after it, every object then alive is
+    moved out of the collector's reach (`gc.freeze`) and the collector runs again, whatever
+    happens.
+
+    Importing the agent creates ~350 model classes with their fields, hundreds of thousands of
+    long-lived objects: collected as they come, they set off passes that free nothing, and
+    the first pass after a pause would scan them all. Frozen, no pass scans them again, here or
+    in later turns: 9% fewer instructions to the `initialize` answer (callgrind). Reference
+    counting frees as usual; a reference cycle made before the freeze is never freed.
+    """
     was_enabled = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
+        gc.freeze()
         if was_enabled:
             gc.enable()
 
@@ -182,7 +188,7 @@ def run_reference(
     Raises:
         StorageError: the store cannot be opened.
     """
-    with _no_cycle_collection():
+    with _imports_frozen():
         from acp_once.agent.reference import ReferenceAgent
         from acp_once.agent.serve import serve_stdio
         from acp_once.cli import _eventloop
