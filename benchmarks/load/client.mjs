@@ -13,7 +13,11 @@
 //
 // Over HTTP a connection is: POST initialize (200, Acp-Connection-Id), the connection's GET SSE
 // stream, POST session/new (202; answered on that stream), the session's GET SSE stream, then
-// POSTed prompts (202; answered with the updates on the session's stream).
+// POSTed prompts (202; answered with the updates on the session's stream). With
+// --http-connection-stream close, a client closes its connection's stream once its session
+// exists (one socket per idle client instead of two).
+//
+// --url may be repeated (the nodes of a cluster): connection i goes to the (i mod n)-th.
 //
 // Connections are spread over --addresses loopback source addresses (127.0.0.1, .2, ...) the way
 // clients of a real service come from many addresses, and at most --open-concurrency of them
