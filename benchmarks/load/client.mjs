@@ -17,6 +17,7 @@
 // --http-connection-stream close, a client closes its connection's stream once its session
 // exists (one socket per idle client instead of two).
 //
+// --no-session: connections only initialize (to tell what a session adds to an idle connection).
 // --url may be repeated (the nodes of a cluster): connection i goes to the (i mod n)-th.
 //
 // Connections are spread over --addresses loopback source addresses (127.0.0.1, .2, ...) the way
@@ -53,6 +54,7 @@ const { values: opts } = parseArgs({
     "wait-go": { type: "boolean", default: false },
     "http-connection-stream": { type: "string", default: "keep" },
     text: { type: "string", default: "hello" },
+    "no-session": { type: "boolean", default: false },
   },
 });
 
@@ -181,6 +183,7 @@ class Peer {
       capabilities: {},
       info: { name: "acp-once-load-client", version: "0.0.0" },
     });
+    if (opts["no-session"]) return; // idle connections only, for what a session adds to them
     this.step = "session/new";
     const created = await this.call("session/new", { cwd: "/tmp" });
     this.sessionId = created.sessionId;
