@@ -1,8 +1,10 @@
-"""What `acp-once serve` needs for many connections: the open files limit raised at start, and
-the per-address cap on established connections as a command-line option."""
+"""What `acp-once serve` needs for many connections: few tasks per connection (idle ones are
+closed by one sweeper), the open files limit raised at start, and the per-address cap on
+established connections as a command-line option."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -14,8 +16,9 @@ from pathlib import Path
 import anyio
 import pytest
 
-from acp_once.transports.websocket import WebSocketRejected, connect_websocket
-from tests.remote.harness import listening_socket
+from acp_once.transports.websocket import CLOSE_NORMAL, WebSocketRejected, connect_websocket
+from tests.remote.harness import listening_socket, running
+from tests.remote.test_websocket import session_conn
 
 pytestmark = pytest.mark.anyio
 
@@ -86,3 +89,29 @@ def test_serve_refuses_a_negative_cap() -> None:
     )  # fmt: skip
     assert done.returncode == 2
     assert "--max-connections-per-address" in done.stderr
+
+
+async def test_an_idle_websocket_needs_no_task_of_its_own_to_be_closed(tmp_path: Path) -> None:
+    # the idle timeout is one sweeper for every connection: 20 connections take as many tasks
+    # (here and in the clients, same process) with a timeout as without one
+    count = 20
+    added: dict[float | None, int] = {}
+    with anyio.fail_after(TIMEOUT):
+        for idle_timeout in (None, 1.0):
+            async with (
+                running(tmp_path / str(idle_timeout), idle_timeout=idle_timeout) as srv,
+                AsyncExitStack() as stack,
+            ):
+                before = len(asyncio.all_tasks())
+                opened = [
+                    await stack.enter_async_context(session_conn(srv.url)) for _ in range(count)
+                ]
+                added[idle_timeout] = len(asyncio.all_tasks()) - before
+                if idle_timeout is None:
+                    continue
+                # and the sweeper closes them once idle, with the idle close code
+                for frames, conn in opened:
+                    await conn.rpc.wait_closed()
+                    assert frames.close_code == CLOSE_NORMAL
+                assert srv.acp.idle_closed == count
+    assert added[1.0] - added[None] < count // 2, added

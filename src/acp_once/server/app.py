@@ -279,6 +279,8 @@ class AcpServer:
         run with lifespan off) they run as plain tasks that end when their connection does."""
         async with anyio.create_task_group() as tg:
             self._tg = tg
+            if self.idle_timeout is not None:
+                tg.start_soon(self._sweep_idle_websockets, self.idle_timeout)
             try:
                 yield
             finally:
@@ -493,20 +495,49 @@ class AcpServer:
             await frames.aclose()
 
     async def _serve_frames(self, frames: FrameStream, name: str, tenant: str | None) -> None:
+        if self._tg is not None and isinstance(frames, ServerWebSocketFrames):
+            # the lifespan's sweeper closes it when idle: no watching task of its own (with
+            # 10,000 connections, a task group and a task each are ~4 KB per connection)
+            await self._serve_connection(frames, name, tenant)
+            return
         async with anyio.create_task_group() as watch:
             watch.start_soon(self._close_when_idle, frames, name)
             if isinstance(frames, ServerHttpFrames):
                 watch.start_soon(self._close_unless_opened, frames, name)
             try:
-                if self._handler is not None:
-                    await self._handler(frames, name, tenant)
-                    return
-                assert self.agent is not None
-                connection = AgentSideConnection(self.agent, frames, name=name, tenant=tenant)
-                async with connection as conn:
-                    await conn.wait_closed()
+                await self._serve_connection(frames, name, tenant)
             finally:
                 watch.cancel_scope.cancel()
+
+    async def _serve_connection(self, frames: FrameStream, name: str, tenant: str | None) -> None:
+        if self._handler is not None:
+            await self._handler(frames, name, tenant)
+            return
+        assert self.agent is not None
+        connection = AgentSideConnection(self.agent, frames, name=name, tenant=tenant)
+        async with connection as conn:
+            await conn.wait_closed()
+
+    async def _sweep_idle_websockets(self, timeout: float) -> None:
+        """Close the WebSocket connections idle for `timeout` seconds, checking all of them a
+        few times per timeout (a connection is closed within 1.25 timeouts of silence, and
+        within 5 s past it for long timeouts). One task for every connection."""
+        period = min(timeout / 4, 5.0)
+        closing: set[ServerWebSocketFrames] = set()
+        assert self._tg is not None
+        tg = self._tg
+        while True:
+            await anyio.sleep(period)
+            closing.intersection_update(self.connections.values())  # those that ended
+            for connection_id, frames in list(self.connections.items()):
+                if frames not in closing and frames.idle_for() >= timeout:
+                    closing.add(frames)
+                    tg.start_soon(self._close_idle, frames, f"ws-{connection_id[:12]}")
+
+    async def _close_idle(self, frames: ServerWebSocketFrames, name: str) -> None:
+        self.idle_closed += 1
+        logger.info("closing the connection %s: idle for %g s", name, self.idle_timeout)
+        await frames.close(CLOSE_NORMAL, "idle timeout")
 
     async def _close_unless_opened(self, frames: ServerHttpFrames, name: str) -> None:
         """End an HTTP connection that opened no SSE stream within `http_open_timeout`."""
