@@ -18,7 +18,8 @@
   for `sse_keepalive` seconds (15) gets a comment line, as from the TypeScript SDK's server.
 - `GET /healthz`: 200 `{"status": "ok"}`, without authentication (for load balancers).
 - Timeouts: a connection with no message either way for `idle_timeout` seconds (300; None:
-  never) is closed (WebSocket close 1000 "idle timeout"; Streamable HTTP: the connection ends
+  never) is closed (WebSocket close 1000 "idle timeout", by one sweeper of the lifespan that
+  looks four times per timeout, at least every 5 s; Streamable HTTP: the connection ends
   with its SSE streams, its id then answers 404); a client that stops reading (its socket's
   send buffer full) for `write_timeout` seconds (30) is dropped, so a turn waits on it no
   longer than that. Under `acp-once serve` (its uvicorn protocol's direct channel) the stalled
