@@ -36,7 +36,7 @@ from acp_once.storage.base import StorageError
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
-__all__ = ["GroupCommit", "GroupStats", "Write"]
+__all__ = ["GroupCommit", "GroupStats", "Write", "settle_each"]
 
 _W = TypeVar("_W")
 
@@ -72,6 +72,17 @@ class Write(Generic[_W]):
         if self._error is not None:
             raise self._error
         return self._result
+
+
+def settle_each(batch: list[Write[_W]], outcomes: list[tuple[bool, object]]) -> None:
+    """Give each write of a committed batch its own outcome: `(True, result)` or
+    `(False, exception)`, in the batch's order."""
+    for write, (ok, value) in zip(batch, outcomes, strict=True):
+        if ok:
+            write.settle(value)
+        else:
+            assert isinstance(value, BaseException)
+            write.fail(value)
 
 
 class GroupStats:

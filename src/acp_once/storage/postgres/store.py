@@ -87,7 +87,7 @@ from acp_once.storage.base import (
     list_position,
     one_page,
 )
-from acp_once.storage.grouping import GroupCommit, GroupStats, Write
+from acp_once.storage.grouping import GroupCommit, GroupStats, Write, settle_each
 from acp_once.storage.postgres.connection import (
     Conn,
     Pool,
@@ -609,12 +609,7 @@ class PostgresStore(AsyncClosing):
                 except StorageError as exc:
                     write.fail(exc)
             return
-        for write, (ok, value) in zip(ordered, outcomes, strict=True):
-            if ok:
-                write.settle(value)
-            else:
-                assert isinstance(value, BaseException)
-                write.fail(value)
+        settle_each(ordered, outcomes)
 
     @property
     def group_stats(self) -> GroupStats | None:

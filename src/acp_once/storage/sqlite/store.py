@@ -80,7 +80,7 @@ from acp_once.storage.base import (
     list_position,
     one_page,
 )
-from acp_once.storage.grouping import GroupCommit, GroupStats, Write
+from acp_once.storage.grouping import GroupCommit, GroupStats, Write, settle_each
 from acp_once.storage.sqlite.checkpoint import (
     CHECKPOINT_EVERY,
     CHECKPOINT_LAG_LIMIT,
@@ -528,12 +528,7 @@ class SqliteStore(AsyncClosing):
         works = [write.work for write in batch]
         together = functools.partial(_write_together, works=works, path=self._path)
         outcomes = await self._call(together, inline=True)
-        for write, (ok, value) in zip(batch, outcomes, strict=True):
-            if ok:
-                write.settle(value)
-            else:
-                assert isinstance(value, BaseException)
-                write.fail(value)
+        settle_each(batch, outcomes)
 
     @property
     def group_stats(self) -> GroupStats | None:
