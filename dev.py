@@ -191,7 +191,8 @@ def main(argv: list[str]) -> None:
             ["lint-imports"],
             # one worker per CPU (at most 4): most tests wait on subprocesses and sockets;
             # `python3 dev.py test -n 0` runs them in this process, one at a time
-            ["pytest", "-n", "auto", "--maxprocesses", "4", *argv[1:]],
+            # the ten slowest tests are printed, so one creeping towards ~60 s shows
+            ["pytest", "-n", "auto", "--maxprocesses", "4", "--durations", "10", *argv[1:]],
         ):
             print(f"dev.py: {' '.join(step)}", file=sys.stderr, flush=True)
             _run(str(uv), "run", "--frozen", "--no-sync", *step)
