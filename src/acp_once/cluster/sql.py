@@ -51,11 +51,13 @@ from psycopg import sql
 from acp_once.storage.base import FencingError
 from acp_once.storage.postgres import Fence, PostgresStore, QueueRowGone
 from acp_once.storage.postgres.connection import Conn as _Conn
+from acp_once.storage.postgres.connection import Query as _Query
 from acp_once.storage.postgres.connection import compose as _q
 from acp_once.storage.postgres.connection import connect as _connect
 from acp_once.storage.postgres.connection import execute as _exec
 from acp_once.storage.postgres.connection import fetch_all as _all
 from acp_once.storage.postgres.connection import fetch_one as _one
+from acp_once.storage.postgres.connection import fetch_pipelined as _pipelined
 from acp_once.storage.postgres.connection import key_bytes as _key_bytes
 from acp_once.storage.postgres.connection import storage_error as _storage_error
 
@@ -78,6 +80,9 @@ __all__ = [
 NOTIFY_LIMIT: Final = 7000
 """Largest NOTIFY payload we send (PostgreSQL's limit is 8000 bytes); larger updates go
 through `session_events`."""
+
+_BEGIN: Final = sql.SQL("BEGIN ISOLATION LEVEL READ COMMITTED")
+"""Sent in a pipeline with a transaction's first statements (`transact` commits it)."""
 
 _FINISHED_RETENTION: Final = 600.0
 """Seconds finished queue rows, old events and dead nodes are kept (for late pollers and
@@ -433,12 +438,23 @@ class PgCluster:
         params = {"sid": session_id, "me": self.instance, "epoch": epoch}
 
         async def work(conn: _Conn) -> bool:
-            locked = await _one(conn, self._sql.lock_lease, (session_id,))
-            if locked is None or locked[0] != self.instance or locked[1] != epoch:
+            # One round trip for BEGIN, the lock and the release (committed after it):
+            # `free_if_idle` is a statement of its own after the lock, so it still sees every
+            # prompt queued before the lock, and its own owner/epoch guard makes it a no-op
+            # when the lock finds the lease moved on.
+            _, locked, freed = await _pipelined(
+                conn,
+                [
+                    (_BEGIN, ()),
+                    (self._sql.lock_lease, (session_id,)),
+                    (self._sql.free_if_idle, params),
+                ],
+            )
+            if not locked or locked[0][0] != self.instance or locked[0][1] != epoch:
                 return True
-            return await _one(conn, self._sql.free_if_idle, params) is not None
+            return bool(freed)
 
-        return await self.store.run(work)
+        return await self.store.run(work, begin=False)
 
     async def renew(self, leases: dict[str, int]) -> set[str]:
         """Extend the leases `{session: epoch}` held; return the sessions whose lease is lost."""
@@ -500,14 +516,20 @@ class PgCluster:
             return await self._enqueue_owned(session_id, key_bytes, digest, content, epoch)
 
         async def work(conn: _Conn) -> Admission:
-            locked = await _one(conn, self._sql.ensure_lease, (session_id,))
-            assert locked is not None
-            owner, _, free = locked
+            # BEGIN, the lease row locked (created if missing) and the queued prompt with the
+            # key looked up, in this order, in one round trip (pipeline mode).
+            statements: list[tuple[_Query, Any]] = [
+                (_BEGIN, ()),
+                (self._sql.ensure_lease, (session_id,)),
+            ]
             if key_bytes is not None:
-                found = await _one(conn, self._sql.find_queued, (session_id, key_bytes))
-                if found is not None:
-                    await _exec(conn, self._sql.attach, (found[0],))
-                    return Attached(int(found[0]), bytes(found[1]))
+                statements.append((self._sql.find_queued, (session_id, key_bytes)))
+            results = await _pipelined(conn, statements)
+            owner, _, free = results[1][0]
+            if key_bytes is not None and results[2]:
+                found = results[2][0]
+                await _exec(conn, self._sql.attach, (found[0],))
+                return Attached(int(found[0]), bytes(found[1]))
             if free:
                 return await self._take(conn, session_id, owner is not None)
             params = (session_id, key_bytes, digest, content, self.instance)
@@ -517,7 +539,7 @@ class PgCluster:
                 await self._notify_in(conn, [_payload(k="w", s=session_id, o=owner)])
             return Queued(int(row[0]), owner)
 
-        return await self.store.run(work)
+        return await self.store.run(work, begin=False)
 
     async def _enqueue_owned(
         self, session_id: str, key: bytes | None, digest: bytes, content: bytes, epoch: int

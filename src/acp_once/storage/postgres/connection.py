@@ -30,6 +30,7 @@ __all__ = [
     "execute",
     "fetch_all",
     "fetch_one",
+    "fetch_pipelined",
     "key_bytes",
     "storage_error",
     "transact",
@@ -80,6 +81,31 @@ async def fetch_all(
     async with conn.cursor(binary=True, row_factory=tuple_row) as cur:
         await cur.execute(query, params)
         return await cur.fetchall()
+
+
+async def fetch_pipelined(
+    conn: Conn, statements: Sequence[tuple[Query, Sequence[Any] | Mapping[str, Any]]]
+) -> list[list[tuple[Any, ...]]]:
+    """Run `statements` in order, sent together in pipeline mode (one round trip), and
+    return each one's rows (empty for a statement without a result, such as BEGIN).
+
+    The server runs them one after another exactly as if they were sent one by one: each
+    statement of a READ COMMITTED transaction still takes its own snapshot when it starts.
+    A failing statement raises its psycopg error and the ones after it do not run (the
+    caller's connection is then cleaned as after any failed call).
+    """
+    cursors = [conn.cursor(binary=True, row_factory=tuple_row) for _ in statements]
+    try:
+        # the pipeline's exit sends the one Sync and waits for every result
+        async with conn.pipeline():
+            for cursor, (query, params) in zip(cursors, statements, strict=True):
+                await cursor.execute(query, params)
+        return [
+            await cursor.fetchall() if cursor.description is not None else [] for cursor in cursors
+        ]
+    finally:
+        for cursor in cursors:
+            await cursor.close()
 
 
 async def transact(conn: Conn, work: Callable[[Conn], Awaitable[_T]], *, begin: bool) -> _T:
