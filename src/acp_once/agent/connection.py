@@ -10,6 +10,7 @@ that translates between the client and the agent, which sees v2 only.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -105,6 +106,37 @@ class CallContext:
 
 _Route = Callable[[Any, CallContext], Awaitable[Any]]
 
+# The explicit dispatch table: method -> the name of the `Agent` method that handles it, shared
+# by every connection so that an idle connection holds no table of its own; the handler is
+# looked up on the connection's agent per call. Params models come
+# from acp_once.protocol.methods.AGENT_METHODS. `initialize` is not in it: its params are read
+# by `route_initialize` before any model (they decide the version).
+_ROUTES: dict[str, str] = {
+    m.AUTH_LOGIN: "login",
+    m.AUTH_LOGOUT: "logout",
+    m.SESSION_NEW: "new_session",
+    m.SESSION_LIST: "list_sessions",
+    m.SESSION_RESUME: "resume_session",
+    m.SESSION_CLOSE: "close_session",
+    m.SESSION_DELETE: "delete_session",
+    m.SESSION_FORK: "fork_session",
+    m.SESSION_PROMPT: "prompt",
+    m.SESSION_SET_CONFIG_OPTION: "set_config_option",
+    m.TOOL_CALL_CANCEL: "cancel_tool_call",
+    m.TERMINAL_CANCEL: "cancel_terminal",
+}
+_NOTIFICATION_ROUTES: dict[str, str] = {m.SESSION_CANCEL: "cancel"}
+
+
+@functools.cache
+def param_validators() -> dict[str, Callable[[Any], Any]]:
+    """The params validator of each method an `AgentSideConnection` routes (`initialize`
+    included), looked up once per process and shared by every connection."""
+    return {
+        method: m.AGENT_METHODS[method].params.validate_python
+        for method in (m.INITIALIZE, *_ROUTES, *_NOTIFICATION_ROUTES)
+    }
+
 
 class AgentSideConnection(anyio.AsyncContextManagerMixin):
     """Serves one `Agent` on one frame stream.
@@ -146,29 +178,7 @@ class AgentSideConnection(anyio.AsyncContextManagerMixin):
         self.client_info: s.InitializeRequest | None = None
         self.version: int | None = None
         self.v1_face: V1Face | None = None
-        # The explicit dispatch table: method -> handler. Params models come from
-        # acp_once.protocol.methods.AGENT_METHODS. `initialize` is not in it: its params are
-        # read by `route_initialize` before any model (they decide the version).
-        self._routes: dict[str, _Route] = {
-            m.AUTH_LOGIN: agent.login,
-            m.AUTH_LOGOUT: agent.logout,
-            m.SESSION_NEW: agent.new_session,
-            m.SESSION_LIST: agent.list_sessions,
-            m.SESSION_RESUME: agent.resume_session,
-            m.SESSION_CLOSE: agent.close_session,
-            m.SESSION_DELETE: agent.delete_session,
-            m.SESSION_FORK: agent.fork_session,
-            m.SESSION_PROMPT: agent.prompt,
-            m.SESSION_SET_CONFIG_OPTION: agent.set_config_option,
-            m.TOOL_CALL_CANCEL: agent.cancel_tool_call,
-            m.TERMINAL_CANCEL: agent.cancel_terminal,
-        }
-        self._notification_routes: dict[str, _Route] = {m.SESSION_CANCEL: agent.cancel}
-        # the params validator of each routed method, looked up once instead of per request
-        self._validators: dict[str, Callable[[Any], Any]] = {
-            method: m.AGENT_METHODS[method].params.validate_python
-            for method in (m.INITIALIZE, *self._routes, *self._notification_routes)
-        }
+        self._validators = param_validators()
 
     @property
     def rpc(self) -> Connection:
@@ -219,10 +229,11 @@ class AgentSideConnection(anyio.AsyncContextManagerMixin):
         face = self.v1_face
         if face is not None:
             return await face.handle_request(method, params, ctx)
-        route = self._routes.get(method)
-        if route is None:
+        handler = _ROUTES.get(method)
+        if handler is None:
             return await self.agent.ext_method(method, params, ctx)
         typed = self._validators[method](params or {})
+        route: _Route = getattr(self.agent, handler)
         return to_wire(await route(typed, ctx))
 
     async def _on_notification(self, method: str, params: dict[str, Any] | None) -> None:
@@ -230,8 +241,8 @@ class AgentSideConnection(anyio.AsyncContextManagerMixin):
         if self.v1_face is not None:
             await self.v1_face.handle_notification(method, params, ctx)
             return
-        route = self._notification_routes.get(method)
-        if route is None:
+        handler = _NOTIFICATION_ROUTES.get(method)
+        if handler is None:
             if method != m.CANCEL_REQUEST:
                 await self.agent.ext_notification(method, params, ctx)
             return
@@ -247,4 +258,5 @@ class AgentSideConnection(anyio.AsyncContextManagerMixin):
                 exc.error_count(),
             )
             return
+        route: _Route = getattr(self.agent, handler)
         await route(typed, ctx)
