@@ -296,12 +296,15 @@ class PostgresCoordinator:
                 epoch = self.leases.get(sid)
                 if epoch is None:
                     return False
+                # Release first: it frees the lease only when nothing is queued (it looks
+                # under the lease row's lock), so the queue is read only when it kept the
+                # lease, and a prompt that ends with an empty queue costs no read of its own.
+                if await self.pg.release(sid, epoch):
+                    self.leases.pop(sid, None)
+                    logger.info("lease.released session=%s node=%s", sid, self.node_id)
+                    return False
                 queued = await self.pg.next_prompt(sid)
                 if queued is None:
-                    if await self.pg.release(sid, epoch):
-                        self.leases.pop(sid, None)
-                        logger.info("lease.released session=%s node=%s", sid, self.node_id)
-                        return False
                     continue
                 await self._insert_queued(session, queued)
                 return True
