@@ -31,8 +31,10 @@ Concurrency (READ COMMITTED, which every write transaction asks for explicitly):
   (`insert_one`: the lock, the lookup, the INSERT and `next_seq` together). A lone write is
   that statement in autocommit, one round trip; the writes that queue while a batch commits
   are sent together in pipeline mode inside one transaction, in the order of their session
-  ids (see `_write_batch`), and each caller is answered after its COMMIT. Fenced writes (the
-  cluster's) are never grouped.
+  ids (see `_write_batch`), and each caller is answered after its COMMIT. Fenced appends (the
+  cluster's) are grouped the same way: a fence that no longer holds writes nothing and is
+  that write's own answer (`FencingError`). Fenced inserts are not grouped (each is shielded
+  on its own, see `_insert_shielded`).
 
 Cancellation (the encode/databases #460 lesson): a connection goes back to the pool only when
 it is idle. When a call ends any other way (an error, or a cancellation at any await,
@@ -653,12 +655,12 @@ class PostgresStore(AsyncClosing):
                 raise await self._refused(conn, session_id, fence)
             return int(row[0])
 
-        if self._group is None or fence is not None:
+        if self._group is None:
             return await self._call(work)
 
         async def first_seq(conn: Conn, rows: list[tuple[Any, ...]]) -> int:
             if not rows:
-                raise SessionMissing(session_id)
+                raise await self._refused(conn, session_id, fence)
             return int(rows[0][0])
 
         seq: int = await self._group.submit(session_id, _Work(query, params, first_seq))
@@ -696,12 +698,12 @@ class PostgresStore(AsyncClosing):
                 raise await self._refused(conn, session_id, fence)
             return sorted(int(row[0]) for row in rows)
 
-        if self._group is None or fence is not None:
+        if self._group is None:
             return await self._call(work)
 
         async def all_seqs(conn: Conn, rows: list[tuple[Any, ...]]) -> list[int]:
             if not rows:
-                raise SessionMissing(session_id)
+                raise await self._refused(conn, session_id, fence)
             return sorted(int(row[0]) for row in rows)
 
         grouped = _Work(self._sql.append_many, params, all_seqs)
