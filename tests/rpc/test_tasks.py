@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 
 import anyio
@@ -95,3 +96,43 @@ async def test_a_call_in_a_parked_task_is_cancelled_and_fails_as_in_a_task_of_it
                 await anyio.sleep_forever()
     assert stages == ["quick", "cancelled"]
     assert [str(e) for e in failed.value.exceptions] == ["after cancel"]
+
+
+async def test_parked_tasks_beyond_the_loops_budget_retire_the_oldest(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Idle connections hold no parked task each: past `max_parked_per_loop`, parking a task
+    ends the one parked longest ago, and its pool starts a new task for its next call."""
+    monkeypatch.setattr(TaskPool, "max_parked_per_loop", 2)
+    ran: list[str] = []
+
+    async def call(name: str) -> None:
+        ran.append(name)
+
+    async def run_and_park(pool: TaskPool, name: str) -> None:
+        pool.start_soon(call, name)
+        while name not in ran or not pool._idle:
+            await anyio.lowlevel.checkpoint()
+
+    with anyio.fail_after(TIMEOUT):
+        async with anyio.create_task_group() as tg:
+            first, second, third = (TaskPool(tg) for _ in range(3))
+            await run_and_park(first, "a")
+            await run_and_park(second, "b")
+            tasks = len(asyncio.all_tasks())
+            await run_and_park(third, "c")  # its task parks: the first pool's retires
+            assert not first._idle and len(second._idle) == len(third._idle) == 1
+            while len(asyncio.all_tasks()) > tasks:  # the retired task ended
+                await anyio.lowlevel.checkpoint()
+            await run_and_park(first, "d")  # a new task; now the second pool's retires
+            assert not second._idle and len(first._idle) == len(third._idle) == 1
+            parked = TaskPool._parked[asyncio.get_running_loop()]
+            assert len(parked) == 2
+            third.start_soon(call, "e")  # handed to the parked task: it leaves the budget
+            assert len(parked) == 1
+            while "e" not in ran or not third._idle:
+                await anyio.lowlevel.checkpoint()
+            assert len(parked) == 2
+            tg.cancel_scope.cancel()
+    assert ran == ["a", "b", "c", "d", "e"]
+    assert not parked  # cancelled parked tasks leave the budget too

@@ -11,6 +11,10 @@ Each call runs in a copy of the `contextvars` context it was started from, as a 
 with `TaskGroup.start_soon` does: a call sees the values its starter had set, and a value it
 sets is seen by nobody else, not by the next call that its task runs either (a task whose
 call set one is not parked again).
+
+Parked tasks are few per event loop: at most `TaskPool.max_parked_per_loop` across all pools
+of a loop. When that many are parked, a task that parks retires the one parked longest ago, so
+a server's many idle connections hold no parked task each while its busy ones keep theirs.
 """
 
 from __future__ import annotations
@@ -91,8 +95,9 @@ class _Parked:
         else:  # not asyncio
             self.ready = anyio.Event()
 
-    def hand(self, call: _Call) -> bool:
-        """Give the task its next call; False if it was cancelled meanwhile (it takes none)."""
+    def hand(self, call: _Call | None) -> bool:
+        """Give the task its next call (None: it ends instead); False if it was cancelled
+        meanwhile (it takes none)."""
         if self.future is not None and self.future.done():
             return False  # cancelled, not resumed yet: it will leave on its own
         self.call = call
@@ -108,10 +113,18 @@ class TaskPool:
     """Runs calls in tasks of `tg`, keeping up to `max_idle` finished tasks for the next calls.
 
     A parked task waits for its next call until the task group is cancelled (it holds nothing
-    but its stack); at most `max_idle` of them exist at once.
+    but its stack) or, on asyncio, until parked tasks of newer calls in the same event loop
+    retire it (`max_parked_per_loop`); at most `max_idle` of them exist at once.
     """
 
     _shared: ClassVar[weakref.WeakKeyDictionary[TaskGroup, TaskPool]] = weakref.WeakKeyDictionary()
+    # each loop's parked tasks, oldest first, with the idle list of the pool each is in
+    _parked: ClassVar[
+        weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[_Parked, list[_Parked]]]
+    ] = weakref.WeakKeyDictionary()
+    # Parked tasks per event loop, all pools together. A parked task holds ~4 KiB (its task,
+    # cancel scope, event and frames); busy connections need a few each.
+    max_parked_per_loop: ClassVar[int] = 1024
 
     def __init__(self, tg: TaskGroup, *, max_idle: int = 8, name: str = "pooled") -> None:
         # weak: `of` keeps pools in a WeakKeyDictionary keyed by the group, whose values must
@@ -122,8 +135,11 @@ class TaskPool:
         self._idle: list[_Parked] = []
         # the running loop, looked up once: each lookup is a getpid() system call on 3.11
         self._loop: asyncio.AbstractEventLoop | None = None
+        # the loop's parked tasks (None when not on asyncio: no budget there)
+        self._lru: dict[_Parked, list[_Parked]] | None = None
         with contextlib.suppress(RuntimeError):  # not asyncio (or no loop): anyio.Event
             self._loop = asyncio.get_running_loop()
+            self._lru = TaskPool._parked.setdefault(self._loop, {})
 
     @classmethod
     def of(cls, tg: TaskGroup) -> TaskPool:
@@ -142,8 +158,12 @@ class TaskPool:
         """
         if self._idle:
             call = (fn, args, contextvars.copy_context())
+            lru = self._lru
             while self._idle:
-                if self._idle.pop().hand(call):
+                parked = self._idle.pop()
+                if lru is not None:
+                    lru.pop(parked, None)
+                if parked.hand(call):
                     return
         tg = self._tg()
         if tg is None:
@@ -162,6 +182,11 @@ class TaskPool:
                 return
             parked = _Parked(self._loop)
             self._idle.append(parked)
+            lru = self._lru
+            if lru is not None:
+                if len(lru) >= self.max_parked_per_loop:
+                    self._retire_oldest(lru)
+                lru[parked] = self._idle
             try:
                 # awaited here, not in a method of _Parked: a coroutine less per hand-off
                 if parked.future is not None:
@@ -174,10 +199,22 @@ class TaskPool:
                 # the same instant is dropped with the rest of the group's work
                 with contextlib.suppress(ValueError):
                     self._idle.remove(parked)
+                if self._lru is not None:
+                    self._lru.pop(parked, None)
                 raise
-            assert parked.call is not None
+            if parked.call is None:
+                return  # retired to make room for a newer parked task
             fn, args, context = parked.call
             if context == base:
                 await fn(*args)  # ~10,000 instructions a prompt turn less than stepping it
             else:
                 await _in_context(context, fn(*args))
+
+    @staticmethod
+    def _retire_oldest(lru: dict[_Parked, list[_Parked]]) -> None:
+        """End the task parked longest ago in this loop (it leaves when it next runs)."""
+        oldest = next(iter(lru))
+        idle = lru.pop(oldest)
+        with contextlib.suppress(ValueError):
+            idle.remove(oldest)
+        oldest.hand(None)
