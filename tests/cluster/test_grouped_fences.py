@@ -9,7 +9,7 @@ import anyio
 import pytest
 
 from acp_once.cluster.sql import Owned, PgCluster
-from acp_once.storage.base import FencingError, SessionRecord
+from acp_once.storage.base import FencingError, InsertOutcome, KeyRecord, SessionRecord
 from acp_once.storage.postgres import Fence, PostgresStore
 from tests.storage.conftest import batch_everything
 
@@ -68,3 +68,53 @@ async def test_a_stale_fence_in_a_batch_fails_alone(postgres_dsn: str, schema: s
             with pytest.raises(FencingError):
                 await store.append_update("s0", b"{}", fence=fences["s0"])
             assert await store.read_timeline("s0") == []
+
+
+async def test_a_stale_fenced_insert_in_a_batch_fails_alone(postgres_dsn: str, schema: str) -> None:
+    sessions = [f"s{n}" for n in range(6)]
+    with anyio.fail_after(TIMEOUT):
+        async with PostgresStore.open(postgres_dsn, schema=schema) as store:
+            batch_everything(store)
+            a = PgCluster(store, node_id="a", instance="a-1", lease_ttl=60)
+            await a.heartbeat({})
+            fences: dict[str, Fence] = {}
+            for sid in sessions:
+                await store.create_session(record(sid))
+                owned = await a.take(sid)
+                assert isinstance(owned, Owned)
+                fences[sid] = Fence("a-1", owned.epoch)
+            assert await a.release("s0", fences["s0"].epoch)  # s0's fence goes stale
+            stats = store.group_stats
+            assert stats is not None
+            before = stats.batches
+            results: dict[str, InsertOutcome | FencingError] = {}
+
+            async def insert(sid: str) -> None:
+                try:
+                    results[sid] = await store.insert_user_message(
+                        sid,
+                        message_id=f"{sid}-m",
+                        update=b"{}",
+                        idempotency_key="k",
+                        prompt_digest=b"d",
+                        fence=fences[sid],
+                    )
+                except FencingError as exc:
+                    results[sid] = exc
+
+            async with anyio.create_task_group() as tg:
+                for sid in sessions:
+                    tg.start_soon(insert, sid)
+            assert isinstance(results["s0"], FencingError)
+            assert await store.count_user_messages("s0") == 0
+            for sid in sessions[1:]:
+                assert results[sid] == InsertOutcome(f"{sid}-m", True, b"d")
+                assert await store.find_key(sid, "k") == KeyRecord(f"{sid}-m", b"d")
+            assert 0 < stats.batches - before < len(sessions)
+            # the key again, in a batch: the recorded message, nothing written twice
+            again = await store.insert_user_message(
+                "s1", message_id="other", update=b"{}", idempotency_key="k",
+                prompt_digest=b"d", fence=fences["s1"],
+            )  # fmt: skip
+            assert again == InsertOutcome("s1-m", False, b"d")
+            assert await store.count_user_messages("s1", idempotency_key="k") == 1

@@ -31,10 +31,10 @@ Concurrency (READ COMMITTED, which every write transaction asks for explicitly):
   (`insert_one`: the lock, the lookup, the INSERT and `next_seq` together). A lone write is
   that statement in autocommit, one round trip; the writes that queue while a batch commits
   are sent together in pipeline mode inside one transaction, in the order of their session
-  ids (see `_write_batch`), and each caller is answered after its COMMIT. Fenced appends (the
-  cluster's) are grouped the same way: a fence that no longer holds writes nothing and is
-  that write's own answer (`FencingError`). Fenced inserts are not grouped (each is shielded
-  on its own, see `_insert_shielded`).
+  ids (see `_write_batch`), and each caller is answered after its COMMIT. Fenced writes (the
+  cluster's, `insert_fenced` and the fenced appends) are grouped the same way: a fence that
+  no longer holds, or a queued row gone, writes nothing and is that write's own answer
+  (`FencingError`, `QueueRowGone`), and the others commit.
 
 Cancellation (the encode/databases #460 lesson): a connection goes back to the pool only when
 it is idle. When a call ends any other way (an error, or a cancellation at any await,
@@ -433,21 +433,8 @@ class PostgresStore(AsyncClosing):
             row = await fetch_one(conn, statements.find_key, (session_id, key))
             return None if row is None else InsertOutcome(row[0], False, row[1])
 
-        async def one_statement(conn: Conn, fence: Fence) -> InsertOutcome:
-            params = {
-                "sid": session_id,
-                "owner": fence.owner,
-                "epoch": fence.epoch,
-                "row": fence.row,
-                "channel": fence.channel,
-                "mid": message_id,
-                "payload": update,
-                "key": key,
-                "digest": prompt_digest,
-                "now": now,
-            }
-            found = await fetch_one(conn, statements.insert_fenced, params)
-            assert found is not None  # FROM ok, res: one row
+        def settle_fenced(fence: Fence, found: tuple[Any, ...]) -> InsertOutcome:
+            """The outcome of `insert_fenced`'s one row."""
             fenced, queued, exists, seq, mid, digest, flipped = found
             if not exists:
                 raise SessionMissing(session_id)
@@ -467,7 +454,32 @@ class PostgresStore(AsyncClosing):
             return outcome
 
         if fence is not None:
-            return await self._insert_shielded(functools.partial(one_statement, fence=fence))
+            fenced_params = {
+                "sid": session_id,
+                "owner": fence.owner,
+                "epoch": fence.epoch,
+                "row": fence.row,
+                "channel": fence.channel,
+                "mid": message_id,
+                "payload": update,
+                "key": key,
+                "digest": prompt_digest,
+                "now": now,
+            }
+
+            async def finish_fenced(conn: Conn, rows: list[tuple[Any, ...]]) -> InsertOutcome:
+                return settle_fenced(fence, rows[0])  # FROM ok, res: one row
+
+            fenced_work = _Work(statements.insert_fenced, fenced_params, finish_fenced)
+            if self._group is None:
+
+                async def one_statement(conn: Conn) -> InsertOutcome:
+                    rows = await fetch_all(conn, statements.insert_fenced, fenced_params)
+                    return await finish_fenced(conn, rows)
+
+                return await self._insert_shielded(one_statement)
+            fenced_outcome: InsertOutcome = await self._group.submit(session_id, fenced_work)
+            return fenced_outcome
 
         async def insert(conn: Conn) -> InsertOutcome:
             locked = await fetch_one(conn, statements.lock_session, (session_id,))
