@@ -35,25 +35,10 @@ from acp import schema
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _proc import process_cpu_seconds
+from bench_v1 import CountingClient
 
 WARMUP = 20
 SDK_AGENT = [sys.executable, str(Path(__file__).resolve().parent / "bench_v1.py"), "--sdk-agent"]
-
-
-class CountingClient:
-    """The driving client: keeps the updates it receives (as an editor would)."""
-
-    def __init__(self) -> None:
-        self.updates: list[Any] = []
-
-    def on_connect(self, conn: Any) -> None:
-        return None
-
-    async def session_update(self, session_id: str, update: Any, **kwargs: Any) -> None:
-        self.updates.append(update)
-
-    async def request_permission(self, *args: Any, **kwargs: Any) -> Any:
-        raise acp.RequestError.method_not_found("session/request_permission")
 
 
 def _children(pid: int) -> list[int]:
