@@ -177,8 +177,13 @@ class AgentSideConnection(anyio.AsyncContextManagerMixin):
         self.client = ClientPeer(self._rpc)
         self.client_info: s.InitializeRequest | None = None
         self.version: int | None = None
-        self.v1_face: V1Face | None = None
         self._validators = param_validators()
+
+    @property
+    def v1_face(self) -> V1Face | None:
+        """What serves a v1 connection (None on v2, and before `initialize`); kept by the
+        `ClientPeer`, whose calls to the client go through it too."""
+        return self.client.v1_face
 
     @property
     def rpc(self) -> Connection:
@@ -211,7 +216,7 @@ class AgentSideConnection(anyio.AsyncContextManagerMixin):
 
             face = self.v1_face or V1Face(self)
             result = await face.initialize(fields, ctx)
-            self.v1_face = self.client.v1_face = face
+            self.client.v1_face = face
             self.version = 1
             return result
         typed = self._validators[m.INITIALIZE](fields)
