@@ -71,22 +71,42 @@ def sync() -> Path:
 
 # -- verify: the Promela models of verification/ (docs/verification.md) ----------------------
 
-# (name, file, flags, bound): each run exhaustively (-DSAFETY: assertions and end states).
+# (name, file, flags, bound, mode). "safety": exhaustive search for assertion violations and
+# invalid end states (-DSAFETY). "liveness": search for acceptance cycles of the model's LTL
+# property under weak fairness (-a -f); a hang (a dead end or a cycle without progress)
+# violates it. Each search must be complete: a run cut short by the depth or memory bound
+# fails, whatever it found.
 MODELS = [
     (
         "agent",
         "agent.pml",
         ["-DFAULTS=2"],
-        "1 agent, 2 keys, 4 requests, 2 faults, hold+steer, retained+live-only",
+        "2 sessions (2 keys + 1 key), 4 requests, 2 faults, group commit, hold+steer",
+        "safety",
+    ),
+    (
+        "agent-live",
+        "agent.pml",
+        ["-DFAULTS=1"],
+        "as agent, 1 fault; LTL <>(every client ended) under weak fairness",
+        "liveness",
     ),
     (
         "cluster",
         "cluster.pml",
         ["-DFAULTS=2"],
-        "2 nodes, 1 key, 2 requests, 2 faults (kill, stall, lost NOTIFY, close, cancel)",
+        "2 nodes, 1 key, 2 requests, 2 rows, 2 faults, hold+steer",
+        "safety",
+    ),
+    (
+        "cluster-live",
+        "cluster.pml",
+        ["-DFAULTS=2"],
+        "as cluster; LTL <>(the client ended) under weak fairness",
+        "liveness",
     ),
 ]
-# (model, guard removed): each must give a counterexample
+# (model, guard removed): each must give a counterexample in one of the model's runs
 MUTANTS = [
     ("agent", "KEY_APART"),  # the key committed in a transaction apart from its message
     ("agent", "RETRY_EARLY"),  # a retry answered with the id before the original commits
@@ -94,12 +114,36 @@ MUTANTS = [
     ("agent", "WITHDRAW_INSERTING"),  # a prompt withdrawn while its insert is in flight
     ("agent", "NO_LOOKUP"),  # a failed insert answered -32603 without looking the key up
     ("agent", "NO_UNIQUE"),  # no unique (session, key): the insert does not check the key
+    ("agent", "CANCEL_INSERT"),  # a cancelled handler withdraws its queued write, pending left
+    ("agent", "KEY_GLOBAL"),  # the key looked up without its session
+    ("agent", "MARK_FIRST"),  # a session/cancel mark checked before the key: -32800 for a used key
     ("cluster", "NO_FENCE"),  # a write that does not check the fencing token
     ("cluster", "TAKE_UNEXPIRED"),  # a lease taken from a live owner (no expiry)
     ("cluster", "ROW_UNGUARDED"),  # a queued row inserted without state = 'queued'
     ("cluster", "NO_POLL"),  # outcomes only by NOTIFY (a lost one leaves a waiter)
     ("cluster", "WITHDRAW_RECORDED"),  # a row withdrawn although its key was inserted
+    ("cluster", "FENCE_NO_LOOKUP"),  # a fenced refusal answered -32603 without a lookup
+    ("cluster", "NO_QUEUE_INSERT"),  # the owner never inserts a queued row
+    ("cluster", "NO_TAKEOVER"),  # a waiting node never takes a dead owner's lease over
+    ("cluster", "NO_ANSWER"),  # an inserted row's waiters are never answered
+    ("cluster", "CANCEL_ADMIT"),  # a cancelled admission leaves its prompt registered
 ]
+# mutants that make a client wait for ever: tried on the liveness search first
+LIVENESS_MUTANTS = {
+    "CANCEL_INSERT",
+    "NO_POLL",
+    "NO_QUEUE_INSERT",
+    "NO_TAKEOVER",
+    "NO_ANSWER",
+    "CANCEL_ADMIT",
+}
+PAN_DEPTH = 1_000_000  # -m: deeper than any model's reachable depth (the run checks it)
+_INCOMPLETE = (
+    "Search not completed",
+    "max search depth too small",
+    "reached -DMEMLIM bound",
+    "out of memory",
+)
 
 
 def _need(tool: str, package: str) -> str:
@@ -114,53 +158,109 @@ def _need(tool: str, package: str) -> str:
     return path
 
 
-def _check(model: str, flags: list[str]) -> dict[str, str]:
-    """Generate, compile and run one verifier; its states, errors and first message."""
+def _pan_flags(mode: str, depth: int) -> tuple[list[str], list[str]]:
+    """The compiler's and the verifier's flags for a safety or a liveness search."""
+    cc = ["-DMEMLIM=4096", "-DCOLLAPSE"]
+    if mode == "safety":
+        return [*cc, "-DSAFETY", "-DNOCLAIM"], [f"-m{depth}"]
+    return [*cc, "-DNFAIR=3"], ["-a", "-f", f"-m{depth}"]
+
+
+def _check(model: str, flags: list[str], mode: str, depth: int = PAN_DEPTH) -> dict[str, str]:
+    """Generate, compile and run one verifier: its errors, states, depth, first message and
+    whether the search was complete."""
     spin, gcc = _need("spin", "spin"), _need("gcc", "gcc")
+    cc_flags, pan_flags = _pan_flags(mode, depth)
     with tempfile.TemporaryDirectory(prefix="acp-once-verify-") as tmp:
         shutil.copy(ROOT / "verification" / model, tmp)
         subprocess.run([spin, *flags, "-a", model], cwd=tmp, check=True, capture_output=True)
-        cc = [gcc, "-O2", "-w", "-DSAFETY", "-DMEMLIM=2048", "-o", "pan", "pan.c"]
+        cc = [gcc, "-O2", "-w", *cc_flags, "-o", "pan", "pan.c"]
         subprocess.run(cc, cwd=tmp, check=True, capture_output=True)
-        out = subprocess.run(["./pan", "-m200000"], cwd=tmp, capture_output=True, text=True).stdout
+        run = subprocess.run(["./pan", *pan_flags], cwd=tmp, capture_output=True, text=True)
+    out = run.stdout + run.stderr
     errors = re.search(r"errors: (\d+)", out)
     states = re.search(r"(\d+) states, stored", out)
+    reached = re.search(r"depth reached (\d+)", out)
     first = re.search(r"pan:1: (.*)", out)
     return {
         "errors": errors.group(1) if errors else "?",
         "states": states.group(1) if states else "?",
+        "depth": reached.group(1) if reached else "?",
         "why": first.group(1).strip() if first else "",
+        "complete": "yes" if errors and not any(m in out for m in _INCOMPLETE) else "no",
+        "pan": " ".join([*flags, *cc_flags, *pan_flags]),
     }
 
 
+def _passed(res: dict[str, str]) -> bool:
+    """A model passes: no counterexample, and the search was complete."""
+    return res["errors"] == "0" and res["complete"] == "yes"
+
+
+def _caught(res: dict[str, str]) -> bool:
+    """A mutant is caught by a real counterexample (a trail), never by a search cut short."""
+    return res["errors"] not in ("0", "?") and res["why"] != ""
+
+
+def _model_mutant(name: str, mutant: str, depth: int) -> tuple[str, bool, str]:
+    """Run the model's searches with the mutant, safety first, until one gives a trail."""
+    why = "NOT CAUGHT"
+    runs = [m for m in MODELS if m[0].split("-")[0] == name]
+    runs.sort(key=lambda m: (m[4] == "liveness") != (mutant in LIVENESS_MUTANTS))
+    for run, model, fl, _, mode in runs:
+        res = _check(model, [*fl, f"-DMUTANT_{mutant}"], mode, depth)
+        if _caught(res):
+            return f"{name}/{mutant}", True, f"{run}: {res['why']}"
+        if res["complete"] != "yes":
+            why = f"NOT CAUGHT ({run}: search not completed)"
+    return f"{name}/{mutant}", False, why
+
+
+def _print_mutants(results: list[tuple[str, bool, str]]) -> bool:
+    """Print each mutant's result and `mutants caught: K/N`; True when all were caught."""
+    for name, caught, why in results:
+        print(f"mutant {name}: " + (why if caught else why or "NOT CAUGHT"))
+    caught_all = sum(caught for _, caught, _ in results)
+    print(f"mutants caught: {caught_all}/{len(results)}", flush=True)
+    return caught_all == len(results)
+
+
 def verify(args: list[str]) -> None:
-    flags = {name: (model, fl, bound) for name, model, fl, bound in MODELS}
+    """`verify [--mutants] [--depth N] [--model NAME]`: --depth bounds the search depth (a
+    search it cuts short fails: that is how to show an incomplete search is not a pass);
+    --model runs one model (by its name in MODELS) and the mutants of its file."""
+    depth = PAN_DEPTH
+    only: str | None = None
+    if "--depth" in args:
+        depth = int(args[args.index("--depth") + 1])
+    if "--model" in args:
+        only = args[args.index("--model") + 1]
+    models = [m for m in MODELS if only is None or m[0] == only]
     failed = False
     with ThreadPoolExecutor(max_workers=2) as pool:
-        runs = [(n, pool.submit(_check, m, fl)) for n, m, fl, _ in MODELS]
-        for name, run in runs:
+        runs = [(m, pool.submit(_check, m[1], m[2], m[4], depth)) for m in models]
+        for (name, _, _, bound, mode), run in runs:
             res = run.result()
-            ok = res["errors"] == "0"
+            ok = _passed(res)
             failed |= not ok
-            print(f"verify {name:12} bound: {flags[name][2]}")
+            if ok:
+                verdict = "no counterexample"
+            elif res["errors"] not in ("0", "?"):
+                verdict = f"COUNTEREXAMPLE: {res['why']}"
+            else:
+                verdict = "SEARCH NOT COMPLETED (a bound was hit: not a pass)"
+            print(f"verify {name:12} {mode}, bound: {bound}")
             print(
-                f"verify {name:12} states explored: {res['states']:>9}  "
-                + ("no counterexample" if ok else f"COUNTEREXAMPLE: {res['why']}"),
-                flush=True,
+                f"verify {name:12} states: {res['states']:>9}  depth reached: {res['depth']:>4}"
+                f"  flags: {res['pan']}"
             )
+            print(f"verify {name:12} {verdict}", flush=True)
         if "--mutants" in args:
-            caught = 0
-            jobs = [
-                (n, m, pool.submit(_check, flags[n][0], [*flags[n][1], f"-DMUTANT_{m}"]))
-                for n, m in MUTANTS
-            ]
-            for name, mutant, run in jobs:
-                res = run.result()
-                hit = res["errors"] not in ("0", "?")
-                caught += hit
-                print(f"mutant {name}/{mutant}: " + (res["why"] if hit else "NOT CAUGHT"))
-            print(f"mutants caught: {caught}/{len(MUTANTS)}")
-            failed |= caught != len(MUTANTS)
+            files = {m[0].split("-")[0] for m in models}
+            jobs = [pool.submit(_model_mutant, n, m, depth) for n, m in MUTANTS if n in files]
+            results = [job.result() for job in jobs]
+            # (further mutant sets append their (name, caught, why) results here)
+            failed |= not _print_mutants(results)
     if failed:
         raise SystemExit(1)
 
