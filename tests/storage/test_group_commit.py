@@ -256,3 +256,66 @@ async def test_cancelled_callers_of_a_batch_in_flight_and_of_a_queued_write(
         assert await store.read_timeline("c") == []
         stats = store.group_stats
         assert stats is not None and stats.largest == 2
+
+
+def _fail_the_commit_holding(path: Path, key: str) -> None:
+    """Make every COMMIT of a transaction that inserted the user message of `key` fail, for
+    real: a trigger on that INSERT adds a row whose foreign key is deferred and dangling, so
+    the statement succeeds and SQLite refuses the COMMIT ("FOREIGN KEY constraint failed",
+    the transaction left open). The store's connections have foreign keys on."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("CREATE TABLE commit_guard_parent (id INTEGER PRIMARY KEY)")
+        conn.execute(
+            "CREATE TABLE commit_guard (parent INTEGER"
+            " REFERENCES commit_guard_parent (id) DEFERRABLE INITIALLY DEFERRED)"
+        )
+        conn.execute(
+            "CREATE TRIGGER commit_guard_on_key AFTER INSERT ON timeline"
+            f" WHEN NEW.idempotency_key = '{key}'"
+            " BEGIN INSERT INTO commit_guard (parent) VALUES (1); END"
+        )
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("batched", [False, True], ids=["lone", "batch"])
+async def test_sqlite_a_failed_commit_fails_every_write_it_held(
+    tmp_path: Path, batched: bool
+) -> None:
+    """Trace: one user message alone (`db.write`), or three of three sessions in one batch
+    (`_write_together`), one of them the doomed key; every statement succeeds and the COMMIT
+    fails. Property: every caller of that transaction gets a StorageError (none is told its
+    message is stored), nothing of it is in the file, and the connection is not left inside
+    the failed transaction (the next write commits)."""
+    path = tmp_path / "commit.db"
+    sessions = ("a", "b", "c") if batched else ("a",)
+    async with SqliteStore.open(path) as store:
+        for sid in sessions:
+            await store.create_session(_record(sid))
+        _fail_the_commit_holding(path, "a-k")
+        if batched:
+            batch_everything(store)
+        results: dict[str, object] = {}
+
+        async def attempt(sid: str) -> None:
+            try:
+                results[sid] = await _insert(store, sid, f"{sid}-m", f"{sid}-k")
+            except StorageError as exc:
+                results[sid] = exc
+
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                for sid in sessions:
+                    tg.start_soon(attempt, sid)
+        stats = store.group_stats
+        assert stats is not None and stats.largest == len(sessions)  # one transaction
+        for sid in sessions:
+            assert isinstance(results[sid], StorageError), (sid, results[sid])
+            assert await store.find_key(sid, f"{sid}-k") is None
+            assert await store.read_timeline(sid) == []
+        with anyio.fail_after(10):
+            assert await _insert(store, "a", "a-m2", "a-k2") == InsertOutcome(
+                "a-m2", True, b"digest of a-m2"
+            )
+        assert [e.message_id for e in await store.read_timeline("a")] == ["a-m2"]
