@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import anyio
 import orjson
@@ -261,3 +262,52 @@ async def test_a_fenced_insert_settles_its_queued_prompt_in_the_same_statement(
             ]
             assert await store.count_user_messages("s1") == 1
             assert await store.count_user_messages("s1", idempotency_key="k3") == 0
+
+
+async def test_a_stale_owner_refused_for_a_key_another_node_inserted_answers_its_id(
+    postgres_dsn: str, schema: str, tmp_path: Path
+) -> None:
+    """Issue 28, bug 2. Node A owns the session and is about to insert key K (its first
+    attempt, held just before the fenced insert); A stalls (its renewals stop) and its lease
+    expires; the client's resend of K on node B takes the session over and inserts K. When A's
+    late insert is then refused by the fence, A must look K up and answer with B's message id:
+    an error would tell the client that K is unused, and it is not (R19)."""
+    fx = tmp_path / "fx"
+    reached, go = anyio.Event(), anyio.Event()
+    with anyio.fail_after(TIMEOUT):
+        async with (
+            node(postgres_dsn, schema, "a", fx, lease_ttl=1.0) as a,
+            node(postgres_dsn, schema, "b", fx, lease_ttl=1.0) as b,
+            connected(a.agent) as conn_a,
+            connected(b.agent) as conn_b,
+        ):
+            original = a.store.insert_user_message
+
+            async def held_insert(session_id: str, **fields: Any) -> InsertOutcome:
+                if fields.get("idempotency_key") == "K" and not reached.is_set():
+                    reached.set()
+                    await go.wait()
+                return await original(session_id, **fields)
+
+            async def stalled(leases: dict[str, int]) -> set[str]:
+                return set()  # A renews nothing and notices nothing: a stalled owner
+
+            a.store.insert_user_message = held_insert  # type: ignore[method-assign]
+            await initialize(conn_a)
+            await initialize(conn_b)
+            sid = await new_session(conn_a)
+            await resume(conn_b, sid)
+            first = await conn_a.rpc.start_request(
+                "session/prompt", {"sessionId": sid, "prompt": [{"type": "text", "text": "deploy"}],
+                                   "idempotencyKey": "K"},
+            )  # fmt: skip
+            await reached.wait()  # A took the lease and is about to insert K
+            a.coordinator.pg.renew = stalled  # type: ignore[method-assign]
+            await expire(postgres_dsn, schema, sid)
+            resent = await prompt(conn_b, sid, "deploy", "K")  # B takes over and inserts K
+            assert sid in b.coordinator.leases
+            assert await b.store.count_user_messages(sid, idempotency_key="K") == 1
+            go.set()  # A's late insert meets B's fence
+            answer = await first.result()
+            assert answer["messageId"] == resent
+            assert await b.store.count_user_messages(sid) == 1

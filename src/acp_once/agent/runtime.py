@@ -486,7 +486,11 @@ class SessionAgent(Agent, anyio.AsyncContextManagerMixin):
                 pending.waiters.append((conn_id, ctx.request))
                 if key is not None:
                     session.pending_by_key[key] = pending
-                await self._coordinator.admit(session, pending, hold=hold)
+                try:
+                    await self._coordinator.admit(session, pending, hold=hold)
+                except BaseException:
+                    self._abandon(session, pending)
+                    raise
         # No timeout here: a held prompt may wait as long as the turn before it runs. The wait
         # ends with insertion, a withdrawal ($/cancel_request, session/cancel, session/close),
         # or the end of the connection, which cancels this handler. Inserted at once (the
@@ -536,6 +540,16 @@ class SessionAgent(Agent, anyio.AsyncContextManagerMixin):
         if pending.state == "held":
             self._withdraw(session, pending)
 
+    def _abandon(self, session: Session, pending: PendingPrompt) -> None:
+        """Its admission was cancelled (the connection closed) or raised: a prompt registered
+        by its key must still end. One neither queued nor being inserted is settled -32800
+        with its key unused; nobody else waits on it (joining takes the session lock, which
+        its admission holds). A queued or inserting one is left to its own outcome."""
+        if pending.state == "held" and pending not in session.held:
+            session.settle(
+                pending, error=RequestCancelled("The prompt was cancelled before insertion")
+            )
+
     def _withdraw(
         self, session: Session, pending: PendingPrompt, error: AcpError | None = None
     ) -> None:
@@ -572,16 +586,28 @@ class SessionAgent(Agent, anyio.AsyncContextManagerMixin):
                 )
                 inserted = outcome.inserted
                 message_id = outcome.message_id
+        except anyio.get_cancelled_exc_class():
+            # This request was cancelled (its connection closed, $/cancel_request) in the
+            # insert. A store delivers a cancellation only before anything was committed,
+            # never between its commit and its return (`SessionStore.insert_user_message`;
+            # group commit withdraws a write still queued): the prompt was not inserted. It
+            # must still end, or a resend of its key would join it and wait forever: it is
+            # withdrawn, its key unused, and the resend inserts it.
+            self._unregister(session, pending)
+            pending.finish(error=RequestCancelled("The prompt was withdrawn before insertion"))
+            raise
         except Exception as exc:
-            found: KeyRecord | None = None
             if isinstance(exc, FencingError):  # a cluster race (lease moved, row withdrawn)
                 logger.debug("session %s: insert refused (%s)", session.id, exc)
             else:
                 logger.exception("session %s: storing a user message failed", session.id)
-                found = await self._find_after_failure(session, pending, message_id)
+            # Refused or failed, the key may be recorded all the same: by this insert (its
+            # commit landed, its answer was lost), or by the node that took the session over
+            # while this one stalled (a fencing refusal). An error would tell the client the
+            # key is unused (R19); a read needs no lease, so look.
+            found = await self._find_after_failure(session, pending, message_id)
             if found is None:
-                if pending.key is not None and session.pending_by_key.get(pending.key) is pending:
-                    del session.pending_by_key[pending.key]
+                self._unregister(session, pending)
                 pending.finish(error=InternalError("The message could not be stored"))
                 return
             # The store failed but the message is there: the commit landed and only its answer
@@ -589,8 +615,7 @@ class SessionAgent(Agent, anyio.AsyncContextManagerMixin):
             inserted = found.message_id == message_id
             outcome = InsertOutcome(found.message_id, inserted, found.prompt_digest)
             message_id = found.message_id
-        if pending.key is not None and session.pending_by_key.get(pending.key) is pending:
-            del session.pending_by_key[pending.key]
+        self._unregister(session, pending)
         if not inserted:
             # The key was recorded already (by an earlier attempt, or another process): answer
             # as a retry, or refuse a different prompt; nothing new was inserted (R19, R23).
@@ -615,12 +640,18 @@ class SessionAgent(Agent, anyio.AsyncContextManagerMixin):
             session.turns.append(Turn(session.id, message_id, pending.prompt, live_only))
             self._ensure_worker(session)
 
+    @staticmethod
+    def _unregister(session: Session, pending: PendingPrompt) -> None:
+        """A later request with its key no longer joins `pending` (it has its outcome)."""
+        if pending.key is not None and session.pending_by_key.get(pending.key) is pending:
+            del session.pending_by_key[pending.key]
+
     async def _find_after_failure(
         self, session: Session, pending: PendingPrompt, message_id: str
     ) -> KeyRecord | None:
-        """After an insert that raised: where the store has the message after all, its key's
-        record (or, unkeyed, `message_id` itself); None if it is not stored or the lookup
-        failed too.
+        """After an insert that raised or was refused: where the store has the message after
+        all, its key's record (or, unkeyed, `message_id` itself); None if it is not stored or
+        the lookup failed too.
 
         A failed insert may have committed (PostgreSQL's connection lost at COMMIT, an insert
         past its bound). Answering it with an error would leave a stored message whose turn
