@@ -587,12 +587,12 @@ class SessionAgent(Agent, anyio.AsyncContextManagerMixin):
                 inserted = outcome.inserted
                 message_id = outcome.message_id
         except anyio.get_cancelled_exc_class():
-            # This request was cancelled (its connection closed, $/cancel_request) in the
-            # insert. A store delivers a cancellation only before anything was committed,
-            # never between its commit and its return (`SessionStore.insert_user_message`;
-            # group commit withdraws a write still queued): the prompt was not inserted. It
-            # must still end, or a resend of its key would join it and wait forever: it is
-            # withdrawn, its key unused, and the resend inserts it.
+            # The connection that sent it closed, which cancels its handler here (a
+            # `$/cancel_request` does not: `_on_cancel_request` leaves an inserting prompt
+            # alone, R27). A store lets a cancellation out of its insert only before anything
+            # was committed (`SessionStore.insert_user_message`; group commit withdraws a
+            # write still queued), so the prompt was not inserted. It must still end, or a
+            # resend of its key would join it and wait forever (D11): withdrawn, key unused.
             self._unregister(session, pending)
             pending.finish(error=RequestCancelled("The prompt was withdrawn before insertion"))
             raise
