@@ -9,12 +9,14 @@
  * (its write queued in group commit, or taken into a batch), the wait for the outcome.
  *
  * Bounds: NK=3 submissions: k=0 and k=1 in session 0 (keys "a" and "b"), k=2 in session 1
- * with key "a" again (keys are scoped per session). Clients 0 and 1 have 2 request slots each
- * (a resend on a new connection may overlap an attempt the client gave up on), client 2 one.
- * FAULTS faults in all: agent crashes, connections closed, $/cancel_request, session/cancel
- * (or session/close), a batch that fails or whose commit lands with its answer lost, a
- * resend that overlaps an open attempt. Both held-prompt policies (hold, steer); submission 1
+ * with key "a" again (keys are scoped per session). Client 0 has 2 request slots (a resend on
+ * a new connection may overlap an open attempt), clients 1 and 2 one each. FAULTS faults in
+ * all: agent crashes, connections closed, $/cancel_request, session/cancel (or
+ * session/close), a batch that fails or whose commit lands with its answer lost, a resend
+ * that overlaps an open attempt. Both held-prompt policies (hold, steer); submission 1
  * retained or live-only (chosen at init). One GroupCommit for the store (both sessions).
+ * Session 1 is small: its request is never cancelled, no session/cancel targets it, and its
+ * turn is not modelled; its write shares batches, batch failures and crashes with session 0.
  *
  * Properties:
  *  P1 at most one user message per (session, key)                       [commit]
