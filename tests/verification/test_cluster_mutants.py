@@ -29,6 +29,7 @@ from tests.cluster.harness import (
     prompt_params,
     resume,
     until,
+    until_async,
 )
 from tests.cluster.test_fencing import expire
 from tests.cluster.test_races import two_nodes_on_a_session
@@ -223,3 +224,136 @@ async def test_row_unguarded_a_withdrawn_row_read_by_the_owner_is_not_inserted(
             assert found is not None and again == found.message_id
             assert await a.store.count_user_messages(sid, idempotency_key="k2") == 1
             assert await a.store.count_user_messages(sid) == 2
+
+
+# -- liveness: NO_QUEUE_INSERT, NO_ANSWER, NO_TAKEOVER ----------------------------------------
+
+
+class Polls:
+    """Counts node `n`'s finished polls (`_maintain` -> `_poll`, every `poll_interval`): the
+    safety net behind NOTIFY that answers rows and takes expired leases over."""
+
+    def __init__(self, n: Node) -> None:
+        self.finished = 0
+        poll = n.coordinator._poll
+
+        async def counted() -> None:
+            await poll()
+            self.finished += 1
+
+        n.coordinator._poll = counted  # type: ignore[method-assign]
+
+    async def one_whole(self) -> None:
+        """Until a poll that began after this call has finished (the one running now may have
+        read the rows before; bounded by the caller's fail_after)."""
+        start = self.finished
+        await until(lambda: self.finished >= start + 2)
+
+
+async def test_no_queue_insert_the_owner_inserts_a_prompt_queued_behind_its_turn(
+    postgres_dsn: str, schema: str, tmp_path: Path
+) -> None:
+    """NO_QUEUE_INSERT (liveness: a queued prompt whose request waits is inserted). Trace: A
+    owns the session and runs a turn; B queues a prompt behind it; A's turn ends. A's worker
+    must insert B's queued prompt before it stops (an owner never goes idle with a prompt
+    queued: it cannot release the lease, so nobody else would insert it); B's request then
+    gets the prompt's id."""
+    with anyio.fail_after(TIMEOUT):
+        async with (
+            node(postgres_dsn, schema, "a", tmp_path / "fx") as a,
+            node(postgres_dsn, schema, "b", tmp_path / "fx") as b,
+            connected(a.agent) as conn_a,
+            connected(b.agent) as conn_b,
+        ):
+            gate = hold_turns(a)
+            await initialize(conn_a)
+            await initialize(conn_b)
+            sid = await new_session(conn_a)
+            await resume(conn_b, sid)
+            await outcome(await send(conn_a, sid, "busy", "k1"))  # A owns it, its turn runs
+            session = a.agent._sessions[sid]
+            assert session.worker
+            on_b = await send(conn_b, sid, "second", "k2")
+            await until(lambda: b.coordinator.stats()["prompts_held"] == 1)  # queued behind A
+            gate.set()  # A's turn ends: its worker goes on to the queue
+            await until(lambda: not session.worker)  # A's worker is done
+            found = await a.store.find_key(sid, "k2")
+            assert found is not None, "the owner stopped with the prompt still queued"
+            assert await outcome(on_b) == found.message_id
+            assert await a.store.count_user_messages(sid) == 2
+
+
+async def test_no_answer_a_request_waiting_on_an_inserted_row_is_answered(
+    postgres_dsn: str, schema: str, tmp_path: Path
+) -> None:
+    """NO_ANSWER (liveness: every request waiting on a queued prompt gets an answer). Trace: A
+    owns the session and runs a turn; B queues a prompt behind it; A's turn ends and A inserts
+    it (the same statement settles the row `inserted`). B must answer its request: once a
+    whole poll of B's has run after the insert (whether or not the NOTIFY came first), B waits
+    on no row, and the request gets the message id."""
+    with anyio.fail_after(TIMEOUT):
+        async with (
+            node(postgres_dsn, schema, "a", tmp_path / "fx") as a,
+            node(postgres_dsn, schema, "b", tmp_path / "fx") as b,
+            connected(a.agent) as conn_a,
+            connected(b.agent) as conn_b,
+        ):
+            gate = hold_turns(a)
+            polls = Polls(b)
+            await initialize(conn_a)
+            await initialize(conn_b)
+            sid = await new_session(conn_a)
+            await resume(conn_b, sid)
+            await outcome(await send(conn_a, sid, "busy", "k1"))  # A owns it, its turn runs
+            on_b = await send(conn_b, sid, "second", "k2")
+            await until(lambda: b.coordinator.stats()["prompts_held"] == 1)  # queued behind A
+            gate.set()  # A's turn ends: A inserts B's prompt
+
+            async def inserted() -> bool:
+                return await a.store.find_key(sid, "k2") is not None
+
+            await until_async(inserted)
+            await polls.one_whole()
+            assert b.coordinator.stats()["prompts_held"] == 0, "B still waits on an inserted row"
+            found = await a.store.find_key(sid, "k2")
+            assert found is not None and await outcome(on_b) == found.message_id
+
+
+async def test_no_takeover_a_prompt_queued_behind_a_dead_owner_is_inserted(
+    postgres_dsn: str, schema: str, tmp_path: Path
+) -> None:
+    """NO_TAKEOVER (liveness: a prompt queued behind an owner that died is inserted). Trace: A
+    owns the session and runs a turn; B queues a prompt behind it; A stalls (its renewals
+    stop, its turn never ends) and its lease expires. B's poll finds its row queued under an
+    expired lease: after a whole poll of B's following the expiry, B must have taken the lease
+    over, and it inserts the prompt: B's request gets the id."""
+    with anyio.fail_after(TIMEOUT):
+        async with (
+            node(postgres_dsn, schema, "a", tmp_path / "fx") as a,
+            node(postgres_dsn, schema, "b", tmp_path / "fx") as b,
+            connected(a.agent) as conn_a,
+            connected(b.agent) as conn_b,
+        ):
+            gate = hold_turns(a)
+
+            async def stalled(leases: dict[str, int]) -> set[str]:
+                await anyio.sleep_forever()  # A stalls: it neither renews nor learns
+                raise AssertionError
+
+            a.coordinator.pg.renew = stalled  # type: ignore[method-assign]
+            polls = Polls(b)
+            await initialize(conn_a)
+            await initialize(conn_b)
+            sid = await new_session(conn_a)
+            await resume(conn_b, sid)
+            await outcome(await send(conn_a, sid, "busy", "k1"))  # A owns it, its turn runs
+            on_b = await send(conn_b, sid, "second", "k2")
+            await until(lambda: b.coordinator.stats()["prompts_held"] == 1)  # queued behind A
+            await expire(postgres_dsn, schema, sid)  # A's lease runs out
+            await polls.one_whole()
+            # B took the lease (it may have inserted the prompt and let the lease go since)
+            assert b.coordinator.counters["leases_taken_over"] == 1, "B did not take it over"
+            answer = await outcome(on_b)
+            found = await a.store.find_key(sid, "k2")
+            assert found is not None and answer == found.message_id
+            gate.set()
