@@ -6,7 +6,8 @@
  * separates in the code is a separate step here, so the crash (SIGKILL) and the faults can
  * fall between any two of them, and a request's handler can be cancelled (its connection
  * closed) at each of its awaits: waiting for the session lock, the key lookup, the insert
- * (its write queued in group commit, or taken into a batch), the wait for the outcome.
+ * (its write queued in group commit: withdrawn, the prompt ended -32800 with its key unused;
+ * or taken into a batch: the batch's outcome first), the wait for the outcome.
  *
  * Bounds: NK=3 submissions: k=0 and k=1 in session 0 (keys "a" and "b"), k=2 in session 1
  * with key "a" again (keys are scoped per session). Client 0 has 2 request slots (a resend on
@@ -163,8 +164,7 @@ inline new_pending(k) {
 }
 
 /* _insert begins (state inserting) under the session lock; `who` runs it. A live-only
-   prompt goes to session.live_keys; a retained one's write goes to GroupCommit.submit,
-   shielded from the handler's cancellation (once inserting, insertion wins, R27) */
+   prompt goes to session.live_keys; a retained one's write goes to GroupCommit.submit */
 inline begin_insert(k, who) {
   pst[k] = INS; pmid[k] = 1 + k + 3 * pgen[k]; pown[k] = who; lk[SESS(k)] = 10 + k;
   if
@@ -390,13 +390,19 @@ end:
        lostk[k] = true;
        if
        :: rst[r] == LOOK -> lk[s] = 0           /* the lookup cancelled: nothing registered */
-#ifdef MUTANT_CANCEL_INSERT
        :: rst[r] == INSW && ws[k] == W_Q ->
-          /* the old _insert: the cancellation withdraws the queued write and passes out of
-             prompt, leaving the pending prompt registered, inserting, for ever */
-          ws[k] = W_NONE; lk[s] = 0
+          /* GroupCommit withdraws the queued write (nothing written); _insert's cancellation
+             branch unregisters the pending prompt and ends it -32800, key unused (its only
+             waiter is this request: joining takes the lock the insert holds) */
+          ws[k] = W_NONE; lk[s] = 0;
+#ifdef MUTANT_CANCEL_INSERT
+          skip                                  /* the old _insert: left registered, inserting */
+#else
+          pst[k] = NONE
 #endif
-       :: else                                  /* SENT: nothing yet; INSW: the insert is shielded */
+       :: else       /* SENT: nothing yet; INSW with its write in a batch: the batch's outcome
+                        comes first (GroupCommit), and after a commit _insert's try/finally
+                        answers and queues the turn */
        fi;
        rst[r] = LOST;
        /* D11: a held prompt nobody waits for any more is withdrawn (nobody to answer) */

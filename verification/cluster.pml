@@ -273,8 +273,8 @@ end:
        :: else -> queue_row(n, r); rst[r] = WROW; lk[n] = 0
        fi; r = 0 }
 
-  /* agent._insert through the fenced insert (shielded from the handler's cancellation: a
-     connection closed meanwhile only loses the answer) */
+  /* agent._insert through the fenced insert (a connection closed before it commits: see the
+     faults; after: only the answer is lost) */
   :: atomic { (rst[0] == DIRECT && rnode[0] == n) || (rst[1] == DIRECT && rnode[1] == n) ->
        if :: rst[0] == DIRECT && rnode[0] == n -> r = 0 :: rst[1] == DIRECT && rnode[1] == n -> r = 1 fi;
        if
@@ -382,14 +382,18 @@ end:
        if :: OPEN(0) && rnode[0] == n -> rst[0] = LOST; lostc = true :: else fi;
        if :: OPEN(1) && rnode[1] == n -> rst[1] = LOST; lostc = true :: else fi }
   /* a request's connection closes: its handler is cancelled where it waits */
-  :: atomic { CAN_FAULT && ((rst[0] >= SENT && rst[0] <= ADMIT && rnode[0] == n) || rst[0] == WROW && rnode[0] == n ||
-                            (rst[1] >= SENT && rst[1] <= ADMIT && rnode[1] == n) || rst[1] == WROW && rnode[1] == n) ->
+  :: atomic { CAN_FAULT && ((rst[0] >= SENT && rst[0] <= DIRECT && rnode[0] == n) || rst[0] == WROW && rnode[0] == n ||
+                            (rst[1] >= SENT && rst[1] <= DIRECT && rnode[1] == n) || rst[1] == WROW && rnode[1] == n) ->
        faults++; lostc = true;
        if
-       :: (rst[0] == SENT || rst[0] == ADMIT || rst[0] == WROW) && rnode[0] == n -> r = 0
-       :: (rst[1] == SENT || rst[1] == ADMIT || rst[1] == WROW) && rnode[1] == n -> r = 1
+       :: (rst[0] == SENT || rst[0] == ADMIT || rst[0] == DIRECT || rst[0] == WROW) && rnode[0] == n -> r = 0
+       :: (rst[1] == SENT || rst[1] == ADMIT || rst[1] == DIRECT || rst[1] == WROW) && rnode[1] == n -> r = 1
        fi;
        if
+       :: rst[r] == DIRECT ->
+          /* cancelled in _insert before the fenced insert committed: nothing written, the
+             prompt ended -32800 with its key unused (nobody else waits on it: the lock) */
+          lk[n] = 0
        :: rst[r] == ADMIT ->
           /* cancelled in find_key or PgCluster.admit: _abandon settles the pending (-32800,
              nobody joined: the lock) and unregisters the key. The admit's transaction may
