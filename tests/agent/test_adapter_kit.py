@@ -335,3 +335,29 @@ async def test_live_commands_without_a_key_always_run_and_errors_leave_the_key_u
     a = await keys.submit_live("s", None, run)
     b = await keys.submit_live("s", None, run)
     assert a != b and runs == [first, a, b]
+
+
+async def test_one_key_pending_in_two_sessions_submits_in_each() -> None:
+    """Keys are scoped per session (RFD). Trace: session a's first prompt with key k is being
+    submitted (the runtime holds it at the gate) when session b's first prompt with the same
+    key arrives. Property: b does not join a's pending submit nor get a's id: the runtime gets
+    one submit per session, each with its session's derived id."""
+    runtime = FakeRuntime()
+    runtime.gate = anyio.Event()
+    keys = AdapterKeys()
+    answers: dict[str, str] = {}
+
+    async def one(session_id: str) -> None:
+        answers[session_id] = await prompt(keys, runtime, session_id, "k")
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(one, "a")
+            await anyio.wait_all_tasks_blocked()
+            assert runtime.submits == [("a", derive_message_id("a", "k"))]
+            tg.start_soon(one, "b")
+            await anyio.wait_all_tasks_blocked()
+            runtime.gate.set()
+    assert answers == {sid: derive_message_id(sid, "k") for sid in ("a", "b")}
+    assert sorted(runtime.submits) == sorted(answers.items())
+    assert runtime.sessions == {sid: [answers[sid]] for sid in ("a", "b")}

@@ -97,3 +97,36 @@ async def test_cache_is_bounded_and_lookup_stays_the_record() -> None:
     assert len(keys._recorded) == 2
     assert await keys.submit("s", "k0", lambda: store.insert("s", "k0")) == ids[0]
     assert len(store.messages[("s", "k0")]) == 1
+
+
+async def test_one_key_in_two_sessions_inserts_in_each() -> None:
+    """Keys are scoped per session (RFD). Trace: session a's first request with key k is
+    pending (its insert waits at the gate) when session b's first request with the same key
+    arrives; then both again, one after the other. Property: b does not join a's pending
+    insert nor get its answer: two inserts, two different message ids, one per session, and
+    each retry answers its own session's id."""
+    store = FakeStore()
+    store.gate = anyio.Event()
+    keys = PromptKeys(lookup=store.lookup)
+    answers: dict[str, str] = {}
+
+    async def first(session_id: str) -> None:
+        answers[session_id] = await keys.submit(
+            session_id, "k", lambda: store.insert(session_id, "k")
+        )
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(first, "a")
+            await anyio.wait_all_tasks_blocked()  # a's insert waits at the gate
+            tg.start_soon(first, "b")
+            await anyio.wait_all_tasks_blocked()
+            store.gate.set()
+        assert store.messages == {("a", "k"): [answers["a"]], ("b", "k"): [answers["b"]]}
+        assert answers["a"] != answers["b"]
+        for sid in ("a", "b"):  # retries: each session's own id, nothing inserted
+            assert await keys.submit(sid, "k", lambda: store.insert("x", "k")) == answers[sid]
+        # a third session, sequentially, gets a message of its own too
+        third = await keys.submit("c", "k", lambda: store.insert("c", "k"))
+    assert third not in answers.values()
+    assert store.messages[("c", "k")] == [third] and ("x", "k") not in store.messages
