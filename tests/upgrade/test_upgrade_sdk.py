@@ -335,6 +335,28 @@ async def test_a_child_that_dies_is_started_again_and_its_session_loaded(env: En
     assert "the v1 agent exited" in env.stderr.read_text()
 
 
+async def test_a_keyed_slash_command_is_stored_and_reaches_the_child_once(env: Env) -> None:
+    """A `/command` is the child's (v1 agents advertise them), not a live-only prompt: it is
+    stored with its key like any prompt. Trace: a keyed `/compact now` runs its turn; the same
+    key again on that connection; the upgrade runtime stops (its connection with it) and a new
+    one starts on the same store; resume, the same key again. Property: every answer is the
+    first message id, the store holds the message once with its key, and the child received
+    the command once (a command kept only in memory would reach it again after the restart)."""
+    with anyio.fail_after(TIMEOUT):
+        async with upgraded(env) as (conn, rec, _):
+            sid = await new_session(conn)
+            first = await prompt(conn, sid, "/compact now", KEY)
+            (idle,) = await wait_idle(rec)
+            assert idle["stopReason"] == "end_turn"
+            assert await prompt(conn, sid, "/compact now", KEY) == first
+        async with upgraded(env) as (conn, rec, _):
+            await resume(conn, sid)
+            assert await prompt(conn, sid, "/compact now", KEY) == first
+            assert rec.user_messages() == []  # nothing new was inserted or announced
+    assert await env.count(sid, KEY) == 1
+    assert [line.split(" ", 1)[1] for line in env.effects_lines()] == ["/compact now"]
+
+
 async def test_t6_same_key_in_another_session(env: Env) -> None:
     with anyio.fail_after(TIMEOUT):
         async with upgraded(env) as (conn, rec, _):
