@@ -463,6 +463,72 @@ async def test_a_prompt_inserted_while_the_worker_waits_for_the_lock_still_runs(
             assert message_id in recorder.user_messages()
 
 
+async def test_one_key_held_in_two_sessions_inserts_in_each(tmp_path: Path) -> None:
+    """Keys are scoped per session (RFD): each session has its own table of pending keys.
+    Trace (hold policy): a turn runs in each of two sessions; a prompt with key k is held in
+    session a, then the same prompt with the same key in session b; the turns end. Property:
+    b's prompt does not join a's: two inserts, one per session, two different message ids,
+    and each session's key finds its own message."""
+    with anyio.fail_after(10):
+        async with (
+            MemoryStore() as store,
+            HeldTurns(store, side_effects=tmp_path / "fx") as agent,
+            client(agent) as conn,
+        ):
+            agent.release = anyio.Event()
+            a, b = [
+                (await conn.agent.new_session(s.NewSessionRequest(cwd="/w"))).session_id
+                for _ in range(2)
+            ]
+            for sid in (a, b):
+                await prompt(conn, sid, "busy hold", key=None)  # its turn runs until release
+            held = {
+                sid: await conn.rpc.start_request("session/prompt", params(sid, "same"))
+                for sid in (a, b)
+            }
+            await anyio.wait_all_tasks_blocked()  # both held behind their session's turn
+            agent.release.set()
+            answers = {sid: str((await call.result())["messageId"]) for sid, call in held.items()}
+            assert answers[a] != answers[b]
+            for sid in (a, b):
+                assert await store.count_user_messages(sid, idempotency_key=KEY) == 1
+                found = await store.find_key(sid, KEY)
+                assert found is not None and found.message_id == answers[sid]
+
+
+async def test_one_live_only_key_in_two_sessions_runs_in_each(tmp_path: Path) -> None:
+    """Keys are scoped per session (RFD): the keys of live-only commands (not stored, kept in
+    memory while the session is active) too. Trace: `/status` with key k in session a, then
+    in session b, then both again. Property: b's command is not answered from a's: two
+    message ids, each retry answered with its own session's, and the command ran once in each
+    session."""
+    rec = UpdateRecorder()
+
+    def ran(sid: str) -> int:
+        return sum(
+            1
+            for n in rec.notifications
+            if n["sessionId"] == sid
+            and n["update"]["sessionUpdate"] == "agent_message"
+            and n["update"]["content"][0]["text"] == "command /status done"
+        )
+
+    with anyio.fail_after(10):
+        async with reference(tmp_path) as agent, client(agent, rec) as conn:
+            a, b = [
+                (await conn.agent.new_session(s.NewSessionRequest(cwd="/w"))).session_id
+                for _ in range(2)
+            ]
+            answers = {sid: await prompt(conn, sid, "/status") for sid in (a, b)}
+            assert answers[a] != answers[b]
+            for sid in (a, b):
+                assert await prompt(conn, sid, "/status") == answers[sid]
+            await rec.wait_for(lambda _: ran(a) >= 1 and ran(b) >= 1)
+            assert (ran(a), ran(b)) == (1, 1)
+            for sid in (a, b):
+                assert await agent.store.count_user_messages(sid) == 0  # live-only: not stored
+
+
 async def test_a_notification_with_invalid_params_is_a_warning_not_an_error(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
