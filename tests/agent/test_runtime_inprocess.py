@@ -29,6 +29,7 @@ from acp_once.protocol.errors import (
 )
 from acp_once.storage import InsertOutcome, MemoryStore, SessionStore, StorageError
 from acp_once.testing import connected
+from tests.cluster.harness import until
 from tests.helpers import CutConnection, UpdateRecorder, initialize_request
 
 pytestmark = pytest.mark.anyio
@@ -529,6 +530,64 @@ async def test_one_live_only_key_in_two_sessions_runs_in_each(tmp_path: Path) ->
                 assert await agent.store.count_user_messages(sid) == 0  # live-only: not stored
 
 
+async def test_session_cancel_during_an_insert_answers_the_message_id(tmp_path: Path) -> None:
+    """R27, insertion wins. Trace: a keyed prompt is inserted at once, and its insert waits in
+    the store; session/cancel arrives and is handled; the insert goes on and commits.
+    Property: the prompt is answered with its message id (an error would say the key is
+    unused while its message is stored), the message is stored once, and a retry gets it."""
+    store = GatedInsertStore("deploy")
+    with anyio.fail_after(10):
+        async with (
+            store,
+            ReferenceAgent(store, side_effects=tmp_path / "fx") as agent,
+            client(agent) as conn,
+        ):
+            sid = (await conn.agent.new_session(s.NewSessionRequest(cwd="/w"))).session_id
+            call = await conn.rpc.start_request("session/prompt", params(sid, "deploy"))
+            await store.reached.wait()  # inserting: the store holds its insert
+            await conn.agent.cancel(s.CancelSessionNotification(session_id=sid))
+            await anyio.wait_all_tasks_blocked()  # the cancel was handled
+            store.go.set()
+            message_id = str((await call.result())["messageId"])
+            assert await prompt(conn, sid, "deploy") == message_id
+            assert await store.count_user_messages(sid, idempotency_key=KEY) == 1
+            found = await store.find_key(sid, KEY)
+            assert found is not None and found.message_id == message_id
+
+
+async def test_session_cancel_during_the_insert_of_a_held_prompt_answers_its_id(
+    tmp_path: Path,
+) -> None:
+    """R27, insertion wins, for a held prompt. Trace (hold policy): a turn runs; a keyed prompt
+    is held behind it; the turn ends and the worker inserts the held prompt, whose insert waits
+    in the store; session/cancel arrives and is handled; the insert goes on and commits.
+    Property: the prompt is answered with its message id, not -32800; stored once; a retry
+    gets the same id."""
+    store = GatedInsertStore("second")
+    with anyio.fail_after(10):
+        async with (
+            store,
+            HeldTurns(store, side_effects=tmp_path / "fx") as agent,
+            client(agent) as conn,
+        ):
+            agent.release = anyio.Event()
+            sid = (await conn.agent.new_session(s.NewSessionRequest(cwd="/w"))).session_id
+            await prompt(conn, sid, "first hold", key=None)  # its turn runs until release
+            call = await conn.rpc.start_request("session/prompt", params(sid, "second"))
+            await anyio.wait_all_tasks_blocked()  # held behind the running turn
+            assert not store.reached.is_set()  # not inserting yet
+            agent.release.set()  # the turn ends; the worker inserts the held prompt
+            await store.reached.wait()
+            await conn.agent.cancel(s.CancelSessionNotification(session_id=sid))
+            await anyio.wait_all_tasks_blocked()  # the cancel was handled
+            store.go.set()
+            message_id = str((await call.result())["messageId"])
+            assert await prompt(conn, sid, "second") == message_id
+            assert await store.count_user_messages(sid, idempotency_key=KEY) == 1
+            found = await store.find_key(sid, KEY)
+            assert found is not None and found.message_id == message_id
+
+
 async def test_a_notification_with_invalid_params_is_a_warning_not_an_error(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -542,3 +601,34 @@ async def test_a_notification_with_invalid_params_is_a_warning_not_an_error(
             assert message_id.startswith("msg_user_")
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert any("invalid params" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_resend_of_a_used_key_covered_by_a_later_session_cancel_gets_its_id(
+    tmp_path: Path,
+) -> None:
+    """Found by the agent model (mutant MARK_FIRST). A keyed prompt is inserted; its answer is
+    lost; the client's resend of the key arrives, then a session/cancel on the same connection
+    (the user pressed stop) that covers the resend. The resend must be answered with the id of
+    the stored message: -32800 would tell the client the key is unused (R19), and a client
+    that submits again under a new key would insert the prompt twice."""
+    with anyio.fail_after(20):
+        async with reference(tmp_path) as agent, client(agent) as conn:
+            sid = (await conn.agent.new_session(s.NewSessionRequest(cwd="/w"))).session_id
+            first = await prompt(conn, sid, "deploy")
+            session = agent._sessions[sid]
+            # the resend and the cancel are both in before the resend takes the session lock
+            async with session.lock:
+                resend = await conn.rpc.start_request("session/prompt", params(sid, "deploy"))
+                await conn.rpc.notify("session/cancel", {"sessionId": sid})
+                await until(lambda: bool(session.cancel_marks), interval=0.005)
+            assert (await resend.result())["messageId"] == first
+            # an unkeyed prompt it covers is still refused, and nothing new was stored
+            async with session.lock:
+                unkeyed = await conn.rpc.start_request("session/prompt", params(sid, "x", None))
+                marks = dict(session.cancel_marks)
+                await conn.rpc.notify("session/cancel", {"sessionId": sid})
+                await until(lambda: session.cancel_marks != marks, interval=0.005)
+            with pytest.raises(AcpError) as info:
+                await unkeyed.result()
+            assert info.value.code == REQUEST_CANCELLED
+            assert await agent.store.count_user_messages(sid) == 1

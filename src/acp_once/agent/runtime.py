@@ -440,9 +440,12 @@ class SessionAgent(Agent, anyio.AsyncContextManagerMixin):
         for block in params.prompt:
             if not isinstance(block, accepted):
                 raise InvalidParams("Unsupported content block type in prompt")
-        self._check_cancel_mark(params.session_id, ctx)
-        session = self._active(params.session_id, ctx.connection)
         key = params.idempotency_key
+        if key is None:
+            # covered by a later session/cancel: -32800 at once (a keyed one is looked up
+            # first, below: its key may be in use)
+            self._check_cancel_mark(params.session_id, ctx)
+        session = self._active(params.session_id, ctx.connection)
         # The stored copy must be JSON data: in Python mode a resource link's `uri` is an
         # `AnyUrl`, which orjson cannot write (it was -32603 "could not be stored"). Encoded
         # once with `str` for such values, which also refuses a lone surrogate anywhere (no
@@ -465,19 +468,28 @@ class SessionAgent(Agent, anyio.AsyncContextManagerMixin):
                 if recorded is not None:
                     return s.PromptResponse(message_id=recorded)
                 pending = session.pending_by_key.get(key)
-                if pending is None and (hold or self._is_live_only(params.prompt)):
+                if pending is None and (
+                    hold
+                    or self._is_live_only(params.prompt)
+                    or self._cancel_marked(session.id, ctx)
+                ):
                     # It would be held (or not stored): look for an inserted message first, so
                     # a retry of it is answered now instead of queued. A prompt inserted at
                     # once needs no lookup: the store's insert answers for a recorded key.
+                    # Covered by a session/cancel that arrived after it, a retry of a key in
+                    # use gets its id too: -32800 would say the key is unused (R19).
                     found = await self.store.find_key(session.id, key)
                     if found is not None:
                         self._check_digest(found.prompt_digest, digest)
                         return s.PromptResponse(message_id=found.message_id)
                     pending = session.pending_by_key.get(key)  # the lookup awaited
                     hold = self._would_hold(session)
-            # no await from this check to the queueing below: a session/cancel or close that
-            # ran while this waited for the lock or the lookup is seen here (D33)
-            self._check_cancel_mark(session.id, ctx)
+            if pending is None:
+                # no await from this check to the queueing below: a session/cancel or close
+                # that ran while this waited for the lock or the lookup is seen here (D33). A
+                # request joining a pending prompt gets that prompt's outcome, which a cancel
+                # decides for every request of the key alike (R26, R27).
+                self._check_cancel_mark(session.id, ctx)
             if pending is not None:
                 self._check_digest(pending.digest, digest)
                 pending.waiters.append((conn_id, ctx.request))
@@ -510,13 +522,15 @@ class SessionAgent(Agent, anyio.AsyncContextManagerMixin):
         """A prompt arriving now is held: a turn runs (hold policy), or others wait already."""
         return (session.running and self.policy == "hold") or bool(session.held)
 
-    def _check_cancel_mark(self, session_id: str, ctx: CallContext) -> None:
+    def _cancel_marked(self, session_id: str, ctx: CallContext) -> bool:
+        """A session/cancel or session/close that arrived after this request covers it."""
         session = self._sessions.get(session_id)
         if session is None or ctx.request is None:
-            return
-        mark = session.cancel_marks.get(ctx.connection.id, -1)
-        if mark > ctx.request.seq:
-            # a session/cancel or session/close that arrived after this prompt covers it
+            return False
+        return session.cancel_marks.get(ctx.connection.id, -1) > ctx.request.seq
+
+    def _check_cancel_mark(self, session_id: str, ctx: CallContext) -> None:
+        if self._cancel_marked(session_id, ctx):
             raise RequestCancelled("The prompt was cancelled before insertion")
 
     def _reuses_key(self, recorded: bytes | None, digest: bytes | None) -> bool:
