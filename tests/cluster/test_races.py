@@ -12,6 +12,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import anyio
 import psycopg
@@ -22,6 +23,7 @@ from acp_once.agent.runtime import Turn, TurnContext
 from acp_once.client.connection import ClientSideConnection
 from acp_once.cluster.sql import QueuedPrompt
 from acp_once.protocol.errors import AcpError
+from acp_once.storage.base import InsertOutcome
 from acp_once.testing import connected
 from tests.cluster.harness import (
     Node,
@@ -207,3 +209,92 @@ async def test_a_withdrawal_during_the_owners_insert_waits_and_insertion_wins(
             assert found is not None and found.message_id == results[0]
             assert await a.store.count_user_messages(sid, idempotency_key="k2") == 1
     assert not errors_logged(caplog)
+
+
+async def test_a_withdrawal_waits_for_the_owners_direct_insert_of_the_same_key(
+    postgres_dsn: str, schema: str, tmp_path: Path
+) -> None:
+    """C3 with the insert in flight (docs/verification.md, "a withdrawal answered -32800 for a
+    key another attempt inserted"). Trace: A's attempt with key K takes the free lease and
+    starts its fenced insert of K (no queued row: the direct path); B's attempt with K sees
+    A's lease and queues a row; A's insert statement holds the lease row FOR SHARE and waits
+    on the session row, which the test holds locked; B's request is cancelled; then the
+    session row is let go and A's insert commits. Property (R27, and an error answer means
+    the key is unused): B's request is answered A's message id, or, if it is answered with an
+    error, K is not stored. The withdrawal must wait for the insert in flight (it locks the
+    lease row first): a withdrawal that does not wait finds K not yet committed and answers
+    -32800 for a key that is then inserted."""
+    fx = tmp_path / "fx"
+    reached, go, queue_open = anyio.Event(), anyio.Event(), anyio.Event()
+
+    async def hold(found: QueuedPrompt) -> None:
+        await queue_open.wait()  # the owner takes B's row only once the trace is played
+
+    with anyio.fail_after(TIMEOUT):
+        async with (
+            two_nodes_on_a_session(postgres_dsn, schema, fx, hold) as (a, b, conn_a, conn_b, sid),
+            await psycopg.AsyncConnection.connect(postgres_dsn) as blocker,
+        ):
+            original = a.store.insert_user_message
+
+            async def held_insert(session_id: str, **fields: Any) -> InsertOutcome:
+                # A waits before its fenced insert: the step between taking the lease and
+                # writing, where B queues its attempt
+                if fields.get("idempotency_key") == "K" and not reached.is_set():
+                    reached.set()
+                    await go.wait()
+                return await original(session_id, **fields)
+
+            a.store.insert_user_message = held_insert  # type: ignore[method-assign]
+            try:
+                on_a = await conn_a.rpc.start_request(
+                    "session/prompt", prompt_params(sid, "deploy", "K")
+                )
+                await reached.wait()  # A owns the lease and is about to insert K
+                on_b = await conn_b.rpc.start_request(
+                    "session/prompt", prompt_params(sid, "deploy", "K")
+                )
+                await until(lambda: b.coordinator.stats()["prompts_held"] == 1)  # B queued it
+                await blocker.execute(
+                    sql.SQL("SELECT 1 FROM {}.sessions WHERE session_id = %s FOR UPDATE").format(
+                        sql.Identifier(schema)
+                    ),
+                    (sid,),
+                )
+                go.set()
+                # A's insert statement holds the lease row and waits on the session row
+                await until_async(
+                    lambda: waiting_on_locks(postgres_dsn, f"%{schema}%session_leases%FOR SHARE%")
+                )
+                answered = anyio.Event()
+                answers: list[str] = []
+
+                async def b_answer() -> None:
+                    try:
+                        answers.append(str((await on_b.result())["messageId"]))
+                    except AcpError as exc:
+                        answers.append(f"error {exc.code}")
+                    answered.set()
+
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(b_answer)
+                    await on_b.cancel()
+                    # B's withdrawal waits for A's insert (on the lease row it holds), or,
+                    # not waiting, has answered already
+                    await until_async(lambda: _answered_or_waiting(answered, postgres_dsn, schema))
+                    await blocker.rollback()  # A's insert goes on and commits
+                message_id = str((await on_a.result())["messageId"])
+                stored = await a.store.count_user_messages(sid, idempotency_key="K")
+                if answers[0].startswith("error"):
+                    assert stored == 0, f"B answered {answers[0]} for a key that is stored"
+                assert stored == 1
+                assert answers == [message_id]
+            finally:
+                queue_open.set()
+                go.set()
+
+
+async def _answered_or_waiting(answered: anyio.Event, dsn: str, schema: str) -> bool:
+    return answered.is_set() or await waiting_on_locks(
+        dsn, f"%{schema}%session_leases%NO KEY UPDATE%"
+    )
