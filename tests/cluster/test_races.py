@@ -22,6 +22,7 @@ from psycopg import sql
 from acp_once.agent.runtime import Turn, TurnContext
 from acp_once.client.connection import ClientSideConnection
 from acp_once.cluster.sql import QueuedPrompt
+from acp_once.protocol import schema as s
 from acp_once.protocol.errors import AcpError
 from acp_once.storage.base import InsertOutcome
 from acp_once.testing import connected
@@ -211,19 +212,21 @@ async def test_a_withdrawal_during_the_owners_insert_waits_and_insertion_wins(
     assert not errors_logged(caplog)
 
 
+@pytest.mark.parametrize("withdrawal", ["cancel_request", "session_cancel"])
 async def test_a_withdrawal_waits_for_the_owners_direct_insert_of_the_same_key(
-    postgres_dsn: str, schema: str, tmp_path: Path
+    postgres_dsn: str, schema: str, tmp_path: Path, withdrawal: str
 ) -> None:
     """C3 with the insert in flight (docs/verification.md, "a withdrawal answered -32800 for a
     key another attempt inserted"). Trace: A's attempt with key K takes the free lease and
     starts its fenced insert of K (no queued row: the direct path); B's attempt with K sees
     A's lease and queues a row; A's insert statement holds the lease row FOR SHARE and waits
-    on the session row, which the test holds locked; B's request is cancelled; then the
-    session row is let go and A's insert commits. Property (R27, and an error answer means
-    the key is unused): B's request is answered A's message id, or, if it is answered with an
-    error, K is not stored. The withdrawal must wait for the insert in flight (it locks the
-    lease row first): a withdrawal that does not wait finds K not yet committed and answers
-    -32800 for a key that is then inserted."""
+    on the session row, which the test holds locked; B's request is cancelled
+    ($/cancel_request, `PgCluster.withdraw`), or B's client sends session/cancel
+    (`PgCluster.cancel_session`); then the session row is let go and A's insert commits.
+    Property (R27, and an error answer means the key is unused): B's request is answered A's
+    message id, or, if it is answered with an error, K is not stored. The withdrawal must wait
+    for the insert in flight (it locks the lease row first): a withdrawal that does not wait
+    finds K not yet committed and answers -32800 for a key that is then inserted."""
     fx = tmp_path / "fx"
     reached, go, queue_open = anyio.Event(), anyio.Event(), anyio.Event()
 
@@ -278,7 +281,10 @@ async def test_a_withdrawal_waits_for_the_owners_direct_insert_of_the_same_key(
 
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(b_answer)
-                    await on_b.cancel()
+                    if withdrawal == "cancel_request":
+                        await on_b.cancel()
+                    else:
+                        await conn_b.agent.cancel(s.CancelSessionNotification(session_id=sid))
                     # B's withdrawal waits for A's insert (on the lease row it holds), or,
                     # not waiting, has answered already
                     await until_async(lambda: _answered_or_waiting(answered, postgres_dsn, schema))
