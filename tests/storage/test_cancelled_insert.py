@@ -201,3 +201,39 @@ async def test_cluster_a_resend_after_the_first_attempt_was_cancelled_in_admissi
             found = await a.store.find_key(sid, KEY)
             assert found is not None and answer["messageId"] == found.message_id
             assert await a.store.count_user_messages(sid) == 1
+
+
+@pytest.mark.postgres
+async def test_cluster_a_lease_taken_by_a_prompt_cancelled_in_its_insert_is_released(
+    postgres_dsn: str, new_schema: Callable[[], str], tmp_path: Path
+) -> None:
+    """A node takes a free lease for a keyed prompt; its insert waits; the connection closes
+    and the prompt is withdrawn. The node must still start the session's worker, which lets
+    the lease go: a lease held by a node with no worker is renewed for ever, and prompts other
+    nodes queue behind it wait on a wake-up NOTIFY alone (one lost, they wait for ever)."""
+    from acp_once.storage.base import InsertOutcome
+    from acp_once.testing import connected
+    from tests.cluster.harness import node
+
+    reached = anyio.Event()
+    with anyio.fail_after(TIMEOUT):
+        async with node(postgres_dsn, new_schema(), "a", tmp_path / "fx") as a:
+            original = a.store.insert_user_message
+
+            async def held_insert(session_id: str, **fields: Any) -> InsertOutcome:
+                if fields.get("idempotency_key") == KEY:
+                    reached.set()
+                    await anyio.sleep_forever()  # a write that waits: cancelled with its request
+                return await original(session_id, **fields)
+
+            a.store.insert_user_message = held_insert  # type: ignore[method-assign]
+            async with connected(a.agent) as first:
+                await first.agent.initialize(initialize_request("t"))
+                sid = (await first.agent.new_session(s.NewSessionRequest(cwd="/w"))).session_id
+                await first.rpc.start_request("session/prompt", prompt(sid, "deploy", KEY))
+                await reached.wait()
+                assert sid in a.coordinator.leases  # taken for this prompt
+            # the connection is gone and the prompt withdrawn: the lease is let go
+            with anyio.fail_after(10):
+                await until(lambda: sid not in a.coordinator.leases, interval=0.01)
+            assert await a.store.count_user_messages(sid) == 0

@@ -256,8 +256,13 @@ class PostgresCoordinator:
                     self._await_row(session, pending, admission)
                     await self._settle(session)
                     return
-                await self._h.insert(session, pending)
-                await self._settle(session)
+                try:
+                    await self._h.insert(session, pending)
+                finally:
+                    # also when this request is cancelled in its insert: a lease held with no
+                    # worker would be renewed for ever, and prompts queued by other nodes
+                    # would wait on a wake-up NOTIFY alone (no await inside: safe here)
+                    await self._settle(session)
                 return
             if pending.key is not None:
                 found = await self._h.store.find_key(sid, pending.key)
@@ -280,8 +285,10 @@ class PostgresCoordinator:
                 if admission.backlog:
                     backlog = True
                     continue  # queue behind the prompts that wait already (we own it now)
-                await self._h.insert(session, pending)
-                await self._settle(session)
+                try:
+                    await self._h.insert(session, pending)
+                finally:
+                    await self._settle(session)  # as above
                 return
             self._await_row(session, pending, admission)
             return
