@@ -8,7 +8,8 @@
     python3 dev.py docs          # the documentation site into build/site/ (mkdocs, warnings
                                  # are errors; `test` runs the same build)
     python3 dev.py verify        # model-check verification/*.pml with SPIN (--mutants: each
-                                 # model with one guard removed at a time must fail)
+                                 # model with one guard removed at a time must fail, and each
+                                 # code mutant of verification/mutants/ must fail its tests)
 
 The first call installs uv into `.tools/` (a private virtual environment) and creates `.venv`
 from the committed `uv.lock`; later calls only check that both are current.
@@ -16,6 +17,7 @@ from the committed `uv.lock`; later calls only check that both are current.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shutil
@@ -225,10 +227,41 @@ def _print_mutants(results: list[tuple[str, bool, str]]) -> bool:
     return caught_all == len(results)
 
 
+def _code_mutants() -> list[tuple[str, bool, str]]:
+    """Run the code mutants of verification/mutants/*.toml (verification/mutate.py), each
+    against the tests it names. Needs the environment (created here) and, for the mutants
+    whose tests use PostgreSQL, `ACP_ONCE_TEST_POSTGRES_DSN`: without it their runs are
+    reported "not run", which fails under CI=true only."""
+    uv = sync()
+    spec = importlib.util.spec_from_file_location("mutate", ROOT / "verification" / "mutate.py")
+    assert spec is not None and spec.loader is not None
+    mutate = importlib.util.module_from_spec(spec)
+    sys.modules["mutate"] = mutate  # its dataclass looks its module up while being made
+    spec.loader.exec_module(mutate)
+    mutants = mutate.load(ROOT / "verification" / "mutants")
+    python = [str(uv), "run", "--frozen", "--no-sync", "python"]
+    strict = os.environ.get("CI") == "true"
+    results: list[tuple[str, bool, str]] = []
+    skipped = 0
+    for mutant, verdict, why in mutate.run(ROOT, python, mutants):
+        name = f"code/{mutant.name}" + (f" ({mutant.model})" if mutant.model else "")
+        if verdict == mutate.NOT_RUN and not strict:
+            skipped += 1
+            print(f"mutant {name}: not run ({why})")
+            continue
+        shown = why if verdict != mutate.NOT_RUN else f"NOT RUN: {why}"
+        results.append((name, verdict == mutate.CAUGHT, shown))
+    if skipped:
+        print(f"dev.py verify: {skipped} code mutants not run (set ACP_ONCE_TEST_POSTGRES_DSN)")
+    return results
+
+
 def verify(args: list[str]) -> None:
-    """`verify [--mutants] [--depth N] [--model NAME]`: --depth bounds the search depth (a
-    search it cuts short fails: that is how to show an incomplete search is not a pass);
-    --model runs one model (by its name in MODELS) and the mutants of its file."""
+    """`verify [--mutants] [--no-code] [--depth N] [--model NAME]`: --mutants also runs each
+    model mutant and, unless --no-code or --model is given, each code mutant; --depth bounds
+    the search depth (a search it cuts short fails: that is how to show an incomplete search
+    is not a pass); --model runs one model (by its name in MODELS) and the mutants of its
+    file."""
     depth = PAN_DEPTH
     only: str | None = None
     if "--depth" in args:
@@ -237,6 +270,7 @@ def verify(args: list[str]) -> None:
         only = args[args.index("--model") + 1]
     models = [m for m in MODELS if only is None or m[0] == only]
     failed = False
+    results: list[tuple[str, bool, str]] = []
     with ThreadPoolExecutor(max_workers=2) as pool:
         runs = [(m, pool.submit(_check, m[1], m[2], m[4], depth)) for m in models]
         for (name, _, _, bound, mode), run in runs:
@@ -259,8 +293,10 @@ def verify(args: list[str]) -> None:
             files = {m[0].split("-")[0] for m in models}
             jobs = [pool.submit(_model_mutant, n, m, depth) for n, m in MUTANTS if n in files]
             results = [job.result() for job in jobs]
-            # (further mutant sets append their (name, caught, why) results here)
-            failed |= not _print_mutants(results)
+    if "--mutants" in args:
+        if only is None and "--no-code" not in args:
+            results += _code_mutants()
+        failed |= not _print_mutants(results)
     if failed:
         raise SystemExit(1)
 
@@ -281,7 +317,7 @@ def docs(uv: Path, site_dir: str | None = None) -> None:
 def main(argv: list[str]) -> None:
     job = argv[0] if argv else "help"
     if job == "test":
-        # the models first: seconds, and a counterexample says more than a failing example
+        # the models and the mutants first: a counterexample says more than a failing example
         verify(["--mutants"])
         uv = sync()
         for step in (

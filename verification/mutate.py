@@ -73,13 +73,18 @@ def _ignore_caches(folder: str, names: list[str]) -> list[str]:
     return [n for n in names if n in (".mypy_cache", ".pytest_cache")]
 
 
-def run_one(root: Path, python: list[str], mutant: Mutant) -> tuple[bool, str]:
-    """Apply `mutant` to a copy of `root/src` and run its tests; (caught, what happened)."""
+CAUGHT, MISSED, NOT_RUN = "caught", "missed", "not run"
+
+
+def run_one(root: Path, python: list[str], mutant: Mutant) -> tuple[str, str]:
+    """Apply `mutant` to a copy of `root/src` and run its tests: (`CAUGHT`, `MISSED` or
+    `NOT_RUN`, what happened). `NOT_RUN`: its tests were skipped or could not run for want
+    of PostgreSQL (`ACP_ONCE_TEST_POSTGRES_DSN`), which says nothing about the mutant."""
     target = root / mutant.file
     text = target.read_text(encoding="utf-8")
     count = text.count(mutant.find)
     if count != 1:
-        return False, f"its text occurs {count} times in {mutant.file}: update the mutant"
+        return MISSED, f"its text occurs {count} times in {mutant.file}: update the mutant"
     with tempfile.TemporaryDirectory(prefix="acp-once-mutant-") as tmp:
         src = Path(tmp) / "src"
         # copy2 keeps modification times, so the bytecode of every unchanged module stays
@@ -101,19 +106,23 @@ def run_one(root: Path, python: list[str], mutant: Mutant) -> tuple[bool, str]:
                 timeout=_RUN_TIMEOUT,
             )
         except subprocess.TimeoutExpired:
-            return False, f"its tests ran over {_RUN_TIMEOUT} s"
+            return MISSED, f"its tests ran over {_RUN_TIMEOUT} s"
     lines = [line for line in proc.stdout.splitlines() if line.strip()]
     last = lines[-1].strip("= ") if lines else proc.stderr.strip()[-200:]
+    if "ACP_ONCE_TEST_POSTGRES_DSN is not set" in proc.stdout or (
+        proc.returncode == 0 and "skipped" in last and "passed" not in last
+    ):
+        return NOT_RUN, f"its tests need PostgreSQL: {last}"
     if proc.returncode == 1:
         failed = [line for line in lines if line.startswith("FAILED ")]
-        return True, (failed[0].removeprefix("FAILED ") if failed else last)
-    return False, f"pytest exited {proc.returncode}: {last}"
+        return CAUGHT, (failed[0].removeprefix("FAILED ") if failed else last)
+    return MISSED, f"pytest exited {proc.returncode}: {last}"
 
 
 def run(
     root: Path, python: list[str], mutants: list[Mutant], *, workers: int = 2
-) -> list[tuple[Mutant, bool, str]]:
-    """Run every mutant (`workers` at a time); each with whether it was caught and why."""
+) -> list[tuple[Mutant, str, str]]:
+    """Run every mutant (`workers` at a time); each with its `run_one` verdict and why."""
     with ThreadPoolExecutor(max_workers=workers) as pool:
         jobs = [(m, pool.submit(run_one, root, python, m)) for m in mutants]
         return [(m, *job.result()) for m, job in jobs]
