@@ -67,7 +67,7 @@ class Bridge(anyio.AsyncContextManagerMixin):
 
     Args:
         command: the agent's command line.
-        env: the child's environment (default: ours).
+        env: the child's environment (default: ours without our secrets, `ACP_ONCE_TOKEN`).
         cwd: the child's working directory (default: ours).
         client_capabilities: the `capabilities` the bridge's `initialize` gives the child.
         info: the bridge's `Implementation` in that `initialize`.

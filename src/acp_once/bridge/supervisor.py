@@ -27,6 +27,7 @@ from acp_once.protocol.initialization import PROTOCOL_VERSION
 from acp_once.protocol.jsonrpc import RequestId
 from acp_once.rpc.connection import unwrap_single_exception
 from acp_once.support.backoff import Backoff
+from acp_once.support.environment import child_environment
 from acp_once.transports.stdio import AgentProcess, spawn
 
 __all__ = [
@@ -230,7 +231,7 @@ class Supervisor:
             try:
                 async with spawn(
                     self.command,
-                    env=self.env,
+                    env=child_environment(self.env),
                     cwd=self.cwd,
                     stderr=self.stderr,
                     shutdown_timeout=self.shutdown_timeout,

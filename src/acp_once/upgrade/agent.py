@@ -110,7 +110,7 @@ class UpgradedAgent(SessionAgent):
             at a time per session: a steered prompt is answered at once and forwarded when
             the turn before it ends).
         compare_prompts: as for `SessionAgent`.
-        env: the child's environment (None: ours).
+        env: the child's environment (None: ours without our secrets, `ACP_ONCE_TOKEN`).
         cwd: the child's working directory (None: ours).
         ready_timeout: seconds allowed for the child to start and answer `initialize`.
         coordinator: as for `SessionAgent`.

@@ -24,6 +24,7 @@ from acp_once.protocol.errors import AcpError
 from acp_once.rpc.connection import Connection, RequestContext, unwrap_single_exception
 from acp_once.rpc.errors import ConnectionClosed, RequestTimeout
 from acp_once.support.backoff import Backoff
+from acp_once.support.environment import child_environment
 from acp_once.transports.stdio import spawn
 from acp_once.upgrade.translate import CLIENT_CAPABILITIES
 
@@ -83,7 +84,7 @@ class V1Children(anyio.AsyncContextManagerMixin):
         on_request: handles the child's requests (`session/request_permission`...).
         on_notification: handles the child's notifications (`session/update`), inline in the
             reader, in arrival order: before the answer that follows them is seen.
-        env: its environment (None: ours).
+        env: its environment (None: ours without our secrets, `ACP_ONCE_TOKEN`).
         cwd: its working directory (None: ours).
         ready_timeout: seconds allowed for starting it and for its `initialize` answer.
         client_name: the name the child is told its client has.
@@ -186,7 +187,7 @@ class V1Children(anyio.AsyncContextManagerMixin):
         started = False
         try:
             async with (
-                spawn(self.command, env=self.env, cwd=self.cwd) as proc,
+                spawn(self.command, env=child_environment(self.env), cwd=self.cwd) as proc,
                 Connection(
                     proc.frames,
                     on_request=requests,
