@@ -550,6 +550,64 @@ async def test_a_write_cancelled_while_its_statement_waits_on_the_server(
         await _check_usable(store, pool)
 
 
+# -- connections that died while idle in the pool ----------------------------------------------
+
+
+async def _terminate_backends(dsn: str, application_name: str) -> int:
+    """Terminate every backend with this application name (as an operator or a failover
+    would), and wait until the server has let them all go; returns how many there were."""
+    async with await _raw(dsn) as conn:
+        cur = await conn.execute(
+            "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            " AND application_name = %s) AS t",
+            (application_name,),
+        )
+        row = await cur.fetchone()
+        assert row is not None
+        while True:
+            cur = await conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
+                (application_name,),
+            )
+            left = await cur.fetchone()
+            if left is not None and left[0] == 0:
+                return int(row[0])
+            await anyio.sleep(0.01)  # polling the server's view, bounded by the caller
+
+
+@postgres
+@pytest.mark.parametrize("group_commit", [True, False], ids=["grouped", "single"])
+async def test_the_writes_after_the_backends_were_terminated_succeed(
+    postgres_dsn: str, new_schema: Callable[[], str], group_commit: bool
+) -> None:
+    """Every pooled connection dies while idle (its backend terminated): the very next calls
+    succeed on fresh connections, and each write is stored exactly once."""
+    app = f"acp-once-test-{uuid.uuid4().hex[:12]}"
+    dsn = psycopg.conninfo.make_conninfo(postgres_dsn, application_name=app)
+    async with PostgresStore.open(
+        dsn, schema=new_schema(), min_size=3, max_size=3, group_commit=group_commit
+    ) as store:
+        await store.create_session(_record())
+        with anyio.fail_after(20):
+            async with anyio.create_task_group() as tg:  # every pooled connection used once
+                for n in range(3):
+                    tg.start_soon(_insert, store, f"m{n}", f"key-{n}")
+            assert await _terminate_backends(postgres_dsn, app) == 3
+            for n in range(3, 7):
+                assert await _insert(store, f"m{n}", f"key-{n}") == InsertOutcome(
+                    f"m{n}", True, b"digest"
+                )
+            assert await store.append_update("sess_1", b'{"a": 1}', message_id="a") == 8
+            assert await _terminate_backends(postgres_dsn, app) >= 1
+            assert (await store.get_session("sess_1")) is not None
+            assert await _insert(store, "m3-again", "key-3") == InsertOutcome(
+                "m3", False, b"digest"
+            )
+        assert await store.count_user_messages("sess_1") == 7
+        assert [entry.seq for entry in await store.read_timeline("sess_1")] == list(range(1, 9))
+
+
 # -- find_key and the tail are index lookups ----------------------------------------------------
 
 

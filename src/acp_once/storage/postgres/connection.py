@@ -6,6 +6,7 @@ errors turned into `StorageError`s that quote no value (keys are private)."""
 from __future__ import annotations
 
 import contextlib
+import select
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import anyio
@@ -160,14 +161,65 @@ async def connect(conninfo: str, where: str, timeout: float) -> Conn:
     raise error
 
 
+def _quiet(conn: Conn) -> bool:
+    """Whether an idle pooled connection has nothing waiting to be read (no round trip).
+
+    The server says nothing on an idle connection unless something happened to it: a
+    backend terminated while idle (an operator, a failover, `idle_session_timeout`) leaves a
+    FATAL error and the end of the stream on the socket. Anything waiting makes the
+    connection suspect.
+    """
+    if conn.closed or conn.broken:
+        return False
+    try:
+        readable, _, _ = select.select([conn.pgconn.socket], [], [], 0)
+    except (OSError, ValueError, psycopg.Error):
+        return False
+    return not readable
+
+
+async def _checkout(pool: Pool) -> Conn:
+    """A pooled connection that did not die while idle.
+
+    Checked before anything is sent on it, so a prompt is never half-written and never
+    written twice: a connection whose socket has something waiting (`_quiet`) gets one round
+    trip of checking (`check_connection`) and, dead, is closed and given back (the pool
+    replaces it) before we take the next. A retry after a failed statement would not be
+    safe in general (the statement may have committed), and a check on every checkout would
+    cost a round trip per call; the socket poll costs a system call. At most `max_size`
+    connections are given up; a connection that dies between the poll and its first
+    statement fails that call as before.
+    """
+    for _ in range(pool.max_size):
+        conn: Conn = await pool.getconn()
+        if _quiet(conn):
+            return conn
+        try:
+            await pool.check_connection(conn)
+        except psycopg.Error:
+            with anyio.CancelScope(shield=True):
+                await conn.close()
+                await pool.putconn(conn)  # closed: the pool discards it and makes another
+            continue
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await conn.close()
+                await pool.putconn(conn)
+            raise
+        return conn
+    last: Conn = await pool.getconn()
+    return last
+
+
 async def use(pool: Pool, work: Callable[[Conn], Awaitable[_T]], *, where: str) -> _T:
     """Run `work` on a pooled connection; the connection goes back idle, or is closed.
 
-    Every psycopg error comes out as a `StorageError` without its original (see
-    `storage_error`); our own errors (`SessionMissing`, ...) come out as they are.
+    A connection that died while idle in the pool is replaced before `work` starts
+    (`_checkout`). Every psycopg error comes out as a `StorageError` without its original
+    (see `storage_error`); our own errors (`SessionMissing`, ...) come out as they are.
     """
     try:
-        conn = await pool.getconn()
+        conn = await _checkout(pool)
     except psycopg.Error as exc:
         error = storage_error(exc, where)
     else:
