@@ -4,6 +4,7 @@ that write out the environment they were started with) never see `ACP_ONCE_TOKEN
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -53,7 +54,7 @@ async def test_a_bridged_agent_does_not_inherit_the_token(
 async def test_an_explicit_environment_is_passed_as_given(tmp_path: Path) -> None:
     out = tmp_path / "env.json"
     tiny = [sys.executable, str(ROOT / "tests" / "agents" / "tiny_agent.py")]
-    given = {"ACP_ONCE_TOKEN": "chosen-by-the-caller", "PATH": "/usr/bin:/bin"}
+    given = {**os.environ, "ACP_ONCE_TOKEN": "chosen-by-the-caller"}
     with anyio.fail_after(20):
         async with Bridge(dumping(tiny, out), env=given, ready_timeout=15):
             seen = environment(out)

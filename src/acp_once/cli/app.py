@@ -13,6 +13,11 @@ import typer
 
 from acp_once.cli import _eventloop
 from acp_once.cli.stdio_agent import configure_logging, data_dir, make_store_dir
+from acp_once.server.options import (
+    DEFAULT_LIMITS,
+    DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
+    DEFAULT_TIMEOUTS,
+)
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -378,14 +383,14 @@ def serve(
     ] = None,
     max_connections: Annotated[
         int, typer.Option(help="open WebSocket (and HTTP stream) connections at most")
-    ] = 10_000,
+    ] = DEFAULT_LIMITS.max_connections,
     max_connections_per_address: Annotated[
         int,
         typer.Option(help="established connections of one client address at most (0: no cap)"),
-    ] = 512,
+    ] = DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
     max_message_bytes: Annotated[
         int, typer.Option(help="largest message read (a larger request is answered -32600)")
-    ] = 16 * 1024 * 1024,
+    ] = DEFAULT_LIMITS.max_message_bytes,
     migrate: Annotated[
         bool,
         typer.Option(
@@ -414,11 +419,11 @@ def serve(
         typer.Option(
             help="close a connection after this many seconds without a message (0: never)"
         ),
-    ] = 300.0,
+    ] = DEFAULT_TIMEOUTS.idle or 0.0,
     write_timeout: Annotated[
         float,
         typer.Option(help="drop a client that reads nothing for this many seconds"),
-    ] = 30.0,
+    ] = DEFAULT_TIMEOUTS.write,
     allow_origin: Annotated[
         list[str] | None,
         typer.Option(
@@ -431,6 +436,14 @@ def serve(
         typer.Option(
             help="a Host name answered beside loopback names and the bound address "
             "(repeatable; *: any, e.g. behind a proxy that checks it)"
+        ),
+    ] = None,
+    forwarded_allow_ips: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="reverse proxies (IP addresses or networks, comma-separated or repeated; *: "
+            "any peer) whose X-Forwarded-For/Forwarded headers name the client for the "
+            "per-address caps and the logs (default: none, the headers are ignored)"
         ),
     ] = None,
     verbose: _VerboseOption = 0,
@@ -480,6 +493,7 @@ def serve(
         raise typer.BadParameter("0 (never) or positive", param_hint="--idle-timeout")
     if write_timeout <= 0:
         raise typer.BadParameter("must be positive", param_hint="--write-timeout")
+    proxies = _proxies(forwarded_allow_ips)
     if max_connections_per_address < 0:
         raise typer.BadParameter(
             "0 (no cap) or positive", param_hint="--max-connections-per-address"
@@ -516,6 +530,7 @@ def serve(
                 allowed_hosts=allow_host or (),
                 tokens_file=tokens,
                 migrate=apply,
+                forwarded_allow_ips=proxies,
             )
         )
     except SchemaOutOfDate as exc:
@@ -531,6 +546,18 @@ def serve(
             "postgresql://... (the same URL)" if _is_postgres(url) else url,
         )
         raise typer.Exit(1) from None
+
+
+def _proxies(values: list[str] | None) -> list[str]:
+    """`--forwarded-allow-ips` as a list of entries, checked (exit 2 naming a bad one)."""
+    from acp_once.server.proxies import TrustedProxies
+
+    entries = [e.strip() for value in values or () for e in value.split(",") if e.strip()]
+    try:
+        TrustedProxies(entries)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--forwarded-allow-ips") from None
+    return entries
 
 
 @app.command(
@@ -576,6 +603,14 @@ def bridge(
             "(repeatable; *: any, e.g. behind a proxy that checks it)"
         ),
     ] = None,
+    forwarded_allow_ips: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="reverse proxies (IP addresses or networks, comma-separated or repeated; *: "
+            "any peer) whose X-Forwarded-For/Forwarded headers name the client for the "
+            "per-address caps and the logs (default: none, the headers are ignored)"
+        ),
+    ] = None,
     verbose: _VerboseOption = 0,
     log_level: _LogLevelOption = None,
 ) -> None:
@@ -609,6 +644,7 @@ def bridge(
         check_listen(host, token if tokens is None else "")  # "": tenants' tokens protect it
     except InsecureListen as exc:
         raise typer.BadParameter(str(exc), param_hint="--host") from None
+    proxies = _proxies(forwarded_allow_ips)
     _configure_logging(verbose, log_level)
     raise typer.Exit(
         run_bridge(
@@ -621,6 +657,7 @@ def bridge(
             allowed_origins=allow_origin or (),
             allowed_hosts=allow_host or (),
             tokens_file=tokens,
+            forwarded_allow_ips=proxies,
         )
     )
 

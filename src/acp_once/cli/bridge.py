@@ -33,6 +33,7 @@ def run_bridge(
     allowed_origins: Sequence[str] = (),
     allowed_hosts: Sequence[str] = (),
     tokens_file: Path | None = None,
+    forwarded_allow_ips: Sequence[str] = (),
 ) -> int:
     """What `acp-once bridge` runs; returns the exit code (1: the address or the agent failed,
     with the reason on stderr)."""
@@ -52,6 +53,7 @@ def run_bridge(
                 allowed_origins=allowed_origins,
                 allowed_hosts=allowed_hosts,
                 tokens_file=tokens_file,
+                forwarded_allow_ips=forwarded_allow_ips,
             )
         )
     except (BridgeError, TokensFileError) as exc:

@@ -53,7 +53,7 @@ import json
 import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, Unpack
 
 import anyio
 from anyio.abc import TaskGroup
@@ -68,9 +68,24 @@ from acp_once.agent.interface import Agent
 from acp_once.protocol.methods import INITIALIZE
 from acp_once.rpc.streams import FrameStream
 from acp_once.server.guard import RequestGuard
+from acp_once.server.options import (
+    DEFAULT_BODY_TIMEOUT,
+    DEFAULT_HTTP_OPEN_TIMEOUT,
+    DEFAULT_IDLE_TIMEOUT,
+    DEFAULT_LIMITS,
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_MESSAGE_BYTES,
+    DEFAULT_MAX_UNOPENED_HTTP,
+    DEFAULT_TIMEOUTS,
+    DEFAULT_WRITE_TIMEOUT,
+    ServerLimits,
+    ServerOptions,
+    ServerTimeouts,
+    with_options,
+)
+from acp_once.server.proxies import TrustedProxies
 from acp_once.transports.http import (
     CONNECTION_ID_HEADER,
-    DEFAULT_SSE_KEEPALIVE,
     SESSION_ID_HEADER,
     ServerHttpFrames,
     SseResponse,
@@ -96,34 +111,12 @@ __all__ = [
     "DEFAULT_WRITE_TIMEOUT",
     "AcpServer",
     "ConnectionHandler",
+    "ServerLimits",
+    "ServerTimeouts",
     "create_app",
 ]
 
 logger = logging.getLogger("acp_once.server")
-
-DEFAULT_MAX_CONNECTIONS = 10_000
-"""Open connections at most (WebSocket, and Streamable HTTP with a stream); one more is
-answered 503. An idle WebSocket connection with an open session holds ~60 KB."""
-DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
-"""Largest text frame read as a message (uvicorn's own `ws_max_size` default is the same): a
-larger request is answered -32600 and the connection lives on."""
-DEFAULT_IDLE_TIMEOUT = 300.0
-"""Seconds without a message either way after which a connection is closed (WebSocket: 1000
-"idle timeout"; Streamable HTTP: the connection ends, its SSE streams too). Its sessions stay
-resumable; a client with work pending reconnects and resends by key."""
-DEFAULT_WRITE_TIMEOUT = 30.0
-"""Seconds one message may wait for a client that stopped reading (its socket's send buffer
-full) before that connection is dropped: the agent is never held up longer."""
-DEFAULT_HTTP_OPEN_TIMEOUT = 30.0
-"""Seconds a Streamable HTTP connection may live after its initialize without ever opening an
-SSE stream: one POST must not hold a connection (and its engine) for the idle timeout."""
-DEFAULT_MAX_UNOPENED_HTTP = 100
-"""Streamable HTTP connections at most that never opened a stream; they have a cap of their
-own and do not count against `max_connections`, so a flood of initialize POSTs cannot keep
-WebSocket clients or streaming HTTP clients out."""
-DEFAULT_BODY_TIMEOUT = 30.0
-"""Seconds a POST's body may take to arrive (answered 408 after)."""
-
 
 _ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 
@@ -160,31 +153,22 @@ class AcpServer:
         *,
         token: str | None = None,
         tokens: Mapping[str, str] | None = None,
-        max_connections: int = DEFAULT_MAX_CONNECTIONS,
-        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         path: str = "/acp",
         handler: ConnectionHandler | None = None,
-        idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT,
-        write_timeout: float = DEFAULT_WRITE_TIMEOUT,
-        sse_keepalive: float | None = DEFAULT_SSE_KEEPALIVE,
+        limits: ServerLimits = DEFAULT_LIMITS,
+        timeouts: ServerTimeouts = DEFAULT_TIMEOUTS,
         allowed_origins: Iterable[str] = (),
         allowed_hosts: Iterable[str] = (),
-        http_open_timeout: float = DEFAULT_HTTP_OPEN_TIMEOUT,
-        max_unopened_http: int = DEFAULT_MAX_UNOPENED_HTTP,
-        body_timeout: float = DEFAULT_BODY_TIMEOUT,
+        forwarded_allow_ips: Iterable[str] = (),
+        **options: Unpack[ServerOptions],
     ) -> None:
-        if http_open_timeout <= 0 or body_timeout <= 0 or max_unopened_http < 1:
-            raise ValueError("http_open_timeout, body_timeout and max_unopened_http: positive")
-        if (idle_timeout is not None and idle_timeout <= 0) or write_timeout <= 0:
-            raise ValueError("idle_timeout and write_timeout must be positive")
+        limits, timeouts = with_options(limits, timeouts, options)
         if agent is None and handler is None:
             raise ValueError("pass an agent, or a handler that serves each connection")
         if token is not None and not token:
             raise ValueError("an empty token would let anyone in; pass None for no token")
         if token is not None and tokens is not None:
             raise ValueError("pass one token or a tenants' tokens, not both")
-        if max_connections < 1 or max_message_bytes < 1:
-            raise ValueError("max_connections and max_message_bytes must be positive")
         self.agent = agent
         self._handler = handler
         self._token_digest = _digest(token) if token is not None else None
@@ -193,22 +177,28 @@ class AcpServer:
             self.set_tokens(tokens)
         self._http_tenants: dict[str, str | None] = {}
         """The tenant of each live Streamable HTTP connection (None: no tenant)."""
-        self.max_connections = max_connections
-        self.max_message_bytes = max_message_bytes
+        self._http_addresses: dict[str, str] = {}
+        """The client address of each live Streamable HTTP connection."""
+        self.limits = limits
+        self.timeouts = timeouts
+        self.max_connections = limits.max_connections
+        self.max_message_bytes = limits.max_message_bytes
         self.path = path
-        self.idle_timeout = idle_timeout
+        self.idle_timeout = timeouts.idle
         """None: connections are never closed for being idle."""
-        self.write_timeout = write_timeout
-        self.sse_keepalive = sse_keepalive
+        self.write_timeout = timeouts.write
+        self.sse_keepalive = timeouts.sse_keepalive
+        """Seconds of silence before an SSE stream gets a comment line (None: never)."""
         self.guard = RequestGuard(allowed_origins, allowed_hosts)
-        self.http_open_timeout = http_open_timeout
-        self.max_unopened_http = max_unopened_http
-        self.body_timeout = body_timeout
+        self.proxies = TrustedProxies(forwarded_allow_ips)
+        """Whose `X-Forwarded-For`/`Forwarded` headers name the client (`client_address`)."""
+        self.http_open_timeout = timeouts.http_open
+        self.max_unopened_http = limits.max_unopened_http
+        self.body_timeout = timeouts.body
         self.unopened_closed = 0
         """How many HTTP connections were closed for never opening a stream."""
         self.forbidden = 0
         """How many requests were refused for their Origin or Host."""
-        """Seconds of silence before an SSE stream gets a comment line (None: never)."""
         self.idle_closed = 0
         """How many connections were closed for being idle."""
         self.connections: dict[str, ServerWebSocketFrames] = {}
@@ -301,8 +291,33 @@ class AcpServer:
             await http_frames.aclose()
         return len(live) + len(http)
 
+    def client_address(self, scope: Mapping[str, Any]) -> str:
+        """The address a request (an ASGI `scope`) comes from: its socket's peer, or the
+        client a trusted proxy names (`forwarded_allow_ips`; `acp_once.server.proxies`)."""
+        client = scope.get("client")
+        peer = str(client[0]) if client else "?"
+        return self.proxies.client(peer, scope.get("headers") or ())
+
     def _unopened(self) -> int:
         return sum(not f.opened.is_set() for f in self.http_connections.values())
+
+    def _unopened_refusal(self, address: str, tenant: str | None) -> str | None:
+        """Why one more HTTP connection without a stream is refused (None: it is not): the
+        global cap, its address's or its tenant's."""
+        if self._unopened() >= self.max_unopened_http:
+            return "too many connections"
+        by_address = by_tenant = 0
+        for connection_id, frames in self.http_connections.items():
+            if frames.opened.is_set():
+                continue
+            by_address += self._http_addresses.get(connection_id) == address
+            if tenant is not None:
+                by_tenant += self._http_tenants.get(connection_id) == tenant
+        if by_address >= self.limits.max_unopened_http_per_address:
+            return "too many connections from this address"
+        if by_tenant >= self.limits.max_unopened_http_per_tenant:
+            return "too many connections for this tenant"
+        return None
 
     def _full(self) -> bool:
         # HTTP connections that never opened a stream have a cap of their own (_initialize)
@@ -314,8 +329,7 @@ class AcpServer:
         if refused is None:
             return None
         self.forbidden += 1
-        client = scope.get("client")
-        logger.warning("refused a request from %s: %s", client[0] if client else "?", refused[1])
+        logger.warning("refused a request from %s: %s", self.client_address(scope), refused[1])
         return _error(*refused)
 
     async def _websocket(self, websocket: WebSocket) -> None:
@@ -327,7 +341,9 @@ class AcpServer:
         tenant = self._authenticate(websocket.headers)
         if isinstance(tenant, _Refused):
             self.rejected += 1
-            logger.warning("refused a WebSocket from %s: not authorized", _peer(websocket))
+            logger.warning(
+                "refused a WebSocket from %s: not authorized", self.client_address(websocket.scope)
+            )
             await _deny(
                 websocket,
                 401,
@@ -368,7 +384,7 @@ class AcpServer:
                 headers={"WWW-Authenticate": 'Bearer realm="acp"'},
             )
         if request.method == "POST":
-            return await self._post(request, tenant)
+            return await self._post(request, tenant, self.client_address(request.scope))
         if request.method == "GET":
             return self._get(request, tenant)
         if request.method == "DELETE":
@@ -389,7 +405,7 @@ class AcpServer:
             return _error(404, f"unknown {CONNECTION_ID_HEADER}")
         return frames
 
-    async def _post(self, request: Request, tenant: str | None) -> Response:
+    async def _post(self, request: Request, tenant: str | None, address: str) -> Response:
         content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if content_type != "application/json":
             return _error(415, "POST a JSON-RPC message as application/json")
@@ -409,7 +425,7 @@ class AcpServer:
                 return _error(400, f"missing {CONNECTION_ID_HEADER}")
             if "id" not in message:
                 return _error(400, "initialize must be a request (with an id)")
-            return await self._initialize(body, message, tenant)
+            return await self._initialize(body, message, tenant, address)
         if message.get("method") == INITIALIZE:
             return _error(400, f"initialize opens a connection: no {CONNECTION_ID_HEADER}")
         found = self._connection(request, tenant)
@@ -448,17 +464,20 @@ class AcpServer:
         return _error(408, "the body took too long", {"Connection": "close"})
 
     async def _initialize(
-        self, body: bytes, message: dict[str, Any], tenant: str | None
+        self, body: bytes, message: dict[str, Any], tenant: str | None, address: str
     ) -> Response:
-        if self._full() or self._unopened() >= self.max_unopened_http:
+        refused = "too many connections" if self._full() else None
+        refused = refused or self._unopened_refusal(address, tenant)
+        if refused is not None:
             self.rejected += 1
-            return _error(503, "too many connections", {"Retry-After": "1"})
+            return _error(503, refused, {"Retry-After": "1"})
         connection_id = uuid.uuid4().hex
         frames = ServerHttpFrames(
             connection_id, write_timeout=self.write_timeout, keepalive=self.sse_keepalive
         )
         self.http_connections[connection_id] = frames
         self._http_tenants[connection_id] = tenant
+        self._http_addresses[connection_id] = address
         self.accepted += 1
         if self._tg is not None:
             self._tg.start_soon(self._run_http, connection_id, frames, tenant)
@@ -493,6 +512,7 @@ class AcpServer:
         finally:
             self.http_connections.pop(connection_id, None)
             self._http_tenants.pop(connection_id, None)
+            self._http_addresses.pop(connection_id, None)
             await frames.aclose()
 
     async def _serve_frames(self, frames: FrameStream, name: str, tenant: str | None) -> None:
@@ -629,60 +649,53 @@ def _error(status: int, message: str, headers: dict[str, str] | None = None) -> 
     return JSONResponse({"error": message}, status, headers=headers)
 
 
-def _peer(websocket: WebSocket) -> str:
-    client = websocket.client
-    return f"{client.host}:{client.port}" if client is not None else "?"
-
-
 def create_app(
     agent: Agent | None,
     *,
     token: str | None = None,
     tokens: Mapping[str, str] | None = None,
-    max_connections: int = DEFAULT_MAX_CONNECTIONS,
-    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     path: str = "/acp",
     handler: ConnectionHandler | None = None,
-    idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT,
-    write_timeout: float = DEFAULT_WRITE_TIMEOUT,
-    sse_keepalive: float | None = DEFAULT_SSE_KEEPALIVE,
+    limits: ServerLimits = DEFAULT_LIMITS,
+    timeouts: ServerTimeouts = DEFAULT_TIMEOUTS,
     allowed_origins: Iterable[str] = (),
     allowed_hosts: Iterable[str] = (),
-    http_open_timeout: float = DEFAULT_HTTP_OPEN_TIMEOUT,
-    max_unopened_http: int = DEFAULT_MAX_UNOPENED_HTTP,
-    body_timeout: float = DEFAULT_BODY_TIMEOUT,
+    forwarded_allow_ips: Iterable[str] = (),
+    **options: Unpack[ServerOptions],
 ) -> Starlette:
     """A Starlette app serving `agent` (entered by the caller) at `path`; see the module
     docstring. `app.state.acp` is its `AcpServer`. With `handler`, each connection is served
     by it instead (the bridge's use; `agent` may then be None).
 
+    `limits` and `timeouts` (`ServerLimits`, `ServerTimeouts`) bound what the server holds
+    and how long it waits; a single one may be given as a keyword instead (`ServerOptions`:
+    `max_connections=`, `idle_timeout=`, ...), which replaces that field.
+
     `allowed_origins` and `allowed_hosts` extend the `Origin` and `Host` checks (module
-    docstring; `"*"` turns one off); `http_open_timeout`, `max_unopened_http` and
-    `body_timeout` bound what a client may hold without authenticating or streaming.
+    docstring; `"*"` turns one off). `forwarded_allow_ips`: the reverse proxies (addresses,
+    networks, `"*"`) whose `X-Forwarded-For`/`Forwarded` headers name the client for the
+    per-address caps and the logs (none by default: `acp_once.server.proxies`).
 
     `tokens` ({tenant name: token}) serves several tenants instead of one `token` (module
     docstring).
 
     Raises:
         ValueError: neither an agent nor a handler, an empty token, both `token` and
-            `tokens`, or a non-positive limit or timeout.
+            `tokens`, a non-positive limit or timeout, or a proxy that is not an address.
+        TypeError: an unknown option.
     """
     server = AcpServer(
         agent,
         token=token,
         tokens=tokens,
-        max_connections=max_connections,
-        max_message_bytes=max_message_bytes,
         path=path,
         handler=handler,
-        idle_timeout=idle_timeout,
-        write_timeout=write_timeout,
-        sse_keepalive=sse_keepalive,
+        limits=limits,
+        timeouts=timeouts,
         allowed_origins=allowed_origins,
         allowed_hosts=allowed_hosts,
-        http_open_timeout=http_open_timeout,
-        max_unopened_http=max_unopened_http,
-        body_timeout=body_timeout,
+        forwarded_allow_ips=forwarded_allow_ips,
+        **options,
     )
     app = Starlette(routes=server.routes(), lifespan=server.lifespan)
     app.state.acp = server

@@ -14,6 +14,9 @@ long a socket may hold a slot without sending a request (half-open connections).
   The same guard caps the established connections of one client address (its requests' headers
   arrived: WebSocket, SSE streams, kept-alive HTTP): one more is answered 503 and closed, so
   one address cannot take every slot of the server's `max_connections` from the others.
+  Behind a trusted proxy (`TrustedProxies`) that address is the client the proxy names in the
+  first request's headers; the caps on connections waiting for headers count socket peers
+  (there are no headers yet).
 """
 
 from __future__ import annotations
@@ -25,6 +28,9 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from .options import DEFAULT_MAX_CONNECTIONS_PER_ADDRESS
+from .proxies import TrustedProxies
 
 __all__ = [
     "DEFAULT_HEADER_TIMEOUT",
@@ -43,11 +49,6 @@ DEFAULT_MAX_HALF_OPEN = 1024
 """Connections waiting for a request's headers, in total; one more evicts the oldest."""
 DEFAULT_MAX_HALF_OPEN_PER_ADDRESS = 256
 """The same, per client address."""
-DEFAULT_MAX_CONNECTIONS_PER_ADDRESS = 512
-"""Established connections per client address; one more is answered 503. Well below the app's
-default `max_connections` (10,000), so one address cannot take them all; well above what one
-editor or a test run opens (`acp-once serve --max-connections-per-address` changes it)."""
-
 _REFUSED = (
     b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset=utf-8\r\n"
     b"content-length: 40\r\nconnection: close\r\n\r\n"
@@ -126,7 +127,10 @@ class HalfOpenGuard:
         max_half_open: int = DEFAULT_MAX_HALF_OPEN,
         max_half_open_per_address: int = DEFAULT_MAX_HALF_OPEN_PER_ADDRESS,
         max_connections_per_address: int | None = DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
+        proxies: TrustedProxies | None = None,
     ) -> None:
+        self.proxies = proxies or TrustedProxies()
+        """Whose forwarding headers name the client counted by `establish`."""
         if header_timeout <= 0 or max_half_open < 1 or max_half_open_per_address < 1:
             raise ValueError("header_timeout and the half-open caps must be positive")
         if max_connections_per_address is not None and max_connections_per_address < 1:
@@ -203,6 +207,8 @@ class _GuardedH11(H11Protocol):
     _since = 0.0
     _admitted: bool | None = None
     """None until the first request's headers; then whether the address's cap let it in."""
+    _counted_as = "?"
+    """The client address the established connection is counted for (`_admit`)."""
     _limit_concurrency: int | None = None
 
     @property
@@ -212,7 +218,10 @@ class _GuardedH11(H11Protocol):
 
     def _admit(self) -> bool:
         if self._admitted is None:
-            self._admitted = self.guard.establish(self._address)
+            # the first request's headers have arrived (uvicorn set `headers` before asking)
+            headers = getattr(self, "headers", ())
+            self._counted_as = self.guard.proxies.client(self._address, headers)
+            self._admitted = self.guard.establish(self._counted_as)
         return self._admitted
 
     # uvicorn reads `limit_concurrency` once a request's headers have arrived and answers 503
@@ -273,7 +282,7 @@ class _GuardedH11(H11Protocol):
         # the WebSocket protocol owns the socket now and gets its connection_lost, not us
         websocket = self.transport.get_protocol()
         lost = websocket.connection_lost
-        guard, address = self.guard, self._address
+        guard, address = self.guard, self._counted_as
         self._admitted = None  # counted by the WebSocket's end from here on
 
         def connection_lost(exc: Exception | None) -> None:
@@ -293,7 +302,7 @@ class _GuardedH11(H11Protocol):
         self.guard.release(self)
         if self._admitted:
             self._admitted = False
-            self.guard.leave(self._address)
+            self.guard.leave(self._counted_as)
         if self._deadline is not None:
             self._deadline.cancel()
             self._deadline = None

@@ -159,16 +159,20 @@ def uvicorn_config(
     h11 with a `HalfOpenGuard` (a request's headers due within `header_timeout` seconds, at
     most `max_half_open` connections waiting for them, `max_half_open_per_address` per client
     address; over a cap the oldest is closed), and at most `max_connections_per_address`
-    established connections per client address (one more is answered 503; None: no cap).
+    established connections per client address (one more is answered 503; None: no cap),
+    that address read from the forwarding headers of the app's trusted proxies
+    (`AcpServer.proxies`). uvicorn's own proxy headers handling is off.
 
     Raises:
         ValueError: a non-positive timeout or cap.
     """
+    acp: AcpServer | None = getattr(app.state, "acp", None)
     guard = HalfOpenGuard(
         header_timeout=header_timeout,
         max_half_open=max_half_open,
         max_half_open_per_address=max_half_open_per_address,
         max_connections_per_address=max_connections_per_address,
+        proxies=acp.proxies if acp is not None else None,
     )
     config = uvicorn.Config(
         app,
@@ -177,6 +181,9 @@ def uvicorn_config(
         http=guarded_protocol(guard),
         # an idle kept-alive connection is also closed by the guard's header deadline
         timeout_keep_alive=5,
+        # the app reads forwarded addresses itself, from trusted proxies only
+        # (`create_app(forwarded_allow_ips=...)`): uvicorn would believe 127.0.0.1's
+        proxy_headers=False,
         lifespan="on",  # the app owns its HTTP connections; the agent is owned by the caller
         # uvicorn's websockets-sansio protocol, with a direct channel for ACP connections
         ws=DirectWebSocketProtocol,

@@ -19,9 +19,13 @@ import uvicorn
 
 from acp_once.bridge import Bridge
 
-from .app import DEFAULT_IDLE_TIMEOUT, DEFAULT_WRITE_TIMEOUT, AcpServer, create_app
-from .guard import DEFAULT_MAX_CONNECTIONS_PER_ADDRESS
+from .app import AcpServer, create_app
 from .listen import check_listen, listen, serve_app
+from .options import (
+    DEFAULT_IDLE_TIMEOUT,
+    DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
+    DEFAULT_WRITE_TIMEOUT,
+)
 from .tenants import TokensFileError, load_tokens
 
 if TYPE_CHECKING:
@@ -79,6 +83,7 @@ async def serve_reference(
     tokens_file: Path | None = None,
     migrate: bool = True,
     max_connections_per_address: int | None = DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
+    forwarded_allow_ips: Sequence[str] = (),
 ) -> None:
     """Run the reference agent on `store` behind `create_app` until SIGINT or SIGTERM (with
     `handle_signals`) or `server.should_exit`; connections are closed, then the agent (a
@@ -94,7 +99,8 @@ async def serve_reference(
     before it starts (tests stop it with `should_exit`).
 
     `max_connections_per_address`: established connections of one client address at most
-    (None: no cap; see `acp_once.server.guard`).
+    (None: no cap; see `acp_once.server.guard`). `forwarded_allow_ips`: the reverse proxies
+    whose forwarding headers name the client (`acp_once.server.proxies`; none by default).
 
     `migrate`: apply the store's pending schema migrations when it opens; with False a schema
     that is out of date raises `SchemaOutOfDate` (naming `acp-once db migrate`) before anything
@@ -143,6 +149,7 @@ async def serve_reference(
             write_timeout=write_timeout,
             allowed_origins=allowed_origins,
             allowed_hosts=allowed_hosts,
+            forwarded_allow_ips=forwarded_allow_ips,
         )
         with contextlib.ExitStack() as owned:
             if sock is None:
@@ -189,6 +196,7 @@ async def serve_bridge(
     allowed_origins: Sequence[str] = (),
     allowed_hosts: Sequence[str] = (),
     tokens_file: Path | None = None,
+    forwarded_allow_ips: Sequence[str] = (),
 ) -> None:
     """Start the agent `command`, then serve it at ws://HOST:PORT/acp (and http://) on `sock`
     until SIGINT or SIGTERM (or `server.should_exit`); then the connections are closed and the
@@ -196,6 +204,7 @@ async def serve_bridge(
 
     `tokens_file` (instead of `token`): the tenants' tokens, read again on SIGHUP, as for
     `serve_reference`; the bridge keeps the tenants' sessions apart (`acp_once.bridge`).
+    `forwarded_allow_ips`: as for `serve_reference`.
 
     Raises:
         InsecureListen: `sock` is not on a loopback address and there is no token.
@@ -217,6 +226,7 @@ async def serve_bridge(
             handler=running.serve,
             allowed_origins=allowed_origins,
             allowed_hosts=allowed_hosts,
+            forwarded_allow_ips=forwarded_allow_ips,
         )
         async with anyio.create_task_group() as tg:
             main = threading.current_thread() is threading.main_thread()
