@@ -12,9 +12,10 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from acp_once.cluster.fence import Fence, QueueRowGone
 from acp_once.cluster.sql import Owned, PgCluster, Queued
 from acp_once.storage.base import FencingError, InsertOutcome, SessionRecord
-from acp_once.storage.postgres import Fence, PostgresStore, QueueRowGone
+from acp_once.storage.postgres import PostgresStore
 from acp_once.testing import connected
 from tests.cluster.harness import (
     initialize,
@@ -69,7 +70,7 @@ async def test_a_taken_over_lease_fences_the_old_owner(postgres_dsn: str, schema
                 update=b"{}",
                 idempotency_key="k1",
                 prompt_digest=None,
-                fence=fence_a,
+                guard=fence_a,
             )
             assert first.inserted
 
@@ -87,12 +88,12 @@ async def test_a_taken_over_lease_fences_the_old_owner(postgres_dsn: str, schema
                     update=b"{}",
                     idempotency_key="k2",
                     prompt_digest=None,
-                    fence=fence_a,
+                    guard=fence_a,
                 )
             with pytest.raises(FencingError):
-                await store_a.append_update("s1", b'{"x": 1}', fence=fence_a)
+                await store_a.append_update("s1", b'{"x": 1}', guard=fence_a)
             with pytest.raises(FencingError):
-                await store_a.append_updates("s1", [(b'{"x": 2}', None)], fence=fence_a)
+                await store_a.append_updates("s1", [(b'{"x": 2}', None)], guard=fence_a)
             # the refused writes left nothing behind, the key stays unused
             assert await store_a.count_user_messages("s1") == 1
             assert await store_a.count_user_messages("s1", idempotency_key="k2") == 0
@@ -105,17 +106,17 @@ async def test_a_taken_over_lease_fences_the_old_owner(postgres_dsn: str, schema
                 update=b"{}",
                 idempotency_key="k2",
                 prompt_digest=None,
-                fence=Fence("b-1", taken.epoch),
+                guard=Fence("b-1", taken.epoch),
             )
             assert second.inserted
             seqs = await store_b.append_updates(
-                "s1", [(b'{"y": 1}', "a1"), (b'{"y": 2}', None)], fence=Fence("b-1", taken.epoch)
+                "s1", [(b'{"y": 1}', "a1"), (b'{"y": 2}', None)], guard=Fence("b-1", taken.epoch)
             )
             assert [e.seq for e in (await store_b.read_timeline("s1"))[-2:]] == seqs
             # a released lease fences its last owner too
             assert await b.release("s1", taken.epoch)
             with pytest.raises(FencingError):
-                await store_b.append_update("s1", b"{}", fence=Fence("b-1", taken.epoch))
+                await store_b.append_update("s1", b"{}", guard=Fence("b-1", taken.epoch))
 
 
 async def test_a_node_that_lost_its_lease_mid_turn_writes_nothing(
@@ -227,7 +228,7 @@ async def test_a_fenced_insert_settles_its_queued_prompt_in_the_same_statement(
                     update=b"{}",
                     idempotency_key="k1",
                     prompt_digest=b"d-k1",
-                    fence=fence(rows[0]),
+                    guard=fence(rows[0]),
                 )
                 assert first == InsertOutcome("m1", True, b"d-k1")
                 # k2's row is a retry of k1 with another prompt: recorded, not the same
@@ -237,7 +238,7 @@ async def test_a_fenced_insert_settles_its_queued_prompt_in_the_same_statement(
                     update=b"{}",
                     idempotency_key="k1",
                     prompt_digest=b"d-k2",
-                    fence=fence(rows[1]),
+                    guard=fence(rows[1]),
                 )
                 assert again == InsertOutcome("m1", False, b"d-k1")
                 # k3's row was withdrawn: the insert writes nothing
@@ -249,7 +250,7 @@ async def test_a_fenced_insert_settles_its_queued_prompt_in_the_same_statement(
                         update=b"{}",
                         idempotency_key="k3",
                         prompt_digest=b"d-k3",
-                        fence=fence(rows[2]),
+                        guard=fence(rows[2]),
                     )
                 while len(notes) < 3:
                     async for payload in notifies(1.0):

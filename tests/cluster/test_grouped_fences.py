@@ -8,9 +8,10 @@ import time
 import anyio
 import pytest
 
+from acp_once.cluster.fence import Fence
 from acp_once.cluster.sql import Owned, PgCluster
 from acp_once.storage.base import FencingError, InsertOutcome, KeyRecord, SessionRecord
-from acp_once.storage.postgres import Fence, PostgresStore
+from acp_once.storage.postgres import PostgresStore
 from tests.storage.conftest import batch_everything
 
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
@@ -48,7 +49,7 @@ async def test_a_stale_fence_in_a_batch_fails_alone(postgres_dsn: str, schema: s
             async def append(sid: str) -> None:
                 try:
                     results[sid] = await store.append_updates(
-                        sid, [(b'{"n": 1}', f"{sid}-a"), (b'{"n": 2}', None)], fence=fences[sid]
+                        sid, [(b'{"n": 1}', f"{sid}-a"), (b'{"n": 2}', None)], guard=fences[sid]
                     )
                 except FencingError as exc:
                     results[sid] = exc
@@ -66,7 +67,7 @@ async def test_a_stale_fence_in_a_batch_fails_alone(postgres_dsn: str, schema: s
             assert 0 < stats.batches - before < len(sessions)
             # a lone fenced append that no longer holds is refused too (nothing written)
             with pytest.raises(FencingError):
-                await store.append_update("s0", b"{}", fence=fences["s0"])
+                await store.append_update("s0", b"{}", guard=fences["s0"])
             assert await store.read_timeline("s0") == []
 
 
@@ -97,7 +98,7 @@ async def test_a_stale_fenced_insert_in_a_batch_fails_alone(postgres_dsn: str, s
                         update=b"{}",
                         idempotency_key="k",
                         prompt_digest=b"d",
-                        fence=fences[sid],
+                        guard=fences[sid],
                     )
                 except FencingError as exc:
                     results[sid] = exc
@@ -114,7 +115,7 @@ async def test_a_stale_fenced_insert_in_a_batch_fails_alone(postgres_dsn: str, s
             # the key again, in a batch: the recorded message, nothing written twice
             again = await store.insert_user_message(
                 "s1", message_id="other", update=b"{}", idempotency_key="k",
-                prompt_digest=b"d", fence=fences["s1"],
+                prompt_digest=b"d", guard=fences["s1"],
             )  # fmt: skip
             assert again == InsertOutcome("s1-m", False, b"d")
             assert await store.count_user_messages("s1", idempotency_key="k") == 1

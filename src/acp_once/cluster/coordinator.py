@@ -66,6 +66,7 @@ import anyio
 import orjson
 
 from acp_once.agent.state import RECOVER_TIMEOUT, PendingPrompt, Session, Turn
+from acp_once.cluster.fence import Fence, QueueRowGone
 from acp_once.cluster.fenced import FencedStore
 from acp_once.cluster.sql import Attached, Owned, PgCluster, Queued, QueuedPrompt, RowOutcome
 from acp_once.protocol.errors import (
@@ -82,7 +83,7 @@ from acp_once.storage.base import (
     SessionStore,
     StorageError,
 )
-from acp_once.storage.postgres import Fence, PostgresStore, QueueRowGone
+from acp_once.storage.postgres import PostgresStore
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -392,7 +393,7 @@ class PostgresCoordinator:
                 update=update,
                 idempotency_key=key,
                 prompt_digest=digest,
-                fence=fence,
+                guard=fence,
             )
         except QueueRowGone as exc:
             self.gone.add(exc.row)  # withdrawn meanwhile: its waiters have their answer
@@ -644,10 +645,7 @@ class PostgresCoordinator:
                 await anyio.sleep(self.poll_interval)  # a pause between attempts, not a sync
 
     def _conninfo(self) -> str:
-        pool = self.base_store._pool
-        if pool is None or not isinstance(pool.conninfo, str):
-            raise StorageError("the store is closed")
-        return pool.conninfo
+        return self.base_store.conninfo
 
     async def _on_notify(self, payload: str) -> None:
         try:

@@ -83,7 +83,7 @@ class FencedStore:
         self, session_id: str, update: bytes, *, message_id: str | None = None
     ) -> int:
         return await self._store.append_update(
-            session_id, update, message_id=message_id, fence=self._c.fence(session_id)
+            session_id, update, message_id=message_id, guard=self._c.fence(session_id)
         )
 
     async def append_updates(
@@ -91,7 +91,7 @@ class FencedStore:
     ) -> list[int]:
         """`AppendsUpdates.append_updates` under the session's lease (fenced), one trip."""
         return await self._store.append_updates(
-            session_id, updates, fence=self._c.fence(session_id)
+            session_id, updates, guard=self._c.fence(session_id)
         )
 
     async def read_timeline(

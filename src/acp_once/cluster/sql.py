@@ -1,44 +1,41 @@
 """The PostgreSQL side of several agent nodes sharing one store: leases, the prompt queue, events.
 
 Records and SQL only (the coordinator that runs them is
-`acp_once.cluster.PostgresCoordinator`). The tables come from migration 2 of
-`acp_once.storage.postgres`:
+`acp_once.cluster.PostgresCoordinator`), run on the store's pool through `PostgresStore.run`.
+The tables come from migration 2 of `acp_once.storage.postgres`, where they stay: a database
+migrated to version 2 has them, whichever version of this package created it, and
+`acp-once db migrate` (which knows nothing of the cluster) keeps one chain of versions:
 
 * `session_leases (session_id, owner, node_id, epoch, expires_at)`: who does a session's
   foreground work (inserting user messages, running turns). `owner` is a node *instance* (one
   process; a restarted node is a new instance), NULL when free. Taking a lease bumps `epoch`,
-  the fencing token that every write under the lease carries (`PostgresStore(...,
-  fence=Fence(owner, epoch))`, checked in the write's own transaction). A lease may be taken
+  the fencing token that every write under the lease carries (`acp_once.cluster.fence.Fence`,
+  a guard of the store's writes, checked in the write's own statement). A lease may be taken
   when it is free or expired (`expires_at`, the database's clock, so nodes' clocks do not
   matter); the owner renews it and releases it when the session is idle.
 * `prompt_queue`: the prompts of a session that are accepted and not inserted yet (held), in
   arrival order (`id`), whichever node received them. The lease owner inserts them one by one:
   the insert, the flip of the row to `inserted` (or `recorded`: the key was inserted already)
   and the NOTIFY of the outcome are one statement (`PostgresStore.insert_user_message` with
-  `Fence(row=...)`), which locks the row first, and a withdrawal is an UPDATE of the same row
-  guarded by `state = 'queued'`, so exactly one of "inserted" and "withdrawn" wins: a
-  withdrawal during the insert waits and finds it inserted (R27), and an insert after a
-  withdrawal writes nothing (`QueueRowGone`, a normal outcome). A
-  unique index makes (session, key) queued at most once: a second request with the key on any
-  node waits on that row (`waiters` counts the nodes waiting). Rows whose origin node is dead
+  `guard=Fence(row=...)`), which locks the row first, and a withdrawal is an UPDATE of the
+  same row guarded by `state = 'queued'`, so exactly one of "inserted" and "withdrawn" wins:
+  a withdrawal during the insert waits and finds it inserted (R27), and an insert after a
+  withdrawal writes nothing (`QueueRowGone`, a normal outcome). A unique index makes
+  (session, key) queued at most once: a second request with the key on any node waits on
+  that row (`waiters` counts the nodes waiting). Rows whose origin node is dead
   (no heartbeat within the lease TTL) are `abandoned` by the next owner: never answered, so the
   client's retry inserts once.
 * `cluster_nodes`: a heartbeat and the figures of `/ops/status` per instance.
 * `session_events`: session updates too large for a NOTIFY payload (8000 bytes); the payload
   then carries the event id.
 
-Notifications go on one channel per schema (`channel_for(schema)`), JSON payloads:
-`{"k": "o", "r": row, "st": state, "m": message_id, "p": same_prompt}` a queued prompt's
-outcome; `{"k": "w", "s": session, "o": owner}` wake the owner (a prompt was queued);
-`{"k": "u", "s": session, "n": instance, "u": update | "e": event_id}` a session update;
-`{"k": "c", "s": session, "n": instance}` cancel the session's work (session/cancel elsewhere).
+Notifications go on one channel per schema, in the format of `acp_once.cluster.notify`.
 Idempotency keys never appear in a payload (nor in a log line or an error message).
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
@@ -48,8 +45,11 @@ import orjson
 import psycopg
 from psycopg import sql
 
+from acp_once.cluster import notify
+from acp_once.cluster.fence import Fence, QueueRowGone
+from acp_once.cluster.notify import NOTIFY_LIMIT, channel_for
 from acp_once.storage.base import FencingError
-from acp_once.storage.postgres import Fence, PostgresStore, QueueRowGone
+from acp_once.storage.postgres import PostgresStore
 from acp_once.storage.postgres.connection import Conn as _Conn
 from acp_once.storage.postgres.connection import Query as _Query
 from acp_once.storage.postgres.connection import compose as _q
@@ -77,21 +77,12 @@ __all__ = [
     "channel_for",
 ]
 
-NOTIFY_LIMIT: Final = 7000
-"""Largest NOTIFY payload we send (PostgreSQL's limit is 8000 bytes); larger updates go
-through `session_events`."""
-
 _BEGIN: Final = sql.SQL("BEGIN ISOLATION LEVEL READ COMMITTED")
 """Sent in a pipeline with a transaction's first statements (`transact` commits it)."""
 
 _FINISHED_RETENTION: Final = 600.0
 """Seconds finished queue rows, old events and dead nodes are kept (for late pollers and
 `/ops/status`)."""
-
-
-def channel_for(schema: str) -> str:
-    """The NOTIFY channel of the nodes sharing `schema` (an identifier under 63 bytes)."""
-    return "acp_once_" + hashlib.sha256(schema.encode()).hexdigest()[:20]
 
 
 @dataclass(frozen=True, slots=True)
@@ -348,10 +339,6 @@ _WITHDRAW = (
 )
 
 
-def _payload(**fields: Any) -> str:
-    return orjson.dumps(fields).decode()
-
-
 class PgCluster:
     """The cluster tables of one `PostgresStore`, seen from one node instance.
 
@@ -406,7 +393,7 @@ class PgCluster:
 
     async def _abandon_dead(self, conn: _Conn, session_id: str) -> list[str]:
         rows = await _all(conn, self._sql.abandon_dead, {"sid": session_id, "ttl": self.lease_ttl})
-        return [_payload(k="o", r=row, st="abandoned", m=None, p=None) for (row,) in rows]
+        return [notify.outcome(row, "abandoned", None, None) for (row,) in rows]
 
     async def _take(self, conn: _Conn, session_id: str, took_over: bool) -> Owned:
         """Take the lease locked by the caller's transaction: (epoch, prompts queued)."""
@@ -414,9 +401,7 @@ class PgCluster:
         row = await _one(conn, self._sql.take_lease, {**params, "sid": session_id})
         assert row is not None
         epoch, abandoned, backlog = row
-        await self._notify_in(
-            conn, [_payload(k="o", r=r, st="abandoned", m=None, p=None) for r in abandoned]
-        )
+        await self._notify_in(conn, [notify.outcome(r, "abandoned", None, None) for r in abandoned])
         return Owned(int(epoch), bool(backlog), took_over)
 
     async def take(self, session_id: str) -> Owned | None:
@@ -536,7 +521,7 @@ class PgCluster:
             row = await _one(conn, self._sql.enqueue, params)
             assert row is not None
             if owner != self.instance:
-                await self._notify_in(conn, [_payload(k="w", s=session_id, o=owner)])
+                await self._notify_in(conn, [notify.wake(session_id, owner)])
             return Queued(int(row[0]), owner)
 
         return await self.store.run(work, begin=False)
@@ -589,9 +574,7 @@ class PgCluster:
     ) -> list[int]:
         async def work(conn: _Conn) -> list[int]:
             rows = [int(r[0]) for r in await _all(conn, query, params)]
-            await self._notify_in(
-                conn, [_payload(k="o", r=r, st=state, m=None, p=None) for r in rows]
-            )
+            await self._notify_in(conn, [notify.outcome(r, state, None, None) for r in rows])
             return rows
 
         return await self.store.run(work)
@@ -599,7 +582,7 @@ class PgCluster:
     async def mark_inserted(self, row: int, message_id: str) -> None:
         """Mark a queued prompt inserted without a store write (a live-only message)."""
 
-        payload = _payload(k="o", r=row, st="inserted", m=message_id, p=True)
+        payload = notify.outcome(row, "inserted", message_id, True)
         params = ("inserted", message_id, True, row, self.channel, payload)
         await self.store.run(lambda conn: _one(conn, self._sql.flip, params), begin=False)
 
@@ -622,10 +605,7 @@ class PgCluster:
         outcomes = [RowOutcome(int(r), st, mid, same) for r, st, mid, same in found]
         await self._notify_in(
             conn,
-            [
-                _payload(k="o", r=o.row, st=o.state, m=o.message_id, p=o.same_prompt)
-                for o in outcomes
-            ],
+            [notify.outcome(o.row, o.state, o.message_id, o.same_prompt) for o in outcomes],
         )
         return outcomes
 
@@ -640,7 +620,7 @@ class PgCluster:
         async def work(conn: _Conn) -> list[RowOutcome]:
             await _all(conn, self._sql.lock_lease_for_withdraw, (session_id,))
             outcomes = await self._withdraw_in(conn, self._sql.withdraw_session, session_id)
-            await self._notify_in(conn, [_payload(k="c", s=session_id, n=self.instance)])
+            await self._notify_in(conn, [notify.cancel(session_id, self.instance)])
             return outcomes
 
         return await self.store.run(work)
@@ -651,7 +631,7 @@ class PgCluster:
         async def work(conn: _Conn) -> None:
             found = await _one(conn, self._sql.detach, (row,))
             if found is not None and found[0] == "dropped":
-                await self._notify_in(conn, [_payload(k="o", r=row, st="dropped", m=None, p=None)])
+                await self._notify_in(conn, [notify.outcome(row, "dropped", None, None)])
 
         await self.store.run(work)
 
@@ -667,7 +647,7 @@ class PgCluster:
     async def publish(self, items: Sequence[tuple[str, dict[str, Any]]]) -> None:
         """Notify session updates `(session, update)`, in order, in one transaction."""
 
-        small = [_payload(k="u", s=sid, n=self.instance, u=update) for sid, update in items]
+        small = [notify.update(sid, self.instance, update) for sid, update in items]
         if all(len(p.encode()) <= NOTIFY_LIMIT for p in small):  # one statement, autocommit
             await self.store.run(lambda conn: self._notify_in(conn, small), begin=False)
             return
@@ -675,13 +655,13 @@ class PgCluster:
         async def work(conn: _Conn) -> None:
             payloads: list[str] = []
             for session_id, update in items:
-                payload = _payload(k="u", s=session_id, n=self.instance, u=update)
+                payload = notify.update(session_id, self.instance, update)
                 if len(payload.encode()) > NOTIFY_LIMIT:
                     row = await _one(
                         conn, self._sql.insert_event, (session_id, orjson.dumps(update))
                     )
                     assert row is not None
-                    payload = _payload(k="u", s=session_id, n=self.instance, e=int(row[0]))
+                    payload = notify.update(session_id, self.instance, None, int(row[0]))
                 payloads.append(payload)
             await self._notify_in(conn, payloads)
 

@@ -1,12 +1,14 @@
 """The PostgreSQL store, for several agent nodes on one database.
 
-`store.py` holds `PostgresStore` (and the fencing token `Fence` of the cluster's writes),
-`sql.py` its statements, `migrations.py` its schema and the `acp-once db` backends,
-`urls.py` the store URL and how messages name it, and `connection.py` the psycopg calls that
-the store and `acp_once.cluster.sql` share.
+`store.py` holds `PostgresStore`, `sql.py` its statements, `guard.py` its guarded writes (a
+`WriteGuard` contributes the SQL a write is stored under, such as the cluster's lease fence),
+`migrations.py` its schema and the `acp-once db` backends, `urls.py` the store URL and how
+messages name it, and `connection.py` the psycopg calls that the store and the statements of
+other modules run on its pool (`PostgresStore.run`) share.
 """
 
 from acp_once.storage.base import FencingError
+from acp_once.storage.postgres.guard import GuardSql, WriteGuard
 from acp_once.storage.postgres.migrations import (
     LATEST_VERSION,
     MIGRATIONS,
@@ -15,17 +17,17 @@ from acp_once.storage.postgres.migrations import (
     migrate_postgres,
     postgres_status,
 )
-from acp_once.storage.postgres.store import Fence, PostgresStore, QueueRowGone
+from acp_once.storage.postgres.store import PostgresStore
 from acp_once.storage.postgres.urls import DEFAULT_SCHEMA, describe_postgres, parse_postgres_url
 
 __all__ = [
     "DEFAULT_SCHEMA",
     "LATEST_VERSION",
-    "Fence",
     "FencingError",
+    "GuardSql",
     "MIGRATIONS",
     "PostgresStore",
-    "QueueRowGone",
+    "WriteGuard",
     "apply_migrations",
     "current_version",
     "describe_postgres",

@@ -1,5 +1,5 @@
 """Every SQL statement of the PostgreSQL store, composed once per schema, and the mapping
-between session rows and `SessionRecord`s."""
+between session rows and `SessionRecord`s (the guarded writes are composed in `guard.py`)."""
 
 from __future__ import annotations
 
@@ -33,7 +33,6 @@ class Statements:
     lock_session: sql.Composed
     find_key: sql.Composed
     insert_entry: sql.Composed
-    insert_fenced: sql.Composed
     insert_one: sql.Composed
     append_entry: sql.Composed
     read_timeline: sql.Composed
@@ -42,7 +41,6 @@ class Statements:
     count_key: sql.Composed
     fork_session: sql.Composed
     copy_timeline: sql.Composed
-    append_fenced: sql.Composed
     append_many: sql.Composed
     schema: str
 
@@ -90,7 +88,7 @@ def statements(schema: str) -> Statements:
             "  updated_at = GREATEST(updated_at, %(now)s) FROM ins"
             " WHERE session_id = %(sid)s RETURNING ins.seq"
         ),
-        # A whole unfenced insert in one statement (grouped writes: one trip, or one entry of a
+        # A whole unguarded insert in one statement (grouped writes: one trip, or one entry of a
         # pipeline): the session row locked, the key looked up, the row inserted at
         # `next_seq` unless the key is there, `next_seq` advanced. The lookup reads the
         # statement's snapshot: a key committed by a writer this statement waited for (on the
@@ -113,50 +111,6 @@ def statements(schema: str) -> Statements:
             "  WHERE session_id = %(sid)s RETURNING ins.seq)"
             " SELECT EXISTS (SELECT 1 FROM l), (SELECT seq FROM adv),"
             "  (SELECT message_id FROM rec), (SELECT prompt_digest FROM rec)"
-        ),
-        # A whole fenced insert in one statement (autocommit, one trip), in lock order: the
-        # fence (FOR SHARE: a takeover, an UPDATE of the lease row, waits until this write
-        # commits, and a write after it sees the new epoch and is refused), the queued prompt
-        # if any (FOR UPDATE: a withdrawal waits, then finds it inserted), the session row,
-        # then the INSERT, `next_seq`, and the queued row's outcome with its NOTIFY. The key
-        # is looked up in the statement's snapshot, which is enough under the fence: the
-        # session's earlier inserts were the lease owner's, committed before this statement
-        # (this node's, one at a time, or an earlier owner's, before its lease was taken), and
-        # ON CONFLICT still refuses a duplicate.
-        insert_fenced=q(
-            "WITH f AS (SELECT 1 FROM {s}.session_leases WHERE session_id = %(sid)s"
-            "  AND owner = %(owner)s AND epoch = %(epoch)s FOR SHARE),"
-            " r AS (SELECT 1 FROM {s}.prompt_queue WHERE id = %(row)s::bigint"
-            "  AND state = 'queued' FOR UPDATE),"
-            " ok AS (SELECT EXISTS (SELECT 1 FROM f) AS fenced,"
-            "  %(row)s::bigint IS NULL OR EXISTS (SELECT 1 FROM r) AS queued),"
-            " l AS (SELECT next_seq FROM {s}.sessions WHERE session_id = %(sid)s"
-            "  AND (SELECT fenced AND queued FROM ok) FOR NO KEY UPDATE),"
-            " rec AS (SELECT message_id, prompt_digest FROM {s}.timeline"
-            "  WHERE session_id = %(sid)s AND idempotency_key = %(key)s::bytea),"
-            " ins AS (INSERT INTO {s}.timeline (session_id, seq, message_id, payload,"
-            "  is_user_message, idempotency_key, prompt_digest)"
-            "  SELECT %(sid)s, l.next_seq, %(mid)s, %(payload)s::bytea, true, %(key)s::bytea,"
-            "  %(digest)s::bytea FROM l WHERE NOT EXISTS (SELECT 1 FROM rec)"
-            "  ON CONFLICT (session_id, idempotency_key) WHERE idempotency_key IS NOT NULL"
-            "  DO NOTHING RETURNING seq),"
-            " adv AS (UPDATE {s}.sessions SET next_seq = ins.seq + 1,"
-            "  updated_at = GREATEST(updated_at, %(now)s) FROM ins"
-            "  WHERE session_id = %(sid)s RETURNING ins.seq),"
-            " res AS (SELECT (SELECT seq FROM adv) AS seq, (SELECT message_id FROM rec) AS mid,"
-            "  (SELECT prompt_digest FROM rec) AS digest),"
-            " flip AS (UPDATE {s}.prompt_queue AS q SET"
-            "  state = CASE WHEN res.seq IS NULL THEN 'recorded' ELSE 'inserted' END,"
-            "  message_id = COALESCE(res.mid, %(mid)s),"
-            "  same_prompt = res.seq IS NOT NULL OR res.digest IS NULL"
-            "   OR res.digest = %(digest)s::bytea"
-            "  FROM res WHERE q.id = %(row)s::bigint AND EXISTS (SELECT 1 FROM l)"
-            "  AND (res.seq IS NOT NULL OR res.mid IS NOT NULL)"
-            "  RETURNING pg_notify(%(channel)s::text, json_build_object('k', 'o', 'r', q.id,"
-            "   'st', q.state, 'm', q.message_id, 'p', q.same_prompt)::text))"
-            " SELECT ok.fenced, ok.queued,"
-            "  EXISTS (SELECT 1 FROM {s}.sessions WHERE session_id = %(sid)s),"
-            "  res.seq, res.mid, res.digest, (SELECT count(*) FROM flip) FROM ok, res"
         ),
         append_entry=q(
             "WITH s AS ("
@@ -190,28 +144,12 @@ def statements(schema: str) -> Statements:
             " SELECT %s, seq, message_id, payload, is_user_message FROM {s}.timeline"
             " WHERE session_id = %s"
         ),
-        # `append_entry` and the fence check in one statement: a turn's writes cost one trip.
-        append_fenced=q(
-            "WITH f AS (SELECT 1 FROM {s}.session_leases WHERE session_id = %(sid)s"
-            "  AND owner = %(owner)s AND epoch = %(epoch)s FOR SHARE),"
-            " s AS ("
-            " UPDATE {s}.sessions SET next_seq = next_seq + 1,"
-            "  updated_at = GREATEST(updated_at, %(now)s)"
-            " WHERE session_id = %(sid)s AND EXISTS (SELECT 1 FROM f)"
-            " RETURNING next_seq - 1 AS seq)"
-            " INSERT INTO {s}.timeline (session_id, seq, message_id, payload)"
-            " SELECT %(sid)s, s.seq, %(mid)s, %(payload)s FROM s RETURNING seq"
-        ),
-        # `append_updates`: several entries at consecutive seqs in one statement, fenced when
-        # %(owner)s is not NULL (as `append_fenced`).
+        # `append_updates`: several entries at consecutive seqs in one statement.
         append_many=q(
-            "WITH f AS (SELECT 1 FROM {s}.session_leases WHERE session_id = %(sid)s"
-            "  AND owner = %(owner)s::text AND epoch = %(epoch)s::bigint FOR SHARE),"
-            " s AS ("
+            "WITH s AS ("
             " UPDATE {s}.sessions SET next_seq = next_seq + %(n)s::bigint,"
             "  updated_at = GREATEST(updated_at, %(now)s)"
             " WHERE session_id = %(sid)s"
-            "  AND (%(owner)s::text IS NULL OR EXISTS (SELECT 1 FROM f))"
             " RETURNING next_seq - %(n)s::bigint AS first)"
             " INSERT INTO {s}.timeline (session_id, seq, message_id, payload)"
             " SELECT %(sid)s, s.first + u.i - 1, u.mid, u.payload FROM s,"

@@ -21,20 +21,21 @@ Concurrency (READ COMMITTED, which every write transaction asks for explicitly):
   `seq` is strictly increasing and two inserts of one new key insert once. The INSERT also says
   `ON CONFLICT (session_id, idempotency_key) ... DO NOTHING`: a writer that bypasses the lock
   still cannot record a key twice, and we then answer the recorded message.
-* A fenced insert (several nodes, `fence=`) is one statement instead: under the session's
-  lease only its owner inserts, one at a time, so the statement's snapshot already holds every
-  key recorded before it (see `insert_fenced`); the unique index still refuses a duplicate.
+* A guarded insert (`guard=`, a `WriteGuard`: see `guard.py`) is one statement instead: the
+  guard's own locks, then the session row only when the guard holds, the key looked up in
+  the statement's snapshot, the INSERT and `next_seq`, and what the guard adds after it. The
+  guard is what makes that snapshot enough (the cluster's lease fence lets only the lease
+  owner insert, one at a time); the unique index still refuses a duplicate.
 * `append_update` is one statement (`UPDATE sessions ... RETURNING` feeding the INSERT), atomic
   on its own and serialised by the same row lock.
-* Group commit (`group_commit=True`, the default; `acp_once.storage.grouping`): unfenced
+* Group commit (`group_commit=True`, the default; `acp_once.storage.grouping`): unguarded
   inserts and appends go through one queue with one writer. An insert is then one statement
   (`insert_one`: the lock, the lookup, the INSERT and `next_seq` together). A lone write is
   that statement in autocommit, one round trip; the writes that queue while a batch commits
   are sent together in pipeline mode inside one transaction, in the order of their session
-  ids (see `_write_batch`), and each caller is answered after its COMMIT. Fenced writes (the
-  cluster's, `insert_fenced` and the fenced appends) are grouped the same way: a fence that
-  no longer holds, or a queued row gone, writes nothing and is that write's own answer
-  (`FencingError`, `QueueRowGone`), and the others commit.
+  ids (see `_write_batch`), and each caller is answered after its COMMIT. Guarded writes are
+  grouped the same way: a guard that does not hold writes nothing and is that write's own
+  answer (a `FencingError`), and the others commit.
 
 Cancellation (the encode/databases #460 lesson): a connection goes back to the pool only when
 it is idle. When a call ends any other way (an error, or a cancellation at any await,
@@ -42,7 +43,7 @@ including in the middle of a statement) the store rolls the transaction back, sh
 the cancellation and bounded in time, and closes the connection if it cannot be brought back
 to idle; the pool then replaces it. The COMMIT itself is shielded, so a cancellation delivered
 during it never leaves the caller unsure of the outcome for a reason of ours: once COMMIT is
-sent, the call completes. `insert_user_message` is shielded as a whole (bounded): its fenced
+sent, the call completes. `insert_user_message` is shielded as a whole (bounded): its guarded
 form is one statement that commits on its own, which a cancellation cannot reliably stop, and
 its caller must learn whether the message was stored (see `_insert_shielded`).
 
@@ -103,6 +104,7 @@ from acp_once.storage.postgres.connection import (
     transact,
     use,
 )
+from acp_once.storage.postgres.guard import guarded_statements
 from acp_once.storage.postgres.migrations import prepare_schema
 from acp_once.storage.postgres.sql import SESSION_COLUMNS, from_row, statements, to_params
 from acp_once.storage.postgres.urls import DEFAULT_SCHEMA, check_schema, describe_postgres
@@ -111,39 +113,14 @@ from acp_once.support.opening import AsyncClosing, Opening
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Mapping, Sequence
 
-__all__ = ["Fence", "PostgresStore", "QueueRowGone"]
+    from acp_once.storage.postgres.guard import WriteGuard
+
+__all__ = ["PostgresStore"]
 
 _T = TypeVar("_T")
 
 _INSERT_TIMEOUT: Final = 60.0
 """Seconds a user message insert, shielded from cancellation, may take (`_insert_shielded`)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Fence:
-    """A fencing token: a write is accepted only while `owner` holds the session's lease at
-    `epoch` (the `session_leases` table; see `acp_once.cluster.sql`)."""
-
-    owner: str
-    epoch: int
-    row: int | None = None
-    """A queued prompt (`prompt_queue.id`) the write inserts: it must still be queued, and it
-    stays locked until the write commits, so a withdrawal that comes meanwhile waits and then
-    finds it inserted (insertion wins, R27)."""
-    channel: str | None = None
-    """With `row`: the insert also marks the row `inserted` (or `recorded`,
-    when the key was) with the message id, and announces that on this NOTIFY channel as
-    `{"k": "o", "r": row, "st": state, "m": message_id, "p": same_prompt}`."""
-
-
-class QueueRowGone(FencingError):
-    """The queued prompt of a fenced insert (`Fence.row`) was withdrawn (or dropped) before
-    the owner could insert it: a normal outcome of a race, nothing was written."""
-
-    def __init__(self, session_id: str, row: int) -> None:
-        StorageError.__init__(self, f"queued prompt {row} was withdrawn before insertion")
-        self.session_id = session_id
-        self.row = row
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,7 +191,7 @@ class PostgresStore(AsyncClosing):
                 (needed behind PgBouncer in transaction mode). Own pool only.
             connect_timeout: seconds to wait for the first connections. Own pool only.
             clock: "now" in seconds since the epoch, for bumping `updated_at`.
-            group_commit: write the unfenced user messages and retained updates of many
+            group_commit: write the user messages and retained updates of many
                 sessions that arrive while a transaction is being written in the next one
                 (see `_write`); False gives every write a transaction of its own.
 
@@ -416,14 +393,13 @@ class PostgresStore(AsyncClosing):
         update: bytes,
         idempotency_key: str | None,
         prompt_digest: bytes | None,
-        fence: Fence | None = None,
+        guard: WriteGuard | None = None,
     ) -> InsertOutcome:
-        """`SessionStore.insert_user_message`, fenced for several nodes with `fence`.
+        """`SessionStore.insert_user_message`, under `guard` when given.
 
-        With `fence`, one statement (one round trip) that writes only while the fence's owner
-        holds the session's lease at its epoch (else `FencingError`, nothing written); with
-        `fence.row`, only while that queued prompt is still queued (else `QueueRowGone`,
-        nothing written), and the same statement settles the row (see `Fence.channel`).
+        With `guard`, one statement (one round trip) that writes only while the guard holds
+        (see `guard.py`); else the guard's error (`WriteGuard.refused`, a `FencingError`) and
+        nothing written.
         """
         now = self._clock()
         key = None if idempotency_key is None else key_bytes(idempotency_key)
@@ -433,33 +409,11 @@ class PostgresStore(AsyncClosing):
             row = await fetch_one(conn, statements.find_key, (session_id, key))
             return None if row is None else InsertOutcome(row[0], False, row[1])
 
-        def settle_fenced(fence: Fence, found: tuple[Any, ...]) -> InsertOutcome:
-            """The outcome of `insert_fenced`'s one row."""
-            fenced, queued, exists, seq, mid, digest, flipped = found
-            if not exists:
-                raise SessionMissing(session_id)
-            if not fenced:
-                raise FencingError(session_id)
-            if not queued:
-                assert fence.row is not None
-                raise QueueRowGone(session_id, fence.row)
-            if seq is not None:
-                outcome = InsertOutcome(message_id, True, prompt_digest)
-            elif mid is not None:
-                outcome = InsertOutcome(mid, False, digest)
-            else:  # pragma: no cover - a key recorded outside the fence, during the statement
-                raise StorageError(f"{self._where}: the key was recorded concurrently")
-            if fence.row is not None and not flipped:  # pragma: no cover - the row was locked
-                raise QueueRowGone(session_id, fence.row)
-            return outcome
-
-        if fence is not None:
-            fenced_params = {
+        if guard is not None:
+            guarded = guarded_statements(statements.schema, guard.guard_sql).insert
+            guarded_params = {
+                **guard.guard_params(),
                 "sid": session_id,
-                "owner": fence.owner,
-                "epoch": fence.epoch,
-                "row": fence.row,
-                "channel": fence.channel,
                 "mid": message_id,
                 "payload": update,
                 "key": key,
@@ -467,19 +421,35 @@ class PostgresStore(AsyncClosing):
                 "now": now,
             }
 
-            async def finish_fenced(conn: Conn, rows: list[tuple[Any, ...]]) -> InsertOutcome:
-                return settle_fenced(fence, rows[0])  # FROM ok, res: one row
+            async def finish_guarded(conn: Conn, rows: list[tuple[Any, ...]]) -> InsertOutcome:
+                exists, holds, seq, mid, digest, *columns = rows[0]  # FROM ok, res: one row
+                if not exists:
+                    raise SessionMissing(session_id)
+                refused = guard.refused(session_id, columns)
+                if refused is not None:
+                    raise refused
+                if not holds:
+                    raise FencingError(session_id)
+                if seq is not None:
+                    return InsertOutcome(message_id, True, prompt_digest)
+                if mid is not None:
+                    return InsertOutcome(mid, False, digest)
+                # a key recorded outside the guard, during the statement
+                raise StorageError(  # pragma: no cover
+                    f"{self._where}: the key was recorded concurrently"
+                )
 
-            fenced_work = _Work(statements.insert_fenced, fenced_params, finish_fenced)
+            guarded_work = _Work(guarded, guarded_params, finish_guarded)
             if self._group is None:
 
                 async def one_statement(conn: Conn) -> InsertOutcome:
-                    rows = await fetch_all(conn, statements.insert_fenced, fenced_params)
-                    return await finish_fenced(conn, rows)
+                    return await finish_guarded(
+                        conn, await fetch_all(conn, guarded, guarded_params)
+                    )
 
                 return await self._insert_shielded(one_statement)
-            fenced_outcome: InsertOutcome = await self._group.submit(session_id, fenced_work)
-            return fenced_outcome
+            guarded_outcome: InsertOutcome = await self._group.submit(session_id, guarded_work)
+            return guarded_outcome
 
         async def insert(conn: Conn) -> InsertOutcome:
             locked = await fetch_one(conn, statements.lock_session, (session_id,))
@@ -541,7 +511,7 @@ class PostgresStore(AsyncClosing):
         """Run an insert to its end, whatever cancels the caller meanwhile.
 
         A cancellation in the middle of a statement only asks the server to stop it: the
-        fenced insert is one statement that commits on its own (autocommit), and when the
+        guarded insert is one statement that commits on its own (autocommit), and when the
         cancel comes too late it is stored all the same, while the caller sees only the
         cancellation. The runtime would then never start the message's turn, and a keyed
         retry would be answered with its id (`SessionStore.insert_user_message`). Shielded,
@@ -646,10 +616,13 @@ class PostgresStore(AsyncClosing):
         update: bytes,
         *,
         message_id: str | None = None,
-        fence: Fence | None = None,
+        guard: WriteGuard | None = None,
     ) -> int:
-        """`SessionStore.append_update`; with `fence`, only while the fence holds (see
-        `insert_user_message`), else `FencingError` and nothing is written."""
+        """`SessionStore.append_update`; with `guard`, only while the guard holds (see
+        `append_updates`)."""
+        if guard is not None:
+            seqs = await self.append_updates(session_id, [(update, message_id)], guard=guard)
+            return seqs[0]
         params: dict[str, object] = {
             "sid": session_id,
             "mid": message_id,
@@ -657,14 +630,11 @@ class PostgresStore(AsyncClosing):
             "now": self._clock(),
         }
         query = self._sql.append_entry
-        if fence is not None:
-            query = self._sql.append_fenced
-            params.update(owner=fence.owner, epoch=fence.epoch)
 
         async def work(conn: Conn) -> int:
             row = await fetch_one(conn, query, params)
             if row is None:
-                raise await self._refused(conn, session_id, fence)
+                raise SessionMissing(session_id)
             return int(row[0])
 
         if self._group is None:
@@ -672,7 +642,7 @@ class PostgresStore(AsyncClosing):
 
         async def first_seq(conn: Conn, rows: list[tuple[Any, ...]]) -> int:
             if not rows:
-                raise await self._refused(conn, session_id, fence)
+                raise SessionMissing(session_id)
             return int(rows[0][0])
 
         seq: int = await self._group.submit(session_id, _Work(query, params, first_seq))
@@ -683,51 +653,63 @@ class PostgresStore(AsyncClosing):
         session_id: str,
         updates: Sequence[tuple[bytes, str | None]],
         *,
-        fence: Fence | None = None,
+        guard: WriteGuard | None = None,
     ) -> list[int]:
-        """`AppendsUpdates.append_updates` in one statement; with `fence`, only while the
-        fence holds (else `FencingError` and nothing is written).
+        """`AppendsUpdates.append_updates` in one statement; with `guard`, only while the
+        guard holds (see `guard.py`).
 
         Raises:
             SessionMissing: the session does not exist (nothing is written).
-            FencingError: `fence` was given and no longer holds.
+            FencingError: `guard` was given and did not hold (the guard's own error, if it
+                gives one; nothing is written).
+            ValueError: `guard` guards inserts only (it has `after` expressions).
         """
         if not updates:
             return []
         params: dict[str, object] = {
             "sid": session_id,
-            "owner": None if fence is None else fence.owner,
-            "epoch": None if fence is None else fence.epoch,
             "n": len(updates),
             "now": self._clock(),
             "mids": [mid for _, mid in updates],
             "payloads": [update for update, _ in updates],
         }
+        finish: Callable[[Conn, list[tuple[Any, ...]]], Awaitable[list[int]]]
+        if guard is None:
+            query = self._sql.append_many
 
-        async def work(conn: Conn) -> list[int]:
-            rows = await fetch_all(conn, self._sql.append_many, params)
-            if not rows:
-                raise await self._refused(conn, session_id, fence)
-            return sorted(int(row[0]) for row in rows)
+            async def all_seqs(conn: Conn, rows: list[tuple[Any, ...]]) -> list[int]:
+                if not rows:
+                    raise SessionMissing(session_id)
+                return sorted(int(row[0]) for row in rows)
 
+            finish = all_seqs
+        else:
+            guarded = guarded_statements(self._sql.schema, guard.guard_sql).append
+            if guarded is None:
+                raise ValueError("this guard guards inserts only")
+            query = guarded
+            params.update(guard.guard_params())
+
+            async def guarded_seqs(conn: Conn, rows: list[tuple[Any, ...]]) -> list[int]:
+                exists, holds, seqs, *columns = rows[0]  # FROM ok: one row
+                if not exists:
+                    raise SessionMissing(session_id)
+                refused = guard.refused(session_id, columns)
+                if refused is not None:
+                    raise refused
+                if not holds or not seqs:
+                    raise FencingError(session_id)
+                return [int(seq) for seq in seqs]
+
+            finish = guarded_seqs
         if self._group is None:
-            return await self._call(work)
 
-        async def all_seqs(conn: Conn, rows: list[tuple[Any, ...]]) -> list[int]:
-            if not rows:
-                raise await self._refused(conn, session_id, fence)
-            return sorted(int(row[0]) for row in rows)
+            async def one_statement(conn: Conn) -> list[int]:
+                return await finish(conn, await fetch_all(conn, query, params))
 
-        grouped = _Work(self._sql.append_many, params, all_seqs)
-        seqs: list[int] = await self._group.submit(session_id, grouped)
+            return await self._call(one_statement)
+        seqs: list[int] = await self._group.submit(session_id, _Work(query, params, finish))
         return seqs
-
-    async def _refused(self, conn: Conn, session_id: str, fence: Fence | None) -> StorageError:
-        """Why a write that wrote no row was refused: the fence no longer holds, or the
-        session does not exist."""
-        if fence is not None and await fetch_one(conn, self._sql.get_session, (session_id,)):
-            return FencingError(session_id)
-        return SessionMissing(session_id)
 
     @property
     def schema(self) -> str:
@@ -739,9 +721,28 @@ class PostgresStore(AsyncClosing):
         """Where the store lives, for messages (no password)."""
         return self._where
 
+    @property
+    def conninfo(self) -> str:
+        """The connection string of the store's pool, for a dedicated connection beside it
+        (the cluster's LISTEN); the caller's pool's when the store was opened on one.
+
+        Raises:
+            StorageError: the store is closed, or its pool was given no connection string.
+        """
+        pool = self._pool
+        if pool is None:
+            raise StorageError("the store is closed")
+        if not isinstance(pool.conninfo, str) or not pool.conninfo:
+            raise StorageError(f"{self._where}: the pool has no connection string")
+        return pool.conninfo
+
     async def run(self, work: Callable[[Conn], Awaitable[_T]], *, begin: bool = True) -> _T:
-        """Run `work(conn)` in one transaction on a pooled connection (for the storage-level
-        helpers next to this module, such as `pg_cluster`).
+        """Run `work(conn)` on a pooled connection and commit: the way statements of other
+        modules on the same database (the cluster's leases and prompt queue) use the store's
+        pool. With `begin`, in an explicit READ COMMITTED transaction; without, `work` runs
+        its statements in autocommit mode (or sends its own BEGIN, as in a pipeline). The
+        connection goes back to the pool idle, or is closed (see the module docstring); the
+        helpers of `acp_once.storage.postgres.connection` run statements on it.
 
         Raises:
             StorageError: the store is closed, or PostgreSQL refused (psycopg errors are

@@ -1,0 +1,84 @@
+"""The cluster's NOTIFY format, defined here once: the channel, and each kind of payload,
+built in Python or (a queued prompt's outcome, inside the insert that settles it) by
+PostgreSQL from the same field names.
+
+Notifications go on one channel per schema (`channel_for(schema)`), JSON payloads:
+
+* `{"k": "o", "r": row, "st": state, "m": message_id, "p": same_prompt}` a queued prompt's
+  outcome (`outcome`, `outcome_sql`);
+* `{"k": "w", "s": session, "o": owner}` wake the owner: a prompt was queued (`wake`);
+* `{"k": "u", "s": session, "n": instance, "u": update | "e": event_id}` a session update
+  (`update`; `e` names a `session_events` row when the update is over `NOTIFY_LIMIT`);
+* `{"k": "c", "s": session, "n": instance}` cancel the session's work (`cancel`).
+
+Idempotency keys never appear in a payload (nor in a log line or an error message).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Final
+
+import orjson
+
+__all__ = [
+    "NOTIFY_LIMIT",
+    "cancel",
+    "channel_for",
+    "outcome",
+    "outcome_sql",
+    "update",
+    "wake",
+]
+
+NOTIFY_LIMIT: Final = 7000
+"""Largest NOTIFY payload we send (PostgreSQL's limit is 8000 bytes); larger updates go
+through `session_events`."""
+
+_OUTCOME_FIELDS: Final = ("r", "st", "m", "p")
+"""A queued prompt's outcome after `"k": "o"`: row, state, message id, same prompt."""
+
+
+def channel_for(schema: str) -> str:
+    """The NOTIFY channel of the nodes sharing `schema` (an identifier under 63 bytes)."""
+    return "acp_once_" + hashlib.sha256(schema.encode()).hexdigest()[:20]
+
+
+def _payload(**fields: Any) -> str:
+    return orjson.dumps(fields).decode()
+
+
+def outcome(row: int, state: str, message_id: str | None, same_prompt: bool | None) -> str:
+    """A queued prompt's outcome."""
+    values = (row, state, message_id, same_prompt)
+    return _payload(k="o", **dict(zip(_OUTCOME_FIELDS, values, strict=True)))
+
+
+def outcome_sql(row: str, state: str, message_id: str, same_prompt: str) -> str:
+    """The payload of `outcome` as a SQL expression (text) over the four SQL expressions
+    given, for a statement that settles the row and notifies in one."""
+    values = (row, state, message_id, same_prompt)
+    pairs = ", ".join(
+        f"'{name}', {value}" for name, value in zip(_OUTCOME_FIELDS, values, strict=True)
+    )
+    return f"json_build_object('k', 'o', {pairs})::text"
+
+
+def wake(session_id: str, owner: str | None) -> str:
+    """Wake the lease owner of a session: a prompt was queued behind its work."""
+    return _payload(k="w", s=session_id, o=owner)
+
+
+def update(
+    session_id: str, instance: str, value: dict[str, Any] | None, event: int | None = None
+) -> str:
+    """A session update sent by `instance`: the update itself, or the id of the
+    `session_events` row holding it (`event`, when the update is too large)."""
+    if event is not None:
+        return _payload(k="u", s=session_id, n=instance, e=event)
+    return _payload(k="u", s=session_id, n=instance, u=value)
+
+
+def cancel(session_id: str, instance: str) -> str:
+    """Ask the owner of a session to cancel its work (session/cancel on `instance`)."""
+    return _payload(k="c", s=session_id, n=instance)
