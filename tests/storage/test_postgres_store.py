@@ -34,9 +34,11 @@ from acp_once.storage import (
     StorageError,
     open_store,
 )
+from acp_once.storage.base import FencingError, SessionMissing
 from acp_once.storage.contract import run_contract
 from acp_once.storage.postgres import (
     LATEST_VERSION,
+    GuardSql,
     PostgresStore,
     apply_migrations,
     describe_postgres,
@@ -45,9 +47,10 @@ from acp_once.storage.postgres import (
     postgres_status,
 )
 from acp_once.storage.postgres.sql import statements as compose_statements
+from tests.storage.conftest import batch_everything
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable
+    from collections.abc import AsyncIterator, Callable, Mapping, Sequence
     from contextlib import AbstractAsyncContextManager
 
 pytestmark = pytest.mark.anyio
@@ -548,6 +551,135 @@ async def test_a_write_cancelled_while_its_statement_waits_on_the_server(
             assert await _insert(store, "m2", "key-1") == InsertOutcome("m2", True, b"digest")
         assert await store.count_user_messages("sess_1") == 1
         await _check_usable(store, pool)
+
+
+# -- guarded writes: any guard, not only the cluster's fence -------------------------------------
+
+
+class _Closed(FencingError):
+    """The refusal of `_GateGuard`: its gate row says closed."""
+
+
+@dataclass(frozen=True)
+class _GateGuard:
+    """A guard of our own: a write goes through only while the row `name` of a `gates`
+    table says open (locked FOR SHARE by the write, as the cluster's fence locks its lease)."""
+
+    schema: str
+    name: str
+    settle: bool = False
+    """Inserts only: the insert also records its message id in the gate row."""
+
+    @property
+    def guard_sql(self) -> GuardSql:
+        before = "g AS (SELECT open FROM {s}.gates WHERE name = %(gate)s FOR SHARE)"
+        holds = "COALESCE((SELECT open FROM g), false)"
+        if not self.settle:
+            return GuardSql(before=before, holds=holds, columns=holds)
+        return GuardSql(
+            before=before,
+            holds=holds,
+            columns=f"{holds}, (SELECT count(*) FROM upd)",
+            after=(
+                "upd AS (UPDATE {s}.gates SET last = COALESCE(res.mid, %(mid)s) FROM res"
+                " WHERE name = %(gate)s AND res.held RETURNING 1)"
+            ),
+        )
+
+    def guard_params(self) -> Mapping[str, object]:
+        return {"gate": self.name}
+
+    def refused(self, session_id: str, columns: Sequence[Any]) -> FencingError | None:
+        return None if columns[0] else _Closed(session_id)
+
+
+@postgres
+@pytest.mark.parametrize("group_commit", [True, False], ids=["grouped", "single"])
+async def test_a_guard_of_our_own_is_its_own_writes_answer(
+    postgres_dsn: str, new_schema: Callable[[], str], group_commit: bool
+) -> None:
+    """The store knows "a guarded write", not the cluster: a guard made here holds or refuses
+    each write alone (in a batch too), its refusal is the guard's own error, nothing is
+    written then, and its `after` expressions run with the insert."""
+    schema = new_schema()
+    async with PostgresStore.open(postgres_dsn, schema=schema, group_commit=group_commit) as store:
+        if group_commit:
+            batch_everything(store)
+        async with await _raw(postgres_dsn) as conn:
+            await conn.execute(
+                sql.SQL(
+                    "CREATE TABLE {s}.gates (name text PRIMARY KEY, open boolean, last text);"
+                    " INSERT INTO {s}.gates VALUES ('open', true, NULL), ('shut', false, NULL),"
+                    " ('s1', true, NULL), ('s2', true, NULL), ('s3', true, NULL)"
+                ).format(s=sql.Identifier(schema))
+            )
+        sessions = [f"s{n}" for n in range(4)]
+        for sid in sessions:
+            await store.create_session(_record(sid))
+        results: dict[str, object] = {}
+
+        async def insert(sid: str) -> None:
+            # a gate row per session: two inserts settling one row would deadlock (both
+            # hold it FOR SHARE, then update it), as two fences of one lease never do
+            gate = _GateGuard(schema, "shut" if sid == "s0" else sid, settle=True)
+            try:
+                results[sid] = await store.insert_user_message(
+                    sid, message_id=f"{sid}-m", update=_update(f"{sid}-m"),
+                    idempotency_key="k", prompt_digest=b"d", guard=gate,
+                )  # fmt: skip
+            except FencingError as exc:
+                results[sid] = exc
+
+        with anyio.fail_after(20):
+            async with anyio.create_task_group() as tg:
+                for sid in sessions:
+                    tg.start_soon(insert, sid)
+        assert isinstance(results["s0"], _Closed)
+        assert await store.count_user_messages("s0") == 0
+        for sid in sessions[1:]:
+            assert results[sid] == InsertOutcome(f"{sid}-m", True, b"d")
+        async with await _raw(postgres_dsn) as conn:
+            cur = await conn.execute(
+                sql.SQL("SELECT name, last FROM {s}.gates ORDER BY name").format(
+                    s=sql.Identifier(schema)
+                )
+            )
+            assert await cur.fetchall() == [
+                ("open", None),
+                ("s1", "s1-m"),
+                ("s2", "s2-m"),
+                ("s3", "s3-m"),
+                ("shut", None),
+            ]
+        # the key again: the recorded message, the guard's `after` sees it (res.mid)
+        again = await store.insert_user_message(
+            "s1", message_id="other", update=b"{}", idempotency_key="k", prompt_digest=b"d",
+            guard=_GateGuard(schema, "open", settle=True),
+        )  # fmt: skip
+        assert again == InsertOutcome("s1-m", False, b"d")
+        async with await _raw(postgres_dsn) as conn:
+            cur = await conn.execute(
+                sql.SQL("SELECT last FROM {s}.gates WHERE name = 'open'").format(
+                    s=sql.Identifier(schema)
+                )
+            )
+            assert await cur.fetchone() == ("s1-m",)
+
+        open_gate, shut_gate = _GateGuard(schema, "open"), _GateGuard(schema, "shut")
+        assert await store.append_updates("s1", [(b"{}", "a"), (b"{}", None)], guard=open_gate) == [
+            2,
+            3,
+        ]
+        assert await store.append_update("s1", b"{}", guard=open_gate) == 4
+        with pytest.raises(_Closed):
+            await store.append_updates("s1", [(b"{}", "b")], guard=shut_gate)
+        with pytest.raises(_Closed):
+            await store.append_update("s1", b"{}", guard=shut_gate)
+        with pytest.raises(SessionMissing):
+            await store.append_update("nope", b"{}", guard=open_gate)
+        with pytest.raises(ValueError, match="inserts only"):
+            await store.append_update("s1", b"{}", guard=_GateGuard(schema, "open", settle=True))
+        assert [e.seq for e in await store.read_timeline("s1")] == [1, 2, 3, 4]
 
 
 # -- connections that died while idle in the pool ----------------------------------------------
