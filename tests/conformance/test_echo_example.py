@@ -1,8 +1,12 @@
-"""`acp-once check` against the README's 15-line agent (examples/echo_agent.py) reports what the
-README says it reports, and says it usefully: each failure once, missing methods by name, what a
-wait waited for, SHOULD and MAY failures in their own words, rules with their docs/ pages.
+"""`acp-once check` against the two example agents of the docs.
 
-The suite is run four checks per test (short tests that workers share), and the README's
+The README's agent (examples/quickstart_agent.py, a `SessionAgent`) passes every check, MUST,
+SHOULD and MAY. The bare `Agent` face of the agent guide (examples/echo_agent.py) fails what
+docs/guide/agent.md says it fails, and check says so usefully: each failure once, missing
+methods by name, what a wait waited for, SHOULD and MAY failures in their own words, rules with
+their docs/ pages.
+
+The suite is run a few checks per test (short tests that workers share), and the guide's
 summary line is held to the expected outcome of every check."""
 
 from __future__ import annotations
@@ -23,10 +27,12 @@ from acp_once.conformance.rules import rule_location
 
 ROOT = Path(__file__).resolve().parents[2]
 ECHO = [sys.executable, str(ROOT / "examples" / "echo_agent.py")]
+QUICKSTART = [sys.executable, str(ROOT / "examples" / "quickstart_agent.py")]
+AGENT_GUIDE = ROOT / "docs" / "guide" / "agent.md"
 IDS = [c.id for c in CHECKS]
 CHUNKS = [IDS[i : i + 4] for i in range(0, len(IDS), 4)]
 
-# every check's verdict against the echo agent: what the README's summary line counts
+# every check's verdict against the echo agent: what the guide's summary line counts
 PASSED = {"init.version"}
 SKIPPED = {"delete.idempotent", "trace.T5-retry-after-error"}
 NOT_IMPLEMENTED = {"reuse.different-prompt"}  # a MAY
@@ -45,7 +51,7 @@ def expected_verdict(id: str) -> str:
     return "failed"
 
 
-def test_the_readme_states_what_check_reports_for_the_echo_agent() -> None:
+def test_the_agent_guide_states_what_check_reports_for_the_echo_agent() -> None:
     verdicts = [expected_verdict(c.id) for c in CHECKS]
     line = (
         f"{verdicts.count('passed')} passed, {verdicts.count('failed')} MUST failed, "
@@ -53,11 +59,12 @@ def test_the_readme_states_what_check_reports_for_the_echo_agent() -> None:
         f"{verdicts.count('not implemented')} MAY not implemented, "
         f"{verdicts.count('skipped')} skipped"
     )
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    block = re.search(r"<!-- echo-check:start -->\n```\n(.*)\n```\n<!-- echo-check:end -->", readme)
-    assert block is not None, "the README's echo-check block is gone"
+    guide = AGENT_GUIDE.read_text(encoding="utf-8")
+    block = re.search(r"<!-- echo-check:start -->\n```\n(.*)\n```\n<!-- echo-check:end -->", guide)
+    assert block is not None, "the agent guide's echo-check block is gone"
     assert block.group(1) == line
-    assert "acp-once check -- python examples/echo_agent.py" in readme
+    assert "acp-once check -- python examples/echo_agent.py" in guide
+    assert '--8<-- "examples/echo_agent.py"' in guide  # the agent the line is about
     # the levels the wording relies on
     levels = {c.id: c.level for c in CHECKS}
     assert all(levels[id] is Level.MAY for id in NOT_IMPLEMENTED)
@@ -66,7 +73,7 @@ def test_the_readme_states_what_check_reports_for_the_echo_agent() -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("ids", CHUNKS, ids=[chunk[0] for chunk in CHUNKS])
-def test_check_reports_the_echo_agent_as_the_readme_says(tmp_path: Path, ids: list[str]) -> None:
+def test_check_reports_the_echo_agent_as_the_guide_says(tmp_path: Path, ids: list[str]) -> None:
     buffer = io.StringIO()
     code = run_check(
         target=None,
@@ -126,3 +133,36 @@ def test_check_reports_the_echo_agent_as_the_readme_says(tmp_path: Path, ids: li
         resume = by_id["resume.state-before-response"]
         assert resume["message"] == "the agent does not implement session/resume (-32601)"
         assert resume["sent"].startswith('session/resume {"sessionId":')
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ids", CHUNKS, ids=[chunk[0] for chunk in CHUNKS])
+def test_the_readme_agent_passes_every_check(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ids: list[str]
+) -> None:
+    # the agent keeps its sessions in ./sessions.db: here, a temporary directory
+    monkeypatch.chdir(tmp_path)
+    buffer = io.StringIO()
+    code = run_check(
+        target=None,
+        command=QUICKSTART,
+        token=None,
+        json_report=tmp_path / "report.json",
+        junit=None,
+        # check's own default: the agent's half-second turns hold what is sent meanwhile
+        slow_prompt="[work:2]",
+        timeout=10,
+        console=Console(file=buffer, width=100),
+        select=ids,
+    )
+    results = json.loads((tmp_path / "report.json").read_text())["results"]
+    assert {r["id"]: r["verdict"] for r in results} == dict.fromkeys(ids, "passed"), (
+        buffer.getvalue()
+    )
+    assert code == 0
+    assert (tmp_path / "sessions.db").exists()
+
+
+def test_the_readme_says_its_agent_passes_check() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "acp-once check -- python examples/quickstart_agent.py` passes every check" in readme
