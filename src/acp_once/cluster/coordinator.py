@@ -66,6 +66,7 @@ import anyio
 import orjson
 
 from acp_once.agent.state import RECOVER_TIMEOUT, PendingPrompt, Session, Turn
+from acp_once.cluster import notify
 from acp_once.cluster.fence import Fence, QueueRowGone
 from acp_once.cluster.fenced import FencedStore
 from acp_once.cluster.sql import Attached, Owned, PgCluster, Queued, QueuedPrompt, RowOutcome
@@ -648,24 +649,18 @@ class PostgresCoordinator:
         return self.base_store.conninfo
 
     async def _on_notify(self, payload: str) -> None:
-        try:
-            note = orjson.loads(payload)
-        except orjson.JSONDecodeError:
-            return
-        kind = note.get("k")
-        if kind == "o":
-            self._outcome(RowOutcome(int(note["r"]), str(note["st"]), note.get("m"), note.get("p")))
-        elif kind == "u" and note.get("n") != self.instance:
-            update = note.get("u")
-            if update is None and "e" in note:
-                self._spawn(self._deliver_event, str(note["s"]), int(note["e"]))
-                return
-            if isinstance(update, dict):
-                self._deliver(str(note["s"]), update)
-        elif kind == "w" and note.get("o") == self.instance:
-            self._wake(str(note["s"]))
-        elif kind == "c" and note.get("n") != self.instance:
-            self._remote_cancel(str(note["s"]))
+        note = notify.read(payload)
+        if isinstance(note, notify.Outcome):
+            self._outcome(RowOutcome(note.row, note.state, note.message_id, note.same_prompt))
+        elif isinstance(note, notify.Update) and note.instance != self.instance:
+            if note.event is not None:
+                self._spawn(self._deliver_event, note.session_id, note.event)
+            elif note.update is not None:
+                self._deliver(note.session_id, note.update)
+        elif isinstance(note, notify.Wake) and note.owner == self.instance:
+            self._wake(note.session_id)
+        elif isinstance(note, notify.Cancel) and note.instance != self.instance:
+            self._remote_cancel(note.session_id)
 
     async def _deliver_event(self, session_id: str, event: int) -> None:
         update = await self.pg.read_event(event)

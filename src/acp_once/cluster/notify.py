@@ -1,6 +1,6 @@
-"""The cluster's NOTIFY format, defined here once: the channel, and each kind of payload,
-built in Python or (a queued prompt's outcome, inside the insert that settles it) by
-PostgreSQL from the same field names.
+"""The cluster's NOTIFY format, defined here once: the channel, each kind of payload, built
+in Python or (a queued prompt's outcome, inside the insert that settles it) by PostgreSQL
+from the same field names, and how a received payload is read (`read`).
 
 Notifications go on one channel per schema (`channel_for(schema)`), JSON payloads:
 
@@ -17,16 +17,23 @@ Idempotency keys never appear in a payload (nor in a log line or an error messag
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 from typing import Any, Final
 
 import orjson
 
 __all__ = [
     "NOTIFY_LIMIT",
+    "Cancel",
+    "Note",
+    "Outcome",
+    "Update",
+    "Wake",
     "cancel",
     "channel_for",
     "outcome",
     "outcome_sql",
+    "read",
     "update",
     "wake",
 ]
@@ -82,3 +89,65 @@ def update(
 def cancel(session_id: str, instance: str) -> str:
     """Ask the owner of a session to cancel its work (session/cancel on `instance`)."""
     return _payload(k="c", s=session_id, n=instance)
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """Read from `outcome`: what became of a queued prompt."""
+
+    row: int
+    state: str
+    message_id: str | None
+    same_prompt: bool | None
+
+
+@dataclass(frozen=True, slots=True)
+class Wake:
+    """Read from `wake`: a prompt was queued behind the work of `owner`."""
+
+    session_id: str
+    owner: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Update:
+    """Read from `update`: the update itself, or the `session_events` row holding it."""
+
+    session_id: str
+    instance: str | None
+    update: dict[str, Any] | None
+    event: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    """Read from `cancel`."""
+
+    session_id: str
+    instance: str | None
+
+
+Note = Outcome | Wake | Update | Cancel
+
+
+def read(payload: str) -> Note | None:
+    """A received payload, or None when it is not one of ours (or malformed)."""
+    try:
+        note = orjson.loads(payload)
+        kind = note.get("k")
+        if kind == "o":
+            return Outcome(int(note["r"]), str(note["st"]), note.get("m"), note.get("p"))
+        if kind == "u":
+            value = note.get("u")
+            if isinstance(value, dict):
+                return Update(str(note["s"]), note.get("n"), value, None)
+            if value is None and "e" in note:
+                return Update(str(note["s"]), note.get("n"), None, int(note["e"]))
+            return None
+        if kind == "w":
+            return Wake(str(note["s"]), note.get("o"))
+        if kind == "c":
+            return Cancel(str(note["s"]), note.get("n"))
+    except (orjson.JSONDecodeError, AttributeError, KeyError, TypeError, ValueError):
+        return None
+    return None
