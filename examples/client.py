@@ -1,4 +1,4 @@
-"""An ACP v2 client in 10 lines: starts the echo agent and sends one prompt."""
+"""The raw connection: starts the echo agent, sends one prompt, retries nothing."""
 import sys
 
 import anyio

@@ -1,4 +1,4 @@
-"""An ACP v2 agent in 15 lines: `python examples/echo_agent.py` speaks ACP on stdin/stdout."""
+"""The bare `Agent` face: `python examples/echo_agent.py` answers three requests on stdin/stdout."""
 import uuid
 
 import anyio

@@ -41,9 +41,9 @@ def test_readme_examples_are_as_short_as_their_headings_say(example: str, most: 
 def test_readme_examples_are_formatted_and_lint_clean() -> None:
     # examples/ as a whole is exempt from formatting; the README's two are not
     paths = [str(ROOT / "examples" / e) for e in README_EXAMPLES]
-    ruff = ROOT / ".venv" / "bin" / "ruff"
     for args in (["format", "--check", *paths], ["check", *paths]):
-        done = subprocess.run([str(ruff), *args], capture_output=True, text=True, check=False)
+        ruff = [sys.executable, "-m", "ruff", *args]
+        done = subprocess.run(ruff, cwd=ROOT, capture_output=True, text=True, check=False)
         assert done.returncode == 0, done.stdout + done.stderr
 
 
