@@ -34,7 +34,9 @@ compared in constant time and never logged. With `tokens` ({tenant name: token},
 `acp_once.server.tenants.load_tokens`) instead, any of them is accepted and the connection
 carries the name of the one that matched (`AgentSideConnection.tenant`): a `SessionAgent`
 shows each tenant only its own sessions. `AcpServer.set_tokens` replaces them while serving
-(`acp-once serve` does on SIGHUP); connections already open keep their tenant. A Streamable
+(`acp-once serve` does on SIGHUP): the open connections of a token no longer there are closed
+at once (WebSocket close code 4401 `CLOSE_REVOKED`, "token revoked"; a Streamable HTTP
+connection ends with its streams and its id then answers 404); the others go on. A Streamable
 HTTP connection belongs to the tenant that opened it: another tenant's POST, GET or DELETE on
 its id is answered 404, as for an unknown id.
 
@@ -52,7 +54,7 @@ import hmac
 import json
 import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Mapping
 from typing import Any, Unpack
 
 import anyio
@@ -109,6 +111,7 @@ __all__ = [
     "DEFAULT_MAX_CONNECTIONS",
     "DEFAULT_MAX_MESSAGE_BYTES",
     "DEFAULT_WRITE_TIMEOUT",
+    "CLOSE_REVOKED",
     "AcpServer",
     "ConnectionHandler",
     "ServerLimits",
@@ -117,6 +120,10 @@ __all__ = [
 ]
 
 logger = logging.getLogger("acp_once.server")
+
+CLOSE_REVOKED = 4401
+"""WebSocket close code of a connection whose token was removed while it was open (the 4000s
+are for applications; 4401 mirrors HTTP's 401): a reconnect with that token gets 401."""
 
 _ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 
@@ -173,6 +180,11 @@ class AcpServer:
         self._handler = handler
         self._token_digest = _digest(token) if token is not None else None
         self._tenant_digests: tuple[tuple[bytes, str], ...] | None = None
+        self._credentials: dict[str, tuple[bytes, str]] = {}
+        """(token digest, tenant) of each live connection with tenants, by connection id."""
+        self._closing: set[asyncio.Task[None]] = set()
+        self.revoked_closed = 0
+        """How many open connections were closed because their token was removed."""
         if tokens is not None:
             self.set_tokens(tokens)
         self._http_tenants: dict[str, str | None] = {}
@@ -218,9 +230,11 @@ class AcpServer:
         """Whether requests at `path` must carry the bearer token."""
         return self._token_digest is not None or self._tenant_digests is not None
 
-    def set_tokens(self, tokens: Mapping[str, str]) -> None:
+    def set_tokens(self, tokens: Mapping[str, str]) -> int:
         """Serve these tenants from now on ({name: token}): a removed token's new requests
-        are refused with 401; connections already open keep their tenant.
+        are refused with 401, and its open connections are closed at once (WebSocket:
+        `CLOSE_REVOKED`; Streamable HTTP: the connection ends). Returns how many are being
+        closed; the other tenants' connections go on.
 
         Raises:
             ValueError: no tenant, an empty name or token, or this server takes one token.
@@ -230,6 +244,37 @@ class AcpServer:
         if not tokens or any(not name or not token for name, token in tokens.items()):
             raise ValueError("tenants need a name and a non-empty token each")
         self._tenant_digests = tuple((_digest(t), name) for name, t in tokens.items())
+        return self._close_revoked(frozenset(self._tenant_digests))
+
+    def _close_revoked(self, valid: frozenset[tuple[bytes, str]]) -> int:
+        revoked = [cid for cid, held in self._credentials.items() if held not in valid]
+        for connection_id in revoked:
+            del self._credentials[connection_id]  # closed once, however many reloads follow
+            websocket = self.connections.get(connection_id)
+            if websocket is not None:
+                self._start(websocket.close(CLOSE_REVOKED, "token revoked"))
+            http = self.http_connections.get(connection_id)
+            if http is not None:
+                self._start(http.aclose())
+        if revoked:
+            self.revoked_closed += len(revoked)
+            logger.warning("closing %d connection(s) whose token was removed", len(revoked))
+        return len(revoked)
+
+    def _start(self, closing: Coroutine[Any, Any, None]) -> None:
+        """Run `closing` in the background: in the lifespan's task group, else as a task."""
+        if self._tg is not None:
+            self._tg.start_soon(_run, closing)
+            return
+        task = asyncio.get_running_loop().create_task(closing)
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+    def _credential(self, headers: Mapping[str, str], tenant: str | None) -> bytes | None:
+        """The digest of the bearer token in `headers` when `tenant` is a tenant's name."""
+        if tenant is None:
+            return None
+        return _digest(headers.get("authorization", "").partition(" ")[2].strip())
 
     def routes(self) -> list[BaseRoute]:
         return [
@@ -361,6 +406,9 @@ class AcpServer:
             websocket, max_frame=self.max_message_bytes, write_timeout=self.write_timeout
         )
         self.connections[connection_id] = frames  # counted before the first await
+        credential = self._credential(websocket.headers, tenant)
+        if credential is not None and tenant is not None:  # before any await: see set_tokens
+            self._credentials[connection_id] = (credential, tenant)
         try:
             await frames.accept(connection_id)
             self.accepted += 1
@@ -370,6 +418,7 @@ class AcpServer:
             await frames.close(CLOSE_INTERNAL)
         finally:
             self.connections.pop(connection_id, None)
+            self._credentials.pop(connection_id, None)
             await frames.close(CLOSE_NORMAL)
 
     async def _http(self, request: Request) -> Response:
@@ -384,7 +433,7 @@ class AcpServer:
                 headers={"WWW-Authenticate": 'Bearer realm="acp"'},
             )
         if request.method == "POST":
-            return await self._post(request, tenant, self.client_address(request.scope))
+            return await self._post(request, tenant)
         if request.method == "GET":
             return self._get(request, tenant)
         if request.method == "DELETE":
@@ -405,7 +454,7 @@ class AcpServer:
             return _error(404, f"unknown {CONNECTION_ID_HEADER}")
         return frames
 
-    async def _post(self, request: Request, tenant: str | None, address: str) -> Response:
+    async def _post(self, request: Request, tenant: str | None) -> Response:
         content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if content_type != "application/json":
             return _error(415, "POST a JSON-RPC message as application/json")
@@ -425,7 +474,9 @@ class AcpServer:
                 return _error(400, f"missing {CONNECTION_ID_HEADER}")
             if "id" not in message:
                 return _error(400, "initialize must be a request (with an id)")
-            return await self._initialize(body, message, tenant, address)
+            address = self.client_address(request.scope)
+            credential = self._credential(request.headers, tenant)
+            return await self._initialize(body, message, tenant, address, credential)
         if message.get("method") == INITIALIZE:
             return _error(400, f"initialize opens a connection: no {CONNECTION_ID_HEADER}")
         found = self._connection(request, tenant)
@@ -464,7 +515,12 @@ class AcpServer:
         return _error(408, "the body took too long", {"Connection": "close"})
 
     async def _initialize(
-        self, body: bytes, message: dict[str, Any], tenant: str | None, address: str
+        self,
+        body: bytes,
+        message: dict[str, Any],
+        tenant: str | None,
+        address: str,
+        credential: bytes | None,
     ) -> Response:
         refused = "too many connections" if self._full() else None
         refused = refused or self._unopened_refusal(address, tenant)
@@ -478,6 +534,8 @@ class AcpServer:
         self.http_connections[connection_id] = frames
         self._http_tenants[connection_id] = tenant
         self._http_addresses[connection_id] = address
+        if credential is not None and tenant is not None:
+            self._credentials[connection_id] = (credential, tenant)
         self.accepted += 1
         if self._tg is not None:
             self._tg.start_soon(self._run_http, connection_id, frames, tenant)
@@ -513,6 +571,7 @@ class AcpServer:
             self.http_connections.pop(connection_id, None)
             self._http_tenants.pop(connection_id, None)
             self._http_addresses.pop(connection_id, None)
+            self._credentials.pop(connection_id, None)
             await frames.aclose()
 
     async def _serve_frames(self, frames: FrameStream, name: str, tenant: str | None) -> None:
@@ -643,6 +702,10 @@ async def _deny_with(websocket: WebSocket, refused: Response) -> None:
         await websocket.send_denial_response(refused)
     else:
         await websocket.close(CLOSE_POLICY, "refused")
+
+
+async def _run(closing: Coroutine[Any, Any, None]) -> None:
+    await closing
 
 
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> Response:

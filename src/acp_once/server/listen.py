@@ -6,8 +6,11 @@ await serve_app(create_app(agent, token=token), sock, token=token)
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import importlib.util
 import logging
+import os
 import signal
 import socket
 import threading
@@ -27,9 +30,10 @@ from .guard import (
     guarded_protocol,
     is_loopback,
 )
-from .websocket_protocol import DirectWebSocketProtocol
 
 __all__ = [
+    "VERIFIED_UVICORN",
+    "WEBSOCKET_PATH_ENV",
     "InsecureListen",
     "check_listen",
     "is_loopback",
@@ -37,6 +41,7 @@ __all__ = [
     "raise_open_files_limit",
     "serve_app",
     "uvicorn_config",
+    "websocket_protocol",
 ]
 
 logger = logging.getLogger("acp_once.server")
@@ -109,6 +114,44 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+VERIFIED_UVICORN = frozenset({"0.55"})
+"""The uvicorn minor versions the direct WebSocket path (`acp_once.server.websocket_protocol`,
+which subclasses uvicorn's `websockets-sansio` protocol and uses its internals) was checked
+against. On any other version `uvicorn_config` uses uvicorn's own WebSocket protocol."""
+WEBSOCKET_PATH_ENV = "ACP_ONCE_WEBSOCKET_PATH"
+"""`stock`: use uvicorn's own WebSocket protocol even on a verified uvicorn (unset or `auto`:
+the direct path where verified)."""
+
+
+def _stock_websocket() -> str:
+    # websockets-sansio where this uvicorn has it (no deprecated websockets API), else its default
+    sansio = "uvicorn.protocols.websockets.websockets_sansio_impl"
+    return "websockets-sansio" if importlib.util.find_spec(sansio) is not None else "auto"
+
+
+def websocket_protocol() -> tuple[type[asyncio.Protocol] | str, str]:
+    """The WebSocket protocol for `uvicorn.Config(ws=...)` and a sentence saying which: the
+    direct path (`DirectWebSocketProtocol`) on a uvicorn in `VERIFIED_UVICORN`, else (or with
+    `ACP_ONCE_WEBSOCKET_PATH=stock`) uvicorn's own, where ACP messages go through ASGI events
+    with the same behaviour, at a higher cost per message."""
+    version = uvicorn.__version__
+    minor = ".".join(version.split(".")[:2])
+    forced = os.environ.get(WEBSOCKET_PATH_ENV, "").strip().lower()
+    if forced == "stock":
+        reason = f"{WEBSOCKET_PATH_ENV}=stock"
+    elif minor not in VERIFIED_UVICORN:
+        reason = f"the direct path is not verified on uvicorn {version}"
+    else:
+        try:
+            from .websocket_protocol import DirectWebSocketProtocol
+        except ImportError as exc:  # defensive: a verified version always has the module
+            reason = f"the direct path cannot be loaded ({exc})"
+        else:
+            return DirectWebSocketProtocol, f"WebSocket: direct path (uvicorn {version})"
+    stock = _stock_websocket()
+    return stock, f"WebSocket: uvicorn's {stock} protocol ({reason})"
+
+
 class _Server(uvicorn.Server):
     """uvicorn without its own signal handling: it re-raises SIGTERM once it has stopped,
     which would end the process before the agent, its leases and its store are closed."""
@@ -154,7 +197,9 @@ def uvicorn_config(
     max_connections_per_address: int | None = DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
 ) -> uvicorn.Config:
     """uvicorn's configuration for an ACP app: its lifespan on, `websockets-sansio` with a
-    direct channel for ACP messages (`acp_once.server.websocket_protocol`), a
+    direct channel for ACP messages (`acp_once.server.websocket_protocol`) on the uvicorn
+    versions it was verified against, uvicorn's own WebSocket protocol otherwise
+    (`websocket_protocol`), a
     WebSocket size limit just above `max_message_bytes` (the app answers -32600 below it), and
     h11 with a `HalfOpenGuard` (a request's headers due within `header_timeout` seconds, at
     most `max_half_open` connections waiting for them, `max_half_open_per_address` per client
@@ -167,6 +212,7 @@ def uvicorn_config(
         ValueError: a non-positive timeout or cap.
     """
     acp: AcpServer | None = getattr(app.state, "acp", None)
+    ws, _ = websocket_protocol()
     guard = HalfOpenGuard(
         header_timeout=header_timeout,
         max_half_open=max_half_open,
@@ -185,8 +231,9 @@ def uvicorn_config(
         # (`create_app(forwarded_allow_ips=...)`): uvicorn would believe 127.0.0.1's
         proxy_headers=False,
         lifespan="on",  # the app owns its HTTP connections; the agent is owned by the caller
-        # uvicorn's websockets-sansio protocol, with a direct channel for ACP connections
-        ws=DirectWebSocketProtocol,
+        # uvicorn's websockets-sansio protocol with a direct channel for ACP connections,
+        # where verified; else uvicorn's own
+        ws=ws,
         ws_max_size=max_message_bytes + _WS_HEADROOM,
         # uvicorn's records go to the root logger's handlers in the application's format, at
         # its level (None: uvicorn's loggers inherit it) rather than uvicorn's own INFO setup
@@ -212,7 +259,8 @@ async def serve_app(
     (`raise_open_files_limit`), until SIGINT or SIGTERM (with `handle_signals`; a second one
     stops waiting for open connections) or `server.should_exit`. The URL is announced first,
     one INFO line on the `acp_once.server.address` logger (tests and the demo read it; the CLI
-    shows it at its default level). `on_server` receives the uvicorn server before it
+    shows it at its default level) that also says which WebSocket path serves
+    (`websocket_protocol`). `on_server` receives the uvicorn server before it
     starts."""
     acp: AcpServer = app.state.acp
     host, port = sock.getsockname()[:2]
@@ -229,10 +277,11 @@ async def serve_app(
         on_server(server)
     shown = f"[{host}]" if ":" in host else host
     address_logger.info(
-        "ACP over WebSocket at ws://%s:%d/acp (%s)",
+        "ACP over WebSocket at ws://%s:%d/acp (%s; %s)",
         shown,
         port,
         "bearer token required" if acp.token_required else "no token: loopback only",
+        websocket_protocol()[1],  # which WebSocket path serves, said once
     )
     async with anyio.create_task_group() as tg:
         # signal handlers can only be set from the main thread (as in uvicorn's own)

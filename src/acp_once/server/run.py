@@ -178,9 +178,14 @@ async def _reload_on_sighup(server: AcpServer, path: Path) -> None:
             except TokensFileError as exc:  # its message names the line, never a token
                 logger.error("tokens not reloaded, the previous ones stay: %s", exc)
                 continue
-            server.set_tokens(tokens)
+            closed = server.set_tokens(tokens)
             # at the default level (warning): an operator sees the reload took effect
-            logger.warning("tokens reloaded from %s: %d tenants", path, len(tokens))
+            logger.warning(
+                "tokens reloaded from %s: %d tenants, %d connection(s) of removed tokens closed",
+                path,
+                len(tokens),
+                closed,
+            )
 
 
 async def serve_bridge(
