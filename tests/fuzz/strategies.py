@@ -3,7 +3,11 @@
 A `Case` builds its frame from an id the test makes unique (so a second answer, or one with a
 wrong id, cannot hide among the others) and says what must come back: exactly one answer with
 that id, exactly one with `id: null` (a parse error, a request whose id is unusable), or nothing
-(notifications, responses, invalid notifications).
+(notifications, responses, invalid notifications). A batch (D21) holds entries made by the same
+strategies, each with an id of its own, and must get one array holding exactly the answers its
+entries would get alone (a nested array: -32600 with `id: null`), or nothing when none would.
+`Case.expected(id)` lists the ids a frame's answers must carry; `answer_ids` reads them back
+from what came (an object or an array).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from hypothesis import strategies as st
 
 from tests.protocol.test_encoding import _TEXT, ODD_VALUES
 
-Expect = Literal["id", "null", "none"]
+Expect = Literal["id", "null", "none", "batch"]
 
 METHODS = st.sampled_from(
     [
@@ -71,9 +75,37 @@ class Case:
     kind: str
     build: Callable[[Any], bytes]
     expect: Expect
+    entries: tuple[Case, ...] = ()
+    """A batch's entries (`expect` "batch")."""
 
     def frame(self, id: Any) -> bytes:
         return self.build(id)
+
+    def expected(self, id: Any) -> list[Any]:
+        """The ids of the answers this frame must get (None for `id: null`), in any order."""
+        if self.expect == "batch":
+            return [
+                answer
+                for k, entry in enumerate(self.entries)
+                for answer in entry.expected(entry_id(id, k))
+            ]
+        if self.expect == "none":
+            return []
+        return [id if self.expect == "id" else None]
+
+
+def entry_id(id: Any, k: int) -> Any:
+    """The id of a batch's `k`-th entry: unique among all ids of a test."""
+    return f"{id}/{k}"
+
+
+def answer_ids(value: Any) -> list[Any]:
+    """The ids of the answers in a received frame: one object, or a batch's array of them."""
+    if isinstance(value, list):
+        assert value, "an empty array is never an answer"
+        return [answer["id"] for answer in value]
+    assert isinstance(value, dict)
+    return [value["id"]]
 
 
 def _request(method: str, params: Any, envelope: str) -> Case:
@@ -134,7 +166,12 @@ RESPONSES = st.builds(
 )
 NON_OBJECTS = st.builds(
     lambda value: Case("not an object", lambda _: _dumps(value), "null"),
-    NOT_OBJECTS,
+    # a non-empty array is a batch: BATCHES makes those
+    NOT_OBJECTS.filter(lambda v: not (isinstance(v, list) and v)),
+)
+NESTED_ARRAYS = st.builds(
+    lambda value: Case("nested array", lambda _: _dumps(value), "null"),
+    st.lists(NOT_OBJECTS, max_size=2),
 )
 GARBAGE = (
     st.binary(min_size=1, max_size=64)
@@ -156,4 +193,22 @@ def _deep(n: int) -> Case:
 # where parsing ends depends on the caller, so the cases stay below it (beyond it, a parse
 # error, tests/rpc/test_hostile_frames.py)
 DEEP = st.integers(min_value=1, max_value=900).map(_deep)
-CASES = st.one_of(REQUESTS, BAD_ID_REQUESTS, NOTIFICATIONS, RESPONSES, NON_OBJECTS, GARBAGE, DEEP)
+ENTRIES = st.one_of(
+    REQUESTS, BAD_ID_REQUESTS, NOTIFICATIONS, RESPONSES, NON_OBJECTS, NESTED_ARRAYS, DEEP
+)
+
+
+def _batch(entries: list[Case]) -> Case:
+    def build(id: Any) -> bytes:
+        frames = [entry.frame(entry_id(id, k)) for k, entry in enumerate(entries)]
+        return b"[" + b",".join(frames) + b"]"
+
+    return Case("batch", build, "batch", tuple(entries))
+
+
+BATCHES = st.lists(ENTRIES, min_size=1, max_size=5).map(_batch)
+LONE_CASES = st.one_of(
+    REQUESTS, BAD_ID_REQUESTS, NOTIFICATIONS, RESPONSES, NON_OBJECTS, GARBAGE, DEEP
+)
+"""Single messages and garbage: no batch."""
+CASES = LONE_CASES | BATCHES

@@ -12,10 +12,11 @@ import anyio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from acp_once.protocol.framing import LineFramer
+from acp_once.protocol.framing import LineFramer, OversizedFrame
 from acp_once.protocol.initialization import InitializeGate
 from acp_once.rpc.connection import Connection, RequestContext
 from acp_once.rpc.streams import memory_pair
+from tests.fuzz import strategies
 from tests.fuzz.strategies import CASES, ID_TEXT, Case
 
 TIMEOUT = 10
@@ -46,15 +47,21 @@ async def exchange(cases: list[tuple[Case, Any]]) -> None:
         with anyio.fail_after(TIMEOUT):
             async with Connection(ours, on_request=echo, gate=InitializeGate()):
                 for case, id in cases:
+                    answer_ids = case.expected(id)
                     for event in framer.feed(case.frame(id) + b"\n"):
+                        if isinstance(event, OversizedFrame) and case.kind == "batch":
+                            # a batch over the frame limit is one frame too large (A7): one
+                            # -32600 with id null when it looks like it holds a request
+                            answer_ids = [None] if b'"method"' in event.head else []
                         await peer.send(event)  # type: ignore[arg-type]
-                    if case.expect != "none":
-                        expected[repr(id if case.expect == "id" else None)] += 1
+                    for answer_id in answer_ids:
+                        expected[repr(answer_id)] += 1
                 got: Counter[str] = Counter()
                 while got.total() < expected.total():
                     raw = await peer.receive()
                     assert isinstance(raw, bytes)
-                    got[repr(json.loads(raw)["id"])] += 1
+                    for answer_id in strategies.answer_ids(json.loads(raw)):
+                        got[repr(answer_id)] += 1
                 assert got == expected
                 # nothing more comes, and the connection still serves
                 await peer.send(b'{"jsonrpc":"2.0","id":"last","method":"initialize"}')

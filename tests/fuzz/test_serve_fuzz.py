@@ -21,7 +21,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
 from tests.fuzz.logs import assert_clean
-from tests.fuzz.strategies import CASES, ID_TEXT, Case, _parses
+from tests.fuzz.strategies import CASES, ID_TEXT, Case, _parses, answer_ids
 from tests.fuzz.test_stdio_fuzz import INITIALIZE
 from tests.remote.harness import listening_socket
 
@@ -58,14 +58,14 @@ class Peer:
         # text=True: the bytes go out as a text frame whatever they are
         self.ws.send(frame, text=not binary)
 
-    def answer(self) -> dict[str, Any]:
+    def answer(self) -> Any:
         while True:
             left = self.deadline - time.monotonic()
             assert left > 0, "no answer in time"
             message = self.ws.recv(timeout=left)
             value = json.loads(message)  # the stdlib reads escaped surrogates back
-            assert isinstance(value, dict)
-            if "method" in value and "id" not in value:
+            assert isinstance(value, dict | list)  # an array: the answers to a batch
+            if isinstance(value, dict) and "method" in value and "id" not in value:
                 continue  # a notification of the agent's (a prompt's turn)
             return value
 
@@ -75,7 +75,7 @@ class Peer:
         self.send(
             json.dumps({"jsonrpc": "2.0", "id": id, "method": method, "params": params}).encode()
         )
-        answer = self.answer()
+        answer: dict[str, Any] = self.answer()
         assert answer["id"] == id, answer
         return answer
 
@@ -98,14 +98,16 @@ class Peer:
             if case.kind != "binary":
                 frame = _as_text(frame)
             self.send(frame, binary=case.kind == "binary")
-            if case.expect != "none":
-                expected[repr(id if case.expect == "id" else None)] += 1
+            for answer_id in case.expected(id):
+                expected[repr(answer_id)] += 1
         got: Counter[str] = Counter()
         errors_only = True
         while got.total() < expected.total():
             answer = self.answer()
-            got[repr(answer["id"])] += 1
-            errors_only = errors_only and "error" in answer
+            for answer_id in answer_ids(answer):
+                got[repr(answer_id)] += 1
+            answers = answer if isinstance(answer, list) else [answer]
+            errors_only = errors_only and all("error" in a for a in answers)
         assert got == expected
         return errors_only
 

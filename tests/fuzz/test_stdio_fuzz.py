@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.fuzz.logs import assert_clean
-from tests.fuzz.strategies import CASES, ID_TEXT, Case
+from tests.fuzz.strategies import CASES, ID_TEXT, Case, answer_ids
 
 AGENT = [sys.executable, "-m", "acp_once", "agent", "--store", "memory"]
 TIMEOUT = 50.0  # the whole test; each read waits at most until then
@@ -43,7 +43,7 @@ class Agent:
     def send(self, frame: bytes) -> None:
         os.write(self.wfd, frame + b"\n")  # blocking: the agent reads, as we read its answers
 
-    def answer(self) -> dict[str, Any]:
+    def answer(self) -> Any:
         while b"\n" not in self.buffer:
             left = self.deadline - time.monotonic()
             assert left > 0 and select.select([self.rfd], [], [], left)[0], "no answer in time"
@@ -53,8 +53,8 @@ class Agent:
         line, _, rest = bytes(self.buffer).partition(b"\n")
         self.buffer[:] = rest
         value = json.loads(line)  # the stdlib reads escaped surrogates back
-        assert isinstance(value, dict)
-        if "method" in value and "id" not in value:
+        assert isinstance(value, dict | list)  # an array: the answers to a batch
+        if isinstance(value, dict) and "method" in value and "id" not in value:
             return self.answer()  # a notification of the agent's (the prompt's turn)
         return value
 
@@ -62,7 +62,7 @@ class Agent:
         self.send(
             json.dumps({"jsonrpc": "2.0", "id": id, "method": method, "params": params}).encode()
         )
-        answer = self.answer()
+        answer: dict[str, Any] = self.answer()
         assert answer["id"] == id, answer
         return answer
 
@@ -96,14 +96,16 @@ def test_the_agent_answers_each_request_once_and_lives_whatever_it_is_sent() -> 
                 for i, (case, suffix) in enumerate(cases):
                     id = f"{n}.{i}:{suffix}"
                     agent.send(case.frame(id))
-                    if case.expect != "none":
-                        expected[repr(id if case.expect == "id" else None)] += 1
+                    for answer_id in case.expected(id):
+                        expected[repr(answer_id)] += 1
                 got: Counter[str] = Counter()
                 errors_only = True
                 while got.total() < expected.total():
                     answer = agent.answer()
-                    got[repr(answer["id"])] += 1
-                    errors_only = errors_only and "error" in answer
+                    for answer_id in answer_ids(answer):
+                        got[repr(answer_id)] += 1
+                    answers = answer if isinstance(answer, list) else [answer]
+                    errors_only = errors_only and all("error" in a for a in answers)
                 assert got == expected
                 after = agent.sessions()  # also: nothing more came before this answer
                 if errors_only:

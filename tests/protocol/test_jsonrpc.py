@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import orjson
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -42,7 +43,6 @@ def test_valid_messages(frame: bytes, expected: jsonrpc.Message) -> None:
     [
         (b"{not json", PARSE_ERROR, None, True),
         (b"[]", INVALID_REQUEST, None, True),
-        (b'[{"jsonrpc":"2.0","id":1,"method":"m"}]', INVALID_REQUEST, None, True),
         (b"42", INVALID_REQUEST, None, True),
         (b'{"id":1,"method":"m"}', INVALID_REQUEST, 1, True),
         (b'{"jsonrpc":"2.0","id":null,"method":"m"}', INVALID_REQUEST, None, True),
@@ -59,6 +59,47 @@ def test_invalid_messages(frame: bytes, code: int, id: object, answer: bool) -> 
     msg = jsonrpc.decode(frame)
     assert isinstance(msg, jsonrpc.Invalid)
     assert (msg.code, msg.id, msg.answer) == (code, id, answer)
+
+
+def test_a_non_empty_array_is_a_batch_of_raw_entries() -> None:
+    # D21: the entries are classified one by one, each as if it had come alone
+    msg = jsonrpc.decode(b' [{"jsonrpc":"2.0","id":1,"method":"m"}, 17]')
+    assert msg == jsonrpc.Batch([{"jsonrpc": "2.0", "id": 1, "method": "m"}, 17])
+
+
+@pytest.mark.parametrize(
+    ("entry", "expected"),
+    [
+        ({"jsonrpc": "2.0", "id": 1, "method": "m"}, jsonrpc.Request(1, "m", None)),
+        ({"jsonrpc": "2.0", "method": "n"}, jsonrpc.Notification("n", None)),
+        ({"jsonrpc": "2.0", "id": 2, "result": 3}, jsonrpc.Response(2, 3)),
+        # D40: what is not an object, or no kind of message, is answered in the array
+        (17, jsonrpc.Invalid(INVALID_REQUEST, "A batch entry must be a JSON object")),
+        ([], jsonrpc.Invalid(INVALID_REQUEST, "A batch entry must be a JSON object")),
+        ({"foo": "boo"}, jsonrpc.Invalid(INVALID_REQUEST, 'jsonrpc must be "2.0"')),
+        (
+            {"jsonrpc": "2.0", "id": "x"},
+            jsonrpc.Invalid(INVALID_REQUEST, "Not a request, notification or response", "x"),
+        ),
+        # an invalid notification stays unanswered, as it would alone (R48)
+        (
+            {"jsonrpc": "2.0", "method": "n", "params": 1},
+            jsonrpc.Invalid(INVALID_REQUEST, "params must be an object", answer=False),
+        ),
+        # so does an invalid response
+        (
+            {"jsonrpc": "2.0", "id": None, "result": 1},
+            jsonrpc.Invalid(INVALID_REQUEST, "Response id is invalid", answer=False),
+        ),
+    ],
+)
+def test_batch_entries(entry: object, expected: jsonrpc.Message) -> None:
+    assert jsonrpc.decode_entry(entry) == expected
+
+
+def test_encode_batch_joins_messages_into_one_array() -> None:
+    frames = [jsonrpc.encode_result(1, {}), jsonrpc.encode_error(None, {"code": 1, "message": ""})]
+    assert orjson.loads(jsonrpc.encode_batch(frames)) == [orjson.loads(f) for f in frames]
 
 
 def test_lone_surrogate_is_valid_json_not_a_parse_error() -> None:

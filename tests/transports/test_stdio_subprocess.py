@@ -6,8 +6,10 @@ import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from unittest.mock import ANY
 
 import anyio
+import orjson
 import pytest
 
 from acp_once.client import Client, ClientSideConnection
@@ -19,6 +21,7 @@ from acp_once.protocol.errors import (
     MethodNotFound,
     RequestCancelled,
 )
+from acp_once.rpc.connection import BatchEntry
 from acp_once.rpc.errors import ConnectionClosed
 from acp_once.transports.stdio import AgentProcess, spawn
 from tests.helpers import initialize_request
@@ -108,6 +111,54 @@ async def test_requests_before_initialize_are_refused_then_initialize_works() ->
             assert getattr(again.value, "code", None) == INVALID_REQUEST
 
 
+async def test_a_batch_line_both_ways_over_real_pipes() -> None:
+    # D21: our client sends one line holding an array; the agent answers with one array line
+    with anyio.fail_after(TIMEOUT):
+        async with tiny_agent(Client()) as (conn, _):
+            session_id = await _ready(conn)
+            calls = await conn.rpc.start_batch(
+                [
+                    BatchEntry("_echo", {"n": 1}),
+                    BatchEntry("session/cancel", {"sessionId": session_id}, notification=True),
+                    BatchEntry("no/such_method", {}),
+                    BatchEntry("_echo", {"n": 2}),
+                ]
+            )
+            assert await calls[0].result(TIMEOUT) == {"n": 1}
+            with pytest.raises(Exception) as missing:
+                await calls[1].result(TIMEOUT)
+            assert getattr(missing.value, "code", None) == MethodNotFound.code
+            assert await calls[2].result(TIMEOUT) == {"n": 2}
+            # the connection goes on as before
+            assert await conn.agent.ext_request("_echo", {"after": 1}) == {"after": 1}
+
+
+async def test_a_raw_batch_line_gets_one_array_line() -> None:
+    with anyio.fail_after(TIMEOUT):
+        async with spawn([sys.executable, str(TINY_AGENT)]) as proc:
+            init = {"protocolVersion": 2, "info": {"name": "raw", "version": "1"}}
+            initialize = {"jsonrpc": "2.0", "id": "i", "method": "initialize", "params": init}
+            await proc.frames.send(orjson.dumps([initialize]))
+            reply = orjson.loads(await proc.frames.receive())  # type: ignore[arg-type]
+            assert [a["id"] for a in reply] == ["i"] and reply[0]["result"]["protocolVersion"] == 2
+            echo = {"jsonrpc": "2.0", "method": "_echo", "params": {"k": 1}}
+            await proc.frames.send(
+                orjson.dumps([{**echo, "id": 1}, echo, {**echo, "id": "two"}, {"x": 1}])
+            )
+            await proc.frames.send(orjson.dumps([echo]))  # notifications only: nothing back
+            await proc.frames.send(b"[]")
+            # the empty array's answer may come first: the reader answers it at once
+            frames = [orjson.loads(await proc.frames.receive()) for _ in range(2)]  # type: ignore[arg-type]
+            [reply] = [f for f in frames if isinstance(f, list)]
+            [empty] = [f for f in frames if isinstance(f, dict)]
+            assert sorted(map(str, (a["id"] for a in reply))) == ["1", "None", "two"]
+            assert empty == {
+                "jsonrpc": "2.0",
+                "id": None,
+                "error": {"code": INVALID_REQUEST, "message": ANY},
+            }
+
+
 async def test_ten_mebibyte_messages_both_directions() -> None:
     client = RecordingClient()
     size = 10 * 1024 * 1024
@@ -131,10 +182,14 @@ async def test_malformed_line_gets_parse_error_and_agent_keeps_serving() -> None
             assert isinstance(reply, bytes)
             assert b'"code":' + str(PARSE_ERROR).encode() in reply
             assert b'"id":null' in reply
+            # a batch of two invalid entries: one array, an error with id null for each (D21)
             await proc.frames.send(b"[1, 2]")
             batch_reply = await proc.frames.receive()
             assert isinstance(batch_reply, bytes)
-            assert str(INVALID_REQUEST).encode() in batch_reply
+            assert orjson.loads(batch_reply) == [
+                {"jsonrpc": "2.0", "id": None, "error": error}
+                for error in [{"code": INVALID_REQUEST, "message": ANY}] * 2
+            ]
             # still serving
             await proc.frames.send(
                 b'{"jsonrpc":"2.0","id":7,"method":"initialize","params":'

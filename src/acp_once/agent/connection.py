@@ -218,6 +218,7 @@ class AgentSideConnection(anyio.AsyncContextManagerMixin):
             result = await face.initialize(fields, ctx)
             self.client.v1_face = face
             self.version = 1
+            self._rpc.refuse_batches("Batches are not supported on ACP v1 connections")  # D42
             return result
         typed = self._validators[m.INITIALIZE](fields)
         result = to_wire(await self.agent.initialize(typed, ctx))

@@ -1,9 +1,9 @@
 """JSON-RPC 2.0 envelopes as ACP v2 uses them: decoding, validation and encoding.
 
 `decode(frame)` never raises: it returns a `Request`, `Notification`, `Response` or
-`ErrorResponse`, or an `Invalid` that says which error to answer (-32700 for invalid JSON,
--32600 for an invalid envelope or a batch) and to which id, if any. ACP v2 uses no batches, so a
-JSON array gets one -32600 with `id: null` and none of its entries is processed (D21).
+`ErrorResponse`, a `Batch` (a non-empty JSON array, D21), or an `Invalid` that says which error
+to answer (-32700 for invalid JSON, -32600 for an invalid envelope or an empty array) and to
+which id, if any. The entries of a batch are classified one by one with `decode_entry` (D40).
 
 Ids are strings or integers, never null and never fractional (R45). Encoding uses orjson;
 the hot path builds plain dicts and never goes through pydantic. Every value `decode` returns
@@ -22,6 +22,7 @@ import orjson
 from acp_once.protocol.errors import INTERNAL_ERROR, INVALID_REQUEST, PARSE_ERROR, AcpError
 
 __all__ = [
+    "Batch",
     "ErrorResponse",
     "Invalid",
     "Message",
@@ -29,8 +30,12 @@ __all__ = [
     "Request",
     "RequestId",
     "Response",
+    "Single",
     "Unencodable",
     "decode",
+    "decode_entry",
+    "decode_object",
+    "encode_batch",
     "encode_error",
     "encode_notification",
     "encode_request",
@@ -94,7 +99,17 @@ class Invalid:
     answer: bool = True
 
 
-Message = Request | Notification | Response | ErrorResponse | Invalid
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """A JSON array of at least one entry (D21): each entry is still raw parsed JSON, to be
+    classified with `decode_entry`."""
+
+    entries: list[Any]
+
+
+Single = Request | Notification | Response | ErrorResponse | Invalid
+"""What one JSON object is (`decode_object`, `decode_entry`)."""
+Message = Single | Batch
 
 
 def _not_json(name: str) -> Any:
@@ -118,14 +133,37 @@ def decode(frame: bytes | str) -> Message:
         obj = _loads(frame)
     except (ValueError, RecursionError):
         return Invalid(PARSE_ERROR, "Parse error")
+    if isinstance(obj, dict):
+        return decode_object(obj)
     if isinstance(obj, list):
-        return Invalid(INVALID_REQUEST, "Batches are not supported")
-    if not isinstance(obj, dict):
-        return Invalid(INVALID_REQUEST, "A message must be a JSON object")
-    return decode_object(obj)
+        if not obj:
+            return Invalid(INVALID_REQUEST, "A batch must hold at least one message")
+        return Batch(obj)
+    return Invalid(INVALID_REQUEST, "A message must be a JSON object")
 
 
-def decode_object(obj: dict[str, Any]) -> Message:
+def decode_entry(entry: Any) -> Single:
+    """Classify one entry of a batch (D40). Never raises.
+
+    As `decode_object`, except that an entry which is not an object, or an object that is
+    neither a request, a notification nor a response (`{"foo": 1}`), is answered -32600 inside
+    the reply array, as the JSON-RPC 2.0 batch examples show. A nested array is such an entry.
+    """
+    if not isinstance(entry, dict):
+        return Invalid(INVALID_REQUEST, "A batch entry must be a JSON object")
+    msg = decode_object(entry)
+    if (
+        isinstance(msg, Invalid)
+        and not msg.answer
+        and "method" not in entry
+        and "result" not in entry
+        and "error" not in entry
+    ):
+        return Invalid(msg.code, msg.message, msg.id)
+    return msg
+
+
+def decode_object(obj: dict[str, Any]) -> Single:
     """Classify an already parsed JSON object. Never raises."""
     has_id = "id" in obj
     raw_id: Any = obj.get("id")
@@ -232,6 +270,11 @@ def encode_result(id: RequestId, result: Any) -> bytes:
         return orjson.dumps(message)
     except TypeError:
         return _dumps_escaped(message)
+
+
+def encode_batch(frames: list[bytes]) -> bytes:
+    """Join encoded messages (`encode_request`, `encode_result`...) into one batch array."""
+    return b"[" + b",".join(frames) + b"]"
 
 
 def encode_error(id: RequestId | None, error: AcpError | dict[str, Any]) -> bytes:

@@ -27,6 +27,14 @@ agent at ~50 MB (665 MB before the slot was held until the answer was written). 
 reader answers itself (parse errors, refused requests) are written by the reader, which waits
 for them in the same way.
 
+Batches (D21): an inbound JSON array is taken entry by entry, each as if it had come alone
+(requests run concurrently in their own tasks, notifications inline, answers to our requests
+are matched), and the answers to its requests are written together as one array once the last
+is made (`_BatchReply`): a slow entry holds back the answers of the fast ones in its batch. An
+empty array, an array over `max_batch` entries, or an array on a connection that refuses
+batches (v1, D42) gets one -32600 with `id: null` and none of its entries is processed (D41).
+`start_batch` sends a batch of our own.
+
 Methods are strings and params are dicts here: typed faces live in `acp_once.agent` and
 `acp_once.client`. The connection's tasks live in a task group that `async with` opens and
 closes in the same task.
@@ -38,7 +46,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Self
 
@@ -59,11 +67,13 @@ from acp_once.protocol.errors import (
 from acp_once.protocol.framing import OversizedFrame, sniff_request_id
 from acp_once.protocol.jsonrpc import RequestId
 from acp_once.protocol.methods import CANCEL_REQUEST
-from acp_once.rpc.errors import ConnectionClosed, FrameTooLarge, RequestTimeout
+from acp_once.rpc.errors import BatchRefused, ConnectionClosed, FrameTooLarge, RequestTimeout
 from acp_once.rpc.streams import FrameStream, NowaitFrameStream
 from acp_once.rpc.tasks import TaskPool, cancel_scope_factory
 
 __all__ = [
+    "DEFAULT_MAX_BATCH",
+    "BatchEntry",
     "Connection",
     "Gate",
     "NotificationHandler",
@@ -81,6 +91,8 @@ _ANSWER_AFTER_EOF = 2.0
 # what a write raises when the peer is gone (or the stream closed under it)
 _SEND_ERRORS = (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError)
 _OUTBOX_LIMIT = 64 * 1024
+DEFAULT_MAX_BATCH = 256
+"""Entries one inbound batch may hold (D41); a longer one is refused whole."""
 
 
 @contextlib.contextmanager
@@ -168,6 +180,55 @@ async def _no_notifications(method: str, params: dict[str, Any] | None) -> None:
     return None
 
 
+@dataclass(frozen=True, slots=True)
+class BatchEntry:
+    """One message of a batch we send (`Connection.start_batch`): a request, or a
+    notification when `notification` is True."""
+
+    method: str
+    params: Any = None
+    notification: bool = False
+
+
+class _BatchReply:
+    """The answers to one inbound batch's requests, written as one array when the last is in.
+
+    The reader counts each answer it expects (`expect`) while it takes the batch's entries and
+    `seal`s it after the last; every expected answer arrives by `add` exactly once (an entry's
+    own answer path: its task, or the reader for a refused or invalid entry). Nothing is written
+    for a batch that expects no answer (notifications and responses only).
+    """
+
+    __slots__ = ("_connection", "_expected", "_frames", "_sealed")
+
+    def __init__(self, connection: Connection) -> None:
+        self._connection = connection
+        self._frames: list[bytes] = []
+        self._expected = 0
+        self._sealed = False
+
+    def expect(self) -> None:
+        self._expected += 1
+
+    async def add(self, frame: bytes) -> None:
+        self._frames.append(frame)
+        await self._write_if_complete()
+
+    async def seal(self) -> None:
+        self._sealed = True
+        await self._write_if_complete()
+
+    async def _write_if_complete(self) -> None:
+        if not self._sealed or len(self._frames) < self._expected:
+            return
+        frames, self._frames = self._frames, []
+        try:
+            if frames:
+                await self._connection._answer_quietly(jsonrpc.encode_batch(frames))
+        finally:
+            self._connection._answered_one()
+
+
 class PendingCall:
     """An outbound request awaiting its answer."""
 
@@ -229,7 +290,8 @@ class Connection(anyio.AsyncContextManagerMixin):
         stream: the transport.
         on_request: handles inbound requests (default: -32601 for every method).
         on_notification: handles inbound notifications (default: ignore).
-        gate: admission rules checked before dispatch (the agent side passes `InitializeGate`).
+        gate: admission rules checked before dispatch (the agent side passes `InitializeGate`);
+            the entries of a batch are admitted one by one, in order.
         cooperative_cancel: methods whose handlers take `$/cancel_request` into their own hands
             (`RequestContext.on_cancel`), even when it arrives before the handler started: the
             engine then never cancels their scope (an inserted prompt must still succeed).
@@ -237,6 +299,7 @@ class Connection(anyio.AsyncContextManagerMixin):
             reader waits (bounded by the peer: a slot frees when an answer is written).
         send_timeout: seconds a frame may wait for the peer to read it before the connection
             is treated as gone.
+        max_batch: entries an inbound batch may hold; a longer batch gets one -32600 (D41).
         name: shown in logs.
     """
 
@@ -251,8 +314,11 @@ class Connection(anyio.AsyncContextManagerMixin):
         name: str = "acp",
         cooperative_cancel: frozenset[str] = frozenset(),
         send_timeout: float = 60.0,
+        max_batch: int = DEFAULT_MAX_BATCH,
     ) -> None:
         self._send_timeout = send_timeout
+        self._max_batch = max_batch
+        self._batch_refusal: str | None = None  # set: arrays are refused whole (v1, D42)
         self._cooperative = cooperative_cancel
         self._arrivals = 0
         self._stream = stream
@@ -326,6 +392,12 @@ class Connection(anyio.AsyncContextManagerMixin):
     async def wait_closed(self) -> None:
         """Wait until the connection has ended (peer gone or closed locally)."""
         await self._closed.wait()
+
+    def refuse_batches(self, reason: str) -> None:
+        """From now on, answer every inbound batch with one -32600 (`reason` as its message)
+        and refuse to send one (`start_batch` raises `BatchRefused`): the peer speaks a
+        version without batches (ACP v1, D42)."""
+        self._batch_refusal = reason
 
     def _shutdown(self) -> None:
         if self._is_closed:
@@ -529,6 +601,45 @@ class Connection(anyio.AsyncContextManagerMixin):
             raise
         return call
 
+    async def start_batch(self, entries: Sequence[BatchEntry]) -> list[PendingCall]:
+        """Send `entries` as one JSON-RPC batch; return the `PendingCall` of each request entry,
+        in their order (notifications have none).
+
+        Each call is answered on its own (the peer writes its answers as one array, in any
+        order, once it has made them all: D21); `PendingCall.cancel` cancels one entry.
+
+        Raises:
+            BatchRefused: nothing was sent: `entries` is empty, the transport carries no
+                batches (Streamable HTTP, D43) or the peer speaks a version without them (D42).
+            ConnectionClosed: the connection is closed, or broke while sending.
+        """
+        if not entries:
+            raise BatchRefused("A batch must hold at least one message")
+        if self._batch_refusal is not None:
+            raise BatchRefused(self._batch_refusal)
+        if not getattr(self._stream, "carries_batches", True):
+            raise BatchRefused("This transport carries no batches: send each message alone")
+        if self._input_ended:
+            raise ConnectionClosed("The peer stopped sending: a batch could not be answered")
+        calls: list[PendingCall] = []
+        frames: list[bytes] = []
+        try:
+            for entry in entries:
+                if entry.notification:
+                    frames.append(jsonrpc.encode_notification(entry.method, entry.params))
+                    continue
+                id = next(self._ids)
+                call = PendingCall(self, id, entry.method)
+                self._pending[id] = call
+                calls.append(call)
+                frames.append(jsonrpc.encode_request(id, entry.method, entry.params))
+            await self._send(jsonrpc.encode_batch(frames))
+        except BaseException:
+            for call in calls:
+                self._pending.pop(call.id, None)
+            raise
+        return calls
+
     async def request(
         self, method: str, params: Any = None, *, timeout: float | None = None
     ) -> Any:
@@ -630,6 +741,48 @@ class Connection(anyio.AsyncContextManagerMixin):
                     await self._answer_quietly(
                         jsonrpc.encode_error(id, {"code": code, "message": message})
                     )
+            case jsonrpc.Batch(entries=entries):
+                await self._on_batch(entries)
+
+    async def _on_batch(self, entries: list[Any]) -> None:
+        """Take a batch's entries one by one, in order, as if each had come alone (D21): its
+        requests' answers go into one reply array, written when the last one is made."""
+        refusal = self._batch_refusal
+        if refusal is None and len(entries) > self._max_batch:
+            refusal = f"A batch may hold at most {self._max_batch} messages"
+        if refusal is not None:
+            logger.warning("%s: refused a batch of %d messages", self._name, len(entries))
+            await self._answer_quietly(jsonrpc.encode_error(None, InvalidRequest(refusal)))
+            return
+        reply = _BatchReply(self)
+        self._unanswered += 1  # the reply array: the reader waits for it at end of input
+        self._arrivals -= 1  # the read loop counted the frame; each entry counts instead
+        try:
+            for entry in entries:
+                self._arrivals += 1
+                msg = jsonrpc.decode_entry(entry)
+                match msg:
+                    case jsonrpc.Request():
+                        reply.expect()
+                        await self._on_inbound_request(msg, reply)
+                    case jsonrpc.Invalid(code=code, message=message, id=id, answer=answer):
+                        logger.warning(
+                            "%s: invalid batch entry from peer (%s): %s", self._name, code, message
+                        )
+                        if answer:
+                            reply.expect()
+                            error = {"code": code, "message": message}
+                            await reply.add(jsonrpc.encode_error(id, error))
+                    case _:
+                        await self._dispatch(msg)
+        finally:
+            await reply.seal()
+
+    def _answered_one(self) -> None:
+        """An answer (or a batch's reply array) taken into account by `_unanswered` is sent."""
+        self._unanswered -= 1
+        if self._all_answered is not None and not self._unanswered:
+            self._all_answered.set()
 
     async def _on_oversized(self, frame: OversizedFrame) -> None:
         id = sniff_request_id(frame.head)
@@ -665,19 +818,26 @@ class Connection(anyio.AsyncContextManagerMixin):
         except Exception:
             logger.exception("%s: notification handler for '%s' failed", self._name, msg.method)
 
-    async def _on_inbound_request(self, msg: jsonrpc.Request) -> None:
+    async def _on_inbound_request(
+        self, msg: jsonrpc.Request, batch: _BatchReply | None = None
+    ) -> None:
         if msg.id in self._inflight:
             # D19: echoing the id would look like the original's answer
-            await self._answer_quietly(
-                jsonrpc.encode_error(None, InvalidRequest("Request id is already in use"))
-            )
+            refused = jsonrpc.encode_error(None, InvalidRequest("Request id is already in use"))
+            if batch is None:
+                await self._answer_quietly(refused)
+            else:
+                await batch.add(refused)
             return
         answered: Callable[[bool], None] | None = None
         if self._gate is not None:
             try:
                 answered = self._gate.admit_request(msg.method)
             except AcpError as exc:
-                await self._answer_quietly(jsonrpc.encode_error(msg.id, exc))
+                if batch is None:
+                    await self._answer_quietly(jsonrpc.encode_error(msg.id, exc))
+                else:
+                    await batch.add(jsonrpc.encode_error(msg.id, exc))
                 return
         ctx = RequestContext(
             msg.id,
@@ -694,13 +854,14 @@ class Connection(anyio.AsyncContextManagerMixin):
         except anyio.WouldBlock:
             await self._slots.acquire()
         assert self._servers is not None
-        self._servers.start_soon(self._serve, msg, ctx, answered)
+        self._servers.start_soon(self._serve, msg, ctx, answered, batch)
 
     async def _serve(
         self,
         msg: jsonrpc.Request,
         ctx: RequestContext,
         answered: Callable[[bool], None] | None,
+        batch: _BatchReply | None,
     ) -> None:
         frame: bytes | None = None
         ok = False
@@ -729,16 +890,20 @@ class Connection(anyio.AsyncContextManagerMixin):
             if answered is not None:
                 answered(ok)
         try:
-            if frame is not None:
+            if frame is None:
+                pass
+            elif batch is None:
                 await self._answer_quietly(frame)
+            else:
+                # kept with its batch's other answers (at most `max_batch` of them): the
+                # slot is free for a request of a batch that could never finish otherwise
+                await batch.add(frame)
         finally:
             # The slot is given back only now that the answer is written (or queued in the
             # bounded outbox): a peer that does not read keeps every slot taken, so the reader
             # stops taking its requests instead of making answers nobody reads (issue 20).
             self._slots.release()
-            self._unanswered -= 1
-            if self._all_answered is not None and not self._unanswered:
-                self._all_answered.set()
+            self._answered_one()
 
     async def _answer_quietly(self, frame: bytes) -> None:
         try:

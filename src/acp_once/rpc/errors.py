@@ -4,6 +4,7 @@
     ├── ConnectionClosed(ConnectionError)   the peer went away (process exited, socket dropped)
     └── FrameTooLarge                the peer's answer exceeded the frame limit
     RequestTimeout(TimeoutError)     no answer within the timeout (a $/cancel_request was sent)
+    BatchRefused                     a batch we would send cannot be sent; nothing was sent
 
 An answer the peer gave (an error response) is raised as the matching
 `acp_once.protocol.errors.AcpError` subclass instead, so `except TransportError` and
@@ -12,7 +13,7 @@ An answer the peer gave (an error response) is raised as the matching
 
 from __future__ import annotations
 
-__all__ = ["ConnectionClosed", "FrameTooLarge", "RequestTimeout", "TransportError"]
+__all__ = ["BatchRefused", "ConnectionClosed", "FrameTooLarge", "RequestTimeout", "TransportError"]
 
 
 class TransportError(Exception):
@@ -29,3 +30,8 @@ class FrameTooLarge(TransportError):
 
 class RequestTimeout(TimeoutError):
     """No answer arrived in time. The engine sent `$/cancel_request` for it."""
+
+
+class BatchRefused(Exception):
+    """A batch was not sent: it was empty, the transport carries no batches, or the peer
+    speaks a version without them. Nothing was sent; send each message alone."""

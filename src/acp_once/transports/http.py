@@ -17,6 +17,9 @@
   ends the connection (`receive()` raises `anyio.EndOfStream`), since responses on it may be
   lost.
 
+A POST carries one message, never a batch array (D43: the per-message headers cannot
+describe one); `ClientHttpFrames.carries_batches` tells the engine so.
+
 Only JSON-RPC envelope fields are read here (`id`, `method`, `params.sessionId`): transports
 know no method names.
 """
@@ -358,7 +361,12 @@ class HttpRejected(ConnectionError):
 
 
 class ClientHttpFrames:
-    """The client side of one Streamable HTTP connection (see `connect_http`)."""
+    """The client side of one Streamable HTTP connection (see `connect_http`).
+
+    It carries no batches (D43): the server refuses them, so the engine raises before sending.
+    """
+
+    carries_batches = False
 
     def __init__(
         self, client: httpx.AsyncClient, url: str, tg: anyio.abc.TaskGroup, buffer: int
