@@ -15,7 +15,9 @@ import pytest
 
 from acp_once.server.app import CLOSE_REVOKED
 from acp_once.server.listen import WEBSOCKET_PATH_ENV
+from acp_once.transports.http import connect_http
 from acp_once.transports.websocket import ClientWebSocketFrames, connect_websocket
+from tests.remote.harness import running
 from tests.remote.test_tenants import ALICE, BOB, TenantServer
 
 pytestmark = pytest.mark.anyio
@@ -73,3 +75,34 @@ async def test_a_removed_tokens_websockets_are_closed_with_4401(tmp_path: Path, 
             assert "result" in await call(bob, 2, "session/list", {})
             assert bob.close_code is None
     assert not any(token in line for line in srv.lines for token in (ALICE, BOB))
+
+
+async def test_a_removed_tokens_http_connections_end(tmp_path: Path) -> None:
+    """Streamable HTTP: the removed tenant's connection ends; the other tenant's lives on."""
+    tenants = {"alice": ALICE, "bob": BOB}
+    with anyio.fail_after(TIMEOUT):
+        async with (
+            running(tmp_path, app_options={"tokens": tenants}) as srv,
+            connect_http(f"{srv.http}/acp", token=ALICE) as alice,
+            connect_http(f"{srv.http}/acp", token=BOB) as bob,
+        ):
+            for frames in (alice, bob):
+                await frames.send(
+                    json.dumps(
+                        {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": INIT}
+                    ).encode()
+                )
+                assert b'"result"' in bytes(await frames.receive())  # type: ignore[arg-type]
+            served = srv.acp.http_connections
+            assert alice.connection_id in served and bob.connection_id in served
+            revoked = served[alice.connection_id]
+            assert srv.acp.set_tokens({"bob": BOB}) == 1
+            await revoked.closed.wait()
+            assert not served[bob.connection_id].closed.is_set()
+            assert srv.acp.revoked_closed == 1
+            # bob's connection is still served
+            new = {"jsonrpc": "2.0", "id": 1, "method": "session/new", "params": {"cwd": "/w"}}
+            await bob.send(json.dumps(new).encode())
+            while b'"id":1' not in (answer := bytes(await bob.receive())).replace(b" ", b""):  # type: ignore[arg-type]
+                pass
+            assert b'"sessionId"' in answer
