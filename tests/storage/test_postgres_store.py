@@ -12,9 +12,10 @@ import subprocess
 import sys
 import traceback
 import uuid
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
 
 import anyio
@@ -25,6 +26,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
+from acp_once.agent.reference import ReferenceAgent
 from acp_once.storage import (
     InsertOutcome,
     KeyRecord,
@@ -47,6 +49,8 @@ from acp_once.storage.postgres import (
     postgres_status,
 )
 from acp_once.storage.postgres.sql import statements as compose_statements
+from acp_once.testing import connected
+from tests.cluster.harness import initialize, new_session, node, prompt
 from tests.storage.conftest import batch_everything
 
 if TYPE_CHECKING:
@@ -690,21 +694,21 @@ async def _terminate_backends(dsn: str, application_name: str) -> int:
     would), and wait until the server has let them all go; returns how many there were."""
     async with await _raw(dsn) as conn:
         cur = await conn.execute(
-            "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
-            " AND application_name = %s) AS t",
+            # MATERIALIZED: the filter runs before pg_terminate_backend (never on ourselves)
+            "WITH t AS MATERIALIZED (SELECT pid FROM pg_stat_activity"
+            "  WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            "  AND application_name = %s)"
+            " SELECT pid FROM t WHERE pg_terminate_backend(pid)",
             (application_name,),
         )
-        row = await cur.fetchone()
-        assert row is not None
-        while True:
+        pids = [pid for (pid,) in await cur.fetchall()]
+        while True:  # new connections of the pool may appear meanwhile: those are not waited on
             cur = await conn.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
-                (application_name,),
+                "SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%s)", (pids,)
             )
             left = await cur.fetchone()
             if left is not None and left[0] == 0:
-                return int(row[0])
+                return len(pids)
             await anyio.sleep(0.01)  # polling the server's view, bounded by the caller
 
 
@@ -738,6 +742,37 @@ async def test_the_writes_after_the_backends_were_terminated_succeed(
             )
         assert await store.count_user_messages("sess_1") == 7
         assert [entry.seq for entry in await store.read_timeline("sess_1")] == list(range(1, 9))
+
+
+@postgres
+@pytest.mark.parametrize("clustered", [False, True], ids=["one-node", "cluster-node"])
+async def test_the_prompts_after_the_backends_were_terminated_succeed(
+    postgres_dsn: str, new_schema: Callable[[], str], tmp_path: Path, clustered: bool
+) -> None:
+    """An agent on the store (alone, or as a cluster node as `acp-once serve` runs it): after
+    its backends are terminated, the very next prompts are answered (no -32603), and a retry
+    of one of them gets its recorded id (each is stored once)."""
+    app = f"acp-once-test-{uuid.uuid4().hex[:12]}"
+    dsn = psycopg.conninfo.make_conninfo(postgres_dsn, application_name=app)
+    schema, effects = new_schema(), tmp_path / "effects"
+    async with AsyncExitStack() as stack:
+        if clustered:
+            one = await stack.enter_async_context(node(dsn, schema, "a", effects, max_size=3))
+            agent, store = one.agent, one.store
+        else:
+            store = await stack.enter_async_context(
+                PostgresStore.open(dsn, schema=schema, min_size=3, max_size=3)
+            )
+            agent = await stack.enter_async_context(ReferenceAgent(store, side_effects=effects))
+        conn = await stack.enter_async_context(connected(agent))
+        with anyio.fail_after(20):
+            await initialize(conn)
+            sid = await new_session(conn)
+            await prompt(conn, sid, "before", "k-before")
+            assert await _terminate_backends(postgres_dsn, app) >= 1
+            answered = [await prompt(conn, sid, f"after {n}", f"k-after-{n}") for n in range(3)]
+            assert await prompt(conn, sid, "after 0", "k-after-0") == answered[0]
+            assert await store.count_user_messages(sid) == 4
 
 
 # -- find_key and the tail are index lookups ----------------------------------------------------
