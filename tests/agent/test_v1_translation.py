@@ -9,10 +9,10 @@ import pytest
 
 from acp_once.protocol import v1
 from acp_once.protocol.v2_to_v1 import (
-    UpdateTranslator,
+    V2ToV1Updates,
     initialize_response,
     permission_request,
-    stop_reason,
+    v1_stop_reason_from_v2,
 )
 
 
@@ -27,7 +27,7 @@ def text(value: str) -> dict[str, Any]:
 
 
 def test_whole_messages_become_one_chunk_per_block() -> None:
-    t = UpdateTranslator()
+    t = V2ToV1Updates()
     user = {"sessionUpdate": "user_message", "messageId": "u1", "content": [text("a"), text("b")]}
     assert v1_valid(t.translate(user)) == [
         {"sessionUpdate": "user_message_chunk", "content": text("a"), "messageId": "u1"},
@@ -39,7 +39,7 @@ def test_whole_messages_become_one_chunk_per_block() -> None:
 
 
 def test_a_whole_message_after_its_chunks_is_not_sent_again() -> None:
-    t = UpdateTranslator()
+    t = V2ToV1Updates()
     chunk = {"sessionUpdate": "agent_message_chunk", "messageId": "a1", "content": text("he")}
     assert v1_valid(t.translate(chunk)) == [chunk]
     whole = {"sessionUpdate": "agent_message", "messageId": "a1", "content": [text("hello")]}
@@ -49,7 +49,7 @@ def test_a_whole_message_after_its_chunks_is_not_sent_again() -> None:
 
 
 def test_a_tool_call_is_created_once_then_updated_with_v1_statuses() -> None:
-    t = UpdateTranslator()
+    t = V2ToV1Updates()
     first = t.translate(
         {
             "sessionUpdate": "tool_call_update",
@@ -81,7 +81,7 @@ def test_a_tool_call_is_created_once_then_updated_with_v1_statuses() -> None:
 
 
 def test_tool_content_chunks_are_sent_as_the_whole_content_so_far() -> None:
-    t = UpdateTranslator()
+    t = V2ToV1Updates()
     item = {"type": "content", "content": text("x")}
     t.translate({"sessionUpdate": "tool_call_update", "toolCallId": "c1", "title": "Run"})
     one = t.translate(
@@ -99,7 +99,7 @@ def test_tool_content_chunks_are_sent_as_the_whole_content_so_far() -> None:
 
 
 def test_plans_of_items_become_v1_plans_other_plans_are_dropped() -> None:
-    t = UpdateTranslator()
+    t = V2ToV1Updates()
     entries = [{"content": "step", "priority": "high", "status": "pending"}]
     items = {"type": "items", "planId": "p", "entries": entries}
     assert v1_valid(t.translate({"sessionUpdate": "plan_update", "plan": items})) == [
@@ -122,11 +122,11 @@ def test_plans_of_items_become_v1_plans_other_plans_are_dropped() -> None:
     ],
 )
 def test_v2_only_kinds_are_dropped(update: dict[str, Any]) -> None:
-    assert UpdateTranslator().translate(update) == []
+    assert V2ToV1Updates().translate(update) == []
 
 
 def test_kinds_with_the_same_shape_pass_unchanged() -> None:
-    t = UpdateTranslator()
+    t = V2ToV1Updates()
     for update in (
         {"sessionUpdate": "usage_update", "used": 1, "size": 10},
         {"sessionUpdate": "session_info_update", "title": "T"},
@@ -137,9 +137,9 @@ def test_kinds_with_the_same_shape_pass_unchanged() -> None:
 
 def test_stop_reasons() -> None:
     for reason in ("end_turn", "max_tokens", "max_turn_requests", "refusal", "cancelled"):
-        assert stop_reason(reason) == reason
-    assert stop_reason(None) == "end_turn"
-    assert stop_reason("_vendor_paused") == "end_turn"
+        assert v1_stop_reason_from_v2(reason) == reason
+    assert v1_stop_reason_from_v2(None) == "end_turn"
+    assert v1_stop_reason_from_v2("_vendor_paused") == "end_turn"
 
 
 def test_initialize_response_is_v1s() -> None:

@@ -11,18 +11,20 @@ from pydantic import ValidationError
 from acp_once.protocol import schema as s
 from acp_once.protocol import v1
 from acp_once.protocol.v1_to_v2 import (
-    V1Translator,
+    V1ToV2Messages,
+    V1ToV2Updates,
     answer_version,
     idle_update,
     permission_request_to_v2,
     running_update,
     user_message,
+    v2_stop_reason_from_v1,
 )
 
 
-def _translator() -> V1Translator:
+def _translator() -> V1ToV2Updates:
     counter = itertools.count(1)
-    return V1Translator("sess_1", new_id=lambda: f"m{next(counter)}")
+    return V1ToV2Updates("sess_1", new_id=lambda: f"m{next(counter)}")
 
 
 def _chunk(kind: str, text: str) -> dict[str, Any]:
@@ -239,7 +241,7 @@ def test_a_permission_request_becomes_a_tool_call_subject() -> None:
 
 
 def test_default_ids_are_unique() -> None:
-    tr = V1Translator("sess_1")
+    tr = V1ToV2Updates("sess_1")
     ids = {tr.begin_turn() for _ in range(100)}
     assert len(ids) == 100
 
@@ -271,3 +273,39 @@ def test_default_ids_are_unique() -> None:
 )
 def test_answer_version_tells_v1_from_v2(answer: Any, version: int | None) -> None:
     assert answer_version(answer) == version
+
+
+def test_messages_of_a_v1_agent_are_read_per_session() -> None:
+    messages = V1ToV2Messages()
+    chunk = {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": "x"}}
+    (first,) = messages.session_updates({"sessionId": "a", "update": chunk})
+    (other,) = messages.session_updates({"sessionId": "b", "update": chunk})
+    assert first.session_id == "a" and other.session_id == "b"
+    assert isinstance(first.update, s.SessionUpdateAgentMessageChunk)
+    assert messages.translator("a").current("agent") == first.update.message_id
+    messages.translator("a").end_messages()
+    (second,) = messages.session_updates({"sessionId": "a", "update": chunk})
+    assert isinstance(second.update, s.SessionUpdateAgentMessageChunk)
+    assert second.update.message_id != first.update.message_id
+    with pytest.raises(ValidationError):
+        messages.session_updates({"update": chunk})  # no session: v1 requires one
+    request = messages.permission_request(
+        {
+            "sessionId": "a",
+            "toolCall": {"toolCallId": "t1", "title": "write"},
+            "options": [{"optionId": "ok", "name": "OK", "kind": "allow_once"}],
+        }
+    )
+    assert request.title == "write" and request.session_id == "a"
+
+
+@pytest.mark.parametrize(
+    ("result", "expected"),
+    [
+        ({"stopReason": "max_tokens"}, "max_tokens"),
+        ({"stopReason": "x"}, "end_turn"),
+        ({}, "end_turn"),
+    ],
+)
+def test_the_v2_stop_reason_of_a_v1_answer(result: dict[str, str], expected: str) -> None:
+    assert v2_stop_reason_from_v1(result) == expected

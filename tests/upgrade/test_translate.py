@@ -12,13 +12,13 @@ from acp.helpers import update_current_mode
 from acp.schema import SessionNotification
 
 from acp_once.agent.updates import check_update
+from acp_once.protocol.v1_to_v2 import v2_stop_reason_from_v1
 from acp_once.upgrade.translate import (
-    UpdateTranslator,
+    StoredV1ToV2Updates,
     permission_to_v1,
     permission_to_v2,
     permission_tool_call,
     prompt_to_v1,
-    stop_reason,
 )
 
 
@@ -30,7 +30,7 @@ def wire(update: Any) -> dict[str, Any]:
 
 
 def test_chunks_are_sent_live_under_one_id_and_stored_whole() -> None:
-    tr = UpdateTranslator("plan_s")
+    tr = StoredV1ToV2Updates("plan_s")
     first = tr.translate(wire(acp.update_agent_message_text("echo: ")))
     second = tr.translate(wire(acp.update_agent_message_text("hi")))
     assert [o.mode for o in first + second] == ["live", "live"]
@@ -48,7 +48,7 @@ def test_chunks_are_sent_live_under_one_id_and_stored_whole() -> None:
 
 
 def test_another_kind_ends_the_run_and_starts_a_new_message() -> None:
-    tr = UpdateTranslator("plan_s")
+    tr = StoredV1ToV2Updates("plan_s")
     thought = tr.translate(wire(acp.update_agent_thought_text("hmm")))
     tool = tr.translate(wire(acp.start_tool_call("t1", "read", kind="read", status="pending")))
     message = tr.translate(wire(acp.update_agent_message_text("done")))
@@ -69,7 +69,7 @@ def test_another_kind_ends_the_run_and_starts_a_new_message() -> None:
 
 
 def test_plan_becomes_the_sessions_one_plan_and_other_kinds_pass_or_drop() -> None:
-    tr = UpdateTranslator("plan_s")
+    tr = StoredV1ToV2Updates("plan_s")
     (plan,) = tr.translate(wire(acp.update_plan([acp.plan_entry("look")])))
     assert plan.mode == "retain"
     assert plan.update["plan"]["planId"] == "plan_s"
@@ -96,7 +96,7 @@ def test_plan_becomes_the_sessions_one_plan_and_other_kinds_pass_or_drop() -> No
     ],
 )
 def test_stop_reasons(result: Any, expected: str) -> None:
-    assert stop_reason(result) == expected
+    assert v2_stop_reason_from_v1(result) == expected
 
 
 def test_prompt_blocks_pass_unchanged() -> None:
@@ -133,3 +133,24 @@ def test_permission_request_and_answer() -> None:
         "outcome": {"outcome": "cancelled"}
     }
     assert permission_to_v1({}) == {"outcome": {"outcome": "cancelled"}}
+
+
+def test_thoughts_interleave_with_text_and_a_plan_ends_the_messages_before_it() -> None:
+    tr = StoredV1ToV2Updates("plan_s")
+    text = tr.translate(wire(acp.update_agent_message_text("a")))
+    thought = tr.translate(wire(acp.update_agent_thought_text("hmm")))
+    more = tr.translate(wire(acp.update_agent_message_text("b")))
+    # v2 lets two messages' chunks interleave: the text after the thought continues its message
+    assert more[0].update["messageId"] == text[0].update["messageId"]
+    assert thought[0].update["messageId"] != text[0].update["messageId"]
+    plan = tr.translate(wire(acp.update_plan([acp.plan_entry("look")])))
+    # both messages are stored whole, in the order they started, before the plan that ends them
+    assert [(o.update["sessionUpdate"], o.mode) for o in plan] == [
+        ("agent_message", "store"),
+        ("agent_thought", "store"),
+        ("plan_update", "retain"),
+    ]
+    assert plan[0].update["content"] == [{"type": "text", "text": "ab"}]
+    after = tr.translate(wire(acp.update_agent_message_text("c")))
+    assert after[0].update["messageId"] != text[0].update["messageId"]
+    assert tr.dropped == 0

@@ -53,10 +53,10 @@ from acp_once.protocol.errors import (
 from acp_once.protocol.initialization import UNKNOWN_IMPLEMENTATION
 from acp_once.protocol.methods import to_wire
 from acp_once.protocol.v2_to_v1 import (
-    UpdateTranslator,
+    V2ToV1Updates,
     initialize_response,
     permission_request,
-    stop_reason,
+    v1_stop_reason_from_v2,
 )
 
 if TYPE_CHECKING:
@@ -84,7 +84,7 @@ class _Waiter:
 class _SessionView:
     """What the face knows of one session, from the updates sent to this connection."""
 
-    translator: UpdateTranslator = field(default_factory=UpdateTranslator)
+    translator: V2ToV1Updates = field(default_factory=V2ToV1Updates)
     queued: deque[str] = field(default_factory=deque)  # inserted, turn not started
     current: str | None = None  # the message whose turn runs
     ended: OrderedDict[str, dict[str, Any]] = field(default_factory=OrderedDict)
@@ -405,4 +405,4 @@ def _prompt_result(idle: dict[str, Any]) -> dict[str, Any]:
         raise (
             error_from_wire(error) if isinstance(error, dict) else InternalError("The turn failed")
         )
-    return {"stopReason": stop_reason(reason)}
+    return {"stopReason": v1_stop_reason_from_v2(reason)}

@@ -166,7 +166,7 @@ async def run_prompt(
                 target = await client.new_session(cwd)
             assert target is not None
             console.print(f"[dim]session {target.session_id}[/]")
-            if client.protocol_version == 1:
+            if not client.keyed:  # ACP v1: no key, and no answer before the turn ends
                 for stale in pending:
                     await client.discard(stale)
                 return await _prompt_v1(target, text, console, wait, dropped=bool(pending))

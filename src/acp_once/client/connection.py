@@ -1,17 +1,16 @@
 """Binds a `Client` to a JSON-RPC connection, with typed calls to the agent.
 
-A connection to an ACP v1 agent (`use_v1()`, after its `initialize` answer said so) hands the
-`Client` the same typed v2 objects as a v2 one: v1 `session/update`s are translated
-(`acp_once.protocol.v1_to_v2.V1Translator`, one per session) and v1 permission requests become
-v2 ones (the answers have one shape in both versions).
+A connection to an ACP v1 agent (`use_v1(...)`, after its `initialize` answer said so) hands
+the `Client` the same typed v2 objects as a v2 one: what the agent sends is read through the
+`Incoming` it is given (`acp_once.protocol.v1_to_v2.V1ToV2Messages`: v1 `session/update`s
+translated, v1 permission requests as v2 ones; the answers have one shape in both versions).
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
-from types import ModuleType
-from typing import Any, Self, TypeVar
+from typing import Any, Protocol, Self, TypeVar
 
 import anyio
 from pydantic import BaseModel
@@ -21,11 +20,10 @@ from acp_once.protocol import methods as m
 from acp_once.protocol import schema as s
 from acp_once.protocol.methods import SetSessionConfigOptionParams, to_wire
 from acp_once.protocol.updates import validate_update_notification
-from acp_once.protocol.v1_to_v2 import V1Translator, permission_request_to_v2
 from acp_once.rpc.connection import Connection, PendingCall, RequestContext
 from acp_once.rpc.streams import FrameStream
 
-__all__ = ["AgentPeer", "ClientSideConnection"]
+__all__ = ["AgentPeer", "ClientSideConnection", "Incoming"]
 
 _M = TypeVar("_M", bound=BaseModel)
 
@@ -113,11 +111,28 @@ class AgentPeer:
 _Route = Callable[[Any], Awaitable[Any]]
 
 
-def _v1() -> ModuleType:
-    """The v1 models, imported when a v1 agent is met (they cost ~0.2 s to build)."""
-    from acp_once.protocol import v1
+class Incoming(Protocol):
+    """How a connection reads what the agent sends, as the v2 models its `Client` gets."""
 
-    return v1
+    def session_updates(self, params: dict[str, Any] | None) -> list[s.UpdateSessionNotification]:
+        """The notifications for the params of a `session/update` (pydantic's
+        `ValidationError` when they are not valid)."""
+        ...
+
+    def permission_request(self, params: dict[str, Any] | None) -> s.RequestPermissionRequest:
+        """The request for the params of a `session/request_permission` (pydantic's
+        `ValidationError` when they are not valid)."""
+        ...
+
+
+class _V2Incoming:
+    """A v2 agent's messages: validated as they are."""
+
+    def session_updates(self, params: dict[str, Any] | None) -> list[s.UpdateSessionNotification]:
+        return [validate_update_notification(params)]
+
+    def permission_request(self, params: dict[str, Any] | None) -> s.RequestPermissionRequest:
+        return s.RequestPermissionRequest.model_validate(params or {})
 
 
 class ClientSideConnection(anyio.AsyncContextManagerMixin):
@@ -133,7 +148,7 @@ class ClientSideConnection(anyio.AsyncContextManagerMixin):
         )
         self.agent = AgentPeer(self._rpc)
         self.protocol_version = 2
-        self._translators: dict[str, V1Translator] = {}
+        self._incoming: Incoming = _V2Incoming()
 
     @property
     def rpc(self) -> Connection:
@@ -146,16 +161,12 @@ class ClientSideConnection(anyio.AsyncContextManagerMixin):
     async def wait_closed(self) -> None:
         await self._rpc.wait_closed()
 
-    def use_v1(self) -> None:
-        """The agent speaks ACP v1: translate what it sends into v2 from now on."""
+    def use_v1(self, incoming: Incoming) -> None:
+        """The agent speaks ACP v1: read what it sends through `incoming` (its translation into
+        v2) from now on, and send no batches (`rpc.start_batch` raises `BatchRefused`, D42)."""
         self.protocol_version = 1
-
-    def translator(self, session_id: str) -> V1Translator:
-        """The v1 update translator of a session (made on first use)."""
-        translator = self._translators.get(session_id)
-        if translator is None:
-            translator = self._translators[session_id] = V1Translator(session_id)
-        return translator
+        self._incoming = incoming
+        self._rpc.refuse_batches("Batches are not supported on ACP v1 connections")
 
     @contextlib.asynccontextmanager
     async def __asynccontextmanager__(self) -> AsyncIterator[Self]:
@@ -166,26 +177,13 @@ class ClientSideConnection(anyio.AsyncContextManagerMixin):
         self, method: str, params: dict[str, Any] | None, req: RequestContext
     ) -> Any:
         if method == m.SESSION_REQUEST_PERMISSION:
-            typed = (
-                permission_request_to_v2(
-                    _v1().RequestPermissionRequest.model_validate(params or {})
-                )
-                if self.protocol_version == 1
-                else s.RequestPermissionRequest.model_validate(params or {})
-            )
+            typed = self._incoming.permission_request(params)
             return to_wire(await self.client.request_permission(typed, self))
         return await self.client.ext_method(method, params)
 
     async def _on_notification(self, method: str, params: dict[str, Any] | None) -> None:
         if method == m.SESSION_UPDATE:
-            if self.protocol_version == 1:
-                session_id = (params or {}).get("sessionId")
-                if not isinstance(session_id, str):
-                    _v1().SessionNotification.model_validate(params or {})  # raises: says why
-                    return
-                for update in self.translator(session_id).translate_notification(params or {}):
-                    await self.client.session_update(update)
-                return
-            await self.client.session_update(validate_update_notification(params))
+            for update in self._incoming.session_updates(params):
+                await self.client.session_update(update)
         elif method != m.CANCEL_REQUEST:
             await self.client.ext_notification(method, params)

@@ -22,7 +22,8 @@ What it does for you (the RFD's "shiny future"):
   requests only when allowed, Not-retried messages never (`acp_once.protocol.retry`).
 
 **ACP v1 agents.** The client offers v2 at `initialize`. An agent that answers as v1 (its
-`protocolVersion` is 1, or its answer has v1's shape: no `info`) gets a v1 connection: new
+`protocolVersion` is 1, or its answer has v1's shape: no `info`) gets a v1 connection, whose
+face (`acp_once.client.faces.V1Face`) does all that differs: new
 sessions with v1's `session/new` params, v1 updates translated to the same typed v2 updates
 (`acp_once.protocol.v1_to_v2`), prompts sent without a key and answered at the end of their
 turn (see `acp_once.client.turns` for what the `PromptHandle` offers then), `session/cancel`
@@ -49,29 +50,29 @@ import contextlib
 import inspect
 import logging
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Self
 
 import anyio
 import orjson
 from anyio.abc import TaskGroup
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
-from pydantic import ValidationError
+from anyio.streams.memory import MemoryObjectReceiveStream
 
+from acp_once.client._state import Job, SessionState
 from acp_once.client.connection import ClientSideConnection
+from acp_once.client.errors import AgentRefused, OutcomeUnknown, PromptCancelled
+from acp_once.client.faces import FACES, Face
 from acp_once.client.interface import Client
 from acp_once.client.launchers import Launcher
 from acp_once.client.outbox import Outbox, Submission, open_outbox
 from acp_once.client.recovery import DEFAULT_MAX_AGE, Backoff, plan_resend
 from acp_once.client.turns import PromptHandle, UpdateCallback
 from acp_once.protocol import schema as s
-from acp_once.protocol.errors import AcpError, MethodNotFound, RequestCancelled, SessionNotFound
+from acp_once.protocol.errors import AcpError, SessionNotFound
 from acp_once.protocol.initialization import PROTOCOL_VERSION
 from acp_once.protocol.keys import new_key
 from acp_once.protocol.retry import may_resend
-from acp_once.protocol.v1_to_v2 import answer_version, idle_update, running_update, user_message
+from acp_once.protocol.v1_to_v2 import answer_version, not_acp_reason
 from acp_once.rpc.connection import unwrap_single_exception
 from acp_once.rpc.errors import TransportError
 
@@ -82,65 +83,9 @@ __all__ = ["AcpClient", "AgentRefused", "ClientSession", "OutcomeUnknown", "Prom
 
 logger = logging.getLogger("acp_once.client")
 
-KEYS_META = "acpOnce"
-"""`_meta` member in which acp-once agents say they honour idempotency keys."""
-
-
-class PromptCancelled(RequestCancelled):
-    """The prompt was withdrawn or cancelled before insertion (-32800); nothing was inserted."""
-
-
-class OutcomeUnknown(TransportError):
-    """The outcome is unknown and the client may not resend on its own."""
-
-
-class AgentRefused(Exception):
-    """The client will not work with this agent: its `initialize` answer is neither ACP v1 nor
-    v2, or it speaks v1 and the unaware-agent policy is "refuse". The message says which."""
-
-
-V1_NO_KEYS = (
-    "the agent speaks ACP v1: v1 has no idempotency keys, so a resend after a lost answer "
-    "may run the work twice"
-)
-"""Why a v1 agent falls under the unaware-agent policy (`on_unaware`)."""
-
 
 PermissionHandler = Callable[[s.RequestPermissionRequest], Awaitable[s.RequestPermissionResponse]]
 StaleHandler = Callable[[Submission], Awaitable[None]]
-
-
-@dataclass(eq=False)
-class _Job:
-    submission: Submission
-    done: anyio.Event = field(default_factory=anyio.Event)
-    message_id: str | None = None
-    error: BaseException | None = None
-    attempts: int = 0
-    handle: PromptHandle | None = None  # the application's handle (none for a recovered one)
-    local_id: str | None = None  # v1: the id the client gives the prompt (no agent id exists)
-
-
-@dataclass(eq=False)
-class _SessionState:
-    session_id: str
-    cwd: str
-    queue: list[_Job] = field(default_factory=list)
-    jobs: dict[str, _Job] = field(default_factory=dict)
-    wake: anyio.Event = field(default_factory=anyio.Event)
-    subscribers: list[MemoryObjectSendStream[s.UpdateSessionNotification]] = field(
-        default_factory=list
-    )
-    callbacks: list[UpdateCallback] = field(default_factory=list)
-    handles: list[PromptHandle] = field(default_factory=list)
-    # set once the previous `prompt()` call's submission is in the outbox and queued: calls
-    # are written and sent in the order they were made
-    added: anyio.Event = field(default_factory=anyio.Event)
-    # v1: a session/load runs; the history it replays was seen live and is not passed on
-    replaying: bool = False
-
-    def __post_init__(self) -> None:
-        self.added.set()
 
 
 class _Handler(Client):
@@ -162,7 +107,7 @@ class _Handler(Client):
 class ClientSession:
     """One session of an `AcpClient`."""
 
-    def __init__(self, client: AcpClient, state: _SessionState) -> None:
+    def __init__(self, client: AcpClient, state: SessionState) -> None:
         self._client = client
         self._state = state
 
@@ -296,13 +241,10 @@ class AcpClient(anyio.AsyncContextManagerMixin):
         self.on_recovered = on_recovered
         self.connect_timeout = connect_timeout
         self.outbox: Outbox = outbox if not isinstance(outbox, str) else None  # type: ignore[assignment]
-        self.agent_info: s.InitializeResponse | None = None
-        self.agent_info_v1: v1.InitializeResponse | None = None
-        self.protocol_version: int | None = None  # 2 or 1, once an agent answered
-        self.keys_trusted = True
+        self._face: Face | None = None  # the last connection's (`acp_once.client.faces`)
         self._warned_v1 = False
         self.reconnects = 0
-        self._sessions: dict[str, _SessionState] = {}
+        self._sessions: dict[str, SessionState] = {}
         self._conn: ClientSideConnection | None = None
         self._connected = anyio.Event()
         self._tg: TaskGroup | None = None
@@ -331,6 +273,32 @@ class AcpClient(anyio.AsyncContextManagerMixin):
                         self._abandon_turns()
 
     @property
+    def protocol_version(self) -> int | None:
+        """The protocol version the agent speaks: 2 or 1, once an agent answered."""
+        return self._face.version if self._face is not None else None
+
+    @property
+    def agent_info(self) -> s.InitializeResponse | None:
+        """A v2 agent's `initialize` answer (None before, or from a v1 agent)."""
+        return self._face.agent_info if self._face is not None else None
+
+    @property
+    def agent_info_v1(self) -> v1.InitializeResponse | None:
+        """A v1 agent's `initialize` answer (None before, or from a v2 agent)."""
+        return self._face.agent_info_v1 if self._face is not None else None
+
+    @property
+    def keys_trusted(self) -> bool:
+        """Whether a prompt whose answer was lost may be resent on its own."""
+        return self._face.keys_trusted if self._face is not None else True
+
+    @property
+    def keyed(self) -> bool:
+        """Whether prompts carry idempotency keys and are answered at insertion (False against
+        a v1 agent: answered at the end of their turn, under a local message id)."""
+        return self._face.keyed if self._face is not None else True
+
+    @property
     def connected(self) -> bool:
         """True while a connection is up and its sessions are resumed."""
         return self._conn is not None and not self._conn.closed
@@ -346,10 +314,8 @@ class AcpClient(anyio.AsyncContextManagerMixin):
 
         `params` are further `session/new` params; for a v1 agent, `mcpServers` (which v1
         requires) defaults to none."""
-        await self._ready()
-        if self.protocol_version == 1:
-            params = {"mcpServers": [], **params}
-        result = await self._call("session/new", {"cwd": cwd, **params})
+        face = await self._ready_face()
+        result = await self._call("session/new", face.new_session_params({"cwd": cwd, **params}))
         state = self._track(str(result["sessionId"]), cwd)
         return ClientSession(self, state)
 
@@ -363,30 +329,8 @@ class AcpClient(anyio.AsyncContextManagerMixin):
             MethodNotFound: the agent speaks v1 and does not advertise `loadSession`.
             AcpError: the agent's answer (e.g. `SessionNotFound`).
         """
-        await self._ready()
-        if self.protocol_version == 1:
-            if not self._v1_can_load():
-                raise MethodNotFound(
-                    "The agent speaks ACP v1 and does not offer session/load: "
-                    "a session cannot be resumed"
-                )
-            state = self._track(session_id, cwd)
-            state.replaying = True
-            try:
-                await self._call("session/load", _load_params(session_id, cwd))
-            finally:
-                state.replaying = False
-            conn = await self._ready()
-            conn.translator(session_id).begin_turn()
-            return ClientSession(self, state)
-        state = self._track(session_id, cwd)
-        await self._call("session/resume", {"sessionId": session_id, "cwd": cwd})
-        return ClientSession(self, state)
-
-    def _v1_can_load(self) -> bool:
-        info = self.agent_info_v1
-        caps = info.agent_capabilities if info is not None else None
-        return bool(caps is not None and caps.load_session)
+        face = await self._ready_face()
+        return ClientSession(self, await face.resume(self, session_id, cwd))
 
     def session(self, session_id: str) -> ClientSession | None:
         state = self._sessions.get(session_id)
@@ -410,10 +354,10 @@ class AcpClient(anyio.AsyncContextManagerMixin):
         self._stale = [s_ for s_ in self._stale if s_.submission_id != submission.submission_id]
         await self.outbox.complete(submission.submission_id)
 
-    def _track(self, session_id: str, cwd: str) -> _SessionState:
+    def _track(self, session_id: str, cwd: str) -> SessionState:
         state = self._sessions.get(session_id)
         if state is None:
-            state = self._sessions[session_id] = _SessionState(session_id, cwd)
+            state = self._sessions[session_id] = SessionState(session_id, cwd)
             assert self._tg is not None
             self._tg.start_soon(self._session_sender, state, name=f"sender-{session_id}")
         return state
@@ -463,64 +407,10 @@ class AcpClient(anyio.AsyncContextManagerMixin):
             "initialize",
             {"protocolVersion": PROTOCOL_VERSION, "info": self.info, "capabilities": {}},
         )
-        version = answer_version(raw)
-        if version == 1:
-            from acp_once.protocol import v1  # on first use: the v1 models take ~0.2 s to build
-
-            await self._handshake_v1(conn, v1.InitializeResponse.model_validate(raw))
-            return
-        if version is None:
-            raise AgentRefused(_not_acp(raw))
-        init = s.InitializeResponse.model_validate(raw)
-        self.agent_info = init
-        self.protocol_version = 2
-        meta = init.field_meta or {}
-        advertised = isinstance(meta.get(KEYS_META), dict) and meta[KEYS_META].get(
-            "idempotencyKeys"
-        )
-        self.keys_trusted = bool(advertised) or self.on_unaware != "refuse"
-        if not advertised and self.on_unaware == "warn":
-            logger.warning(
-                "agent %s does not say it honours idempotency keys; resends may duplicate",
-                init.info.name,
-            )
-        # resume every session this client had, before anything is resent (R15, R33)
-        for state in list(self._sessions.values()):
-            for handle in list(state.handles):
-                handle._reconnected()  # before the resume's state report, which may end a turn
-            try:
-                await conn.agent.resume_session(
-                    s.ResumeSessionRequest(session_id=state.session_id, cwd=state.cwd)
-                )
-            except SessionNotFound:
-                logger.warning("session %s is gone from the agent", state.session_id)
-
-    async def _handshake_v1(self, conn: ClientSideConnection, init: v1.InitializeResponse) -> None:
-        if self.on_unaware == "refuse":
-            raise AgentRefused(f"{V1_NO_KEYS} (on_unaware='refuse')")
-        if self.on_unaware == "warn" and not self._warned_v1:
-            self._warned_v1 = True
-            logger.warning("%s; a prompt whose answer is lost is not resent", V1_NO_KEYS)
-        conn.use_v1()
-        self.agent_info_v1 = init
-        self.protocol_version = 1
-        self.keys_trusted = self.on_unaware == "trust"
-        for state in list(self._sessions.values()):
-            if not self._v1_can_load():
-                logger.warning(
-                    "session %s cannot be re-attached: the v1 agent does not offer session/load",
-                    state.session_id,
-                )
-                continue
-            state.replaying = True
-            try:
-                await conn.rpc.request("session/load", _load_params(state.session_id, state.cwd))
-            except AcpError as exc:
-                logger.warning("session %s could not be loaded: %s", state.session_id, exc.code)
-            finally:
-                state.replaying = False
-            # the replay's message ids belong to the history: the next turn starts afresh
-            conn.translator(state.session_id).begin_turn()
+        open_face = FACES.get(answer_version(raw) or 0)
+        if open_face is None:
+            raise AgentRefused(not_acp_reason(raw))
+        self._face = await open_face(self, conn, raw)
 
     async def _ready(self) -> ClientSideConnection:
         while True:
@@ -528,6 +418,11 @@ class AcpClient(anyio.AsyncContextManagerMixin):
             if conn is not None and not conn.closed:
                 return conn
             await self._connected.wait()
+
+    async def _ready_face(self) -> Face:
+        await self._ready()
+        assert self._face is not None  # opened before the connection is ready
+        return self._face
 
     async def _call(self, method: str, params: dict[str, Any]) -> Any:
         """One request with recovery by retry class."""
@@ -545,7 +440,7 @@ class AcpClient(anyio.AsyncContextManagerMixin):
     # -- prompts -------------------------------------------------------------------------------
 
     def _start_prompt(
-        self, state: _SessionState, blocks: list[dict[str, Any]], key: str
+        self, state: SessionState, blocks: list[dict[str, Any]], key: str
     ) -> PromptHandle:
         if self._tg is None or self._closing:
             raise RuntimeError("the client is not running: use it inside `async with AcpClient`")
@@ -559,7 +454,7 @@ class AcpClient(anyio.AsyncContextManagerMixin):
 
     async def _run_prompt(
         self,
-        state: _SessionState,
+        state: SessionState,
         handle: PromptHandle,
         blocks: list[dict[str, Any]],
         key: str,
@@ -593,17 +488,17 @@ class AcpClient(anyio.AsyncContextManagerMixin):
             for handle in list(state.handles):
                 handle._set_failed(error)
 
-    def _enqueue(self, state: _SessionState, submission: Submission) -> _Job:
+    def _enqueue(self, state: SessionState, submission: Submission) -> Job:
         job = state.jobs.get(submission.submission_id)
         if job is None:
             # one sender per submission: a recovered submission that the application submits
             # again (with its own key) waits for the same attempt
-            job = state.jobs[submission.submission_id] = _Job(submission)
+            job = state.jobs[submission.submission_id] = Job(submission)
             state.queue.append(job)
             state.wake.set()
         return job
 
-    async def _submit(self, state: _SessionState, submission: Submission) -> str:
+    async def _submit(self, state: SessionState, submission: Submission) -> str:
         job = self._enqueue(state, submission)
         await job.done.wait()
         if job.error is not None:
@@ -611,7 +506,7 @@ class AcpClient(anyio.AsyncContextManagerMixin):
         assert job.message_id is not None
         return job.message_id
 
-    async def _session_sender(self, state: _SessionState) -> None:
+    async def _session_sender(self, state: SessionState) -> None:
         """Sends a session's submissions one at a time, in order (R15: original order)."""
         while True:
             while not state.queue:
@@ -626,95 +521,20 @@ class AcpClient(anyio.AsyncContextManagerMixin):
                 state.jobs.pop(job.submission.submission_id, None)
                 job.done.set()
 
-    async def _send_until_definite(self, state: _SessionState, job: _Job) -> str:
-        submission = job.submission
-        params: dict[str, Any] = {
-            "sessionId": submission.session_id,
-            "prompt": orjson.loads(submission.prompt),
-        }
-        if self.use_keys:
-            params["idempotencyKey"] = submission.idempotency_key
+    async def _send_until_definite(self, state: SessionState, job: Job) -> str:
         while True:
-            conn = await self._ready()
-            if conn.protocol_version == 1:
-                return await self._send_v1(conn, job, params["prompt"])
-            await self.outbox.record_attempt(submission.submission_id)
-            job.attempts += 1
-            try:
-                result = await conn.rpc.request("session/prompt", params)
-            except TransportError:
-                # Keyed resends are safe unless the agent is not trusted with keys. Without keys
-                # (the demo's "no keys" run) a resend is a new submission: shown, not prevented.
-                if self.use_keys and not self.keys_trusted:
-                    await self.outbox.complete(submission.submission_id)
-                    raise OutcomeUnknown(
-                        "The answer to session/prompt was lost; not resent on its own"
-                    ) from None
-                continue  # same key, fresh JSON-RPC id, after the reconnect and resume
-            except RequestCancelled as exc:
-                await self.outbox.complete(submission.submission_id)
-                raise PromptCancelled(exc.message, exc.data) from None
-            except AcpError:
-                await self.outbox.complete(submission.submission_id)
-                raise
-            await self.outbox.complete(submission.submission_id)
-            return str(result["messageId"])
-
-    async def _send_v1(
-        self, conn: ClientSideConnection, job: _Job, prompt: list[dict[str, Any]]
-    ) -> str:
-        """One v1 turn: no key; the answer comes at the end of the turn. A lost answer is
-        resent (as a new turn) only under `on_unaware="trust"`."""
-        submission = job.submission
-        session_id = submission.session_id
-        # a local id: v1 agents give none; never derived from the key, which stays private
-        message_id = job.local_id = job.local_id or f"v1_{uuid.uuid4().hex}"
-        if job.handle is not None:
-            job.handle._expect(message_id)
-        while True:
-            await self.outbox.record_attempt(submission.submission_id)
-            job.attempts += 1
-            conn.translator(session_id).begin_turn(message_id)
-            await self._dispatch_update(user_message(session_id, message_id, prompt))
-            await self._dispatch_update(running_update(session_id))
-            try:
-                result = await conn.rpc.request(
-                    "session/prompt", {"sessionId": session_id, "prompt": prompt}
-                )
-            except TransportError:
-                if not self.keys_trusted:
-                    await self.outbox.complete(submission.submission_id)
-                    raise OutcomeUnknown(
-                        f"The answer to session/prompt was lost and it was not resent: {V1_NO_KEYS}"
-                    ) from None
-                conn = await self._ready()
-                if conn.protocol_version != 1:
-                    raise OutcomeUnknown(
-                        "The answer to session/prompt was lost and the agent no longer "
-                        "speaks ACP v1"
-                    ) from None
-                logger.info("resending a v1 prompt after a lost answer (on_unaware='trust')")
-                continue
-            except RequestCancelled as exc:
-                await self.outbox.complete(submission.submission_id)
-                raise PromptCancelled(exc.message, exc.data) from None
-            except AcpError:
-                await self.outbox.complete(submission.submission_id)
-                raise
-            reason = result.get("stopReason") if isinstance(result, dict) else None
-            await self.outbox.complete(submission.submission_id)
-            await self._dispatch_update(
-                idle_update(session_id, reason if isinstance(reason, str) else None)
-            )
-            return message_id
+            face = await self._ready_face()
+            message_id = await face.send(self, job)
+            if message_id is not None:
+                return message_id
+            # resent on the next connection, by its face
 
     async def _recover_pending(self) -> None:
         """Resend what an earlier run left pending (after resuming its sessions)."""
         pending = await self.outbox.pending()
         if not pending:
             return
-        await self._ready()
-        if self.protocol_version == 1 and not self.keys_trusted:
+        if (await self._ready_face()).hands_over_pending:
             # no keys: a resend may run the work twice; the application decides
             for sub in pending:
                 self._stale.append(sub)
@@ -749,7 +569,7 @@ class AcpClient(anyio.AsyncContextManagerMixin):
                     if self.on_stale is not None:
                         await self.on_stale(sub)
 
-    async def _recover_one(self, state: _SessionState, submission: Submission) -> None:
+    async def _recover_one(self, state: SessionState, submission: Submission) -> None:
         try:
             message_id = await self._submit(state, submission)
         except Exception as exc:
@@ -783,27 +603,3 @@ class AcpClient(anyio.AsyncContextManagerMixin):
                 send.close()
             except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                 state.subscribers.remove(send)
-
-
-def _load_params(session_id: str, cwd: str) -> dict[str, Any]:
-    """v1 `session/load` params (v1 requires `mcpServers`)."""
-    return {"sessionId": session_id, "cwd": cwd, "mcpServers": []}
-
-
-def _not_acp(answer: Any) -> str:
-    """One line: why an `initialize` answer is neither ACP v1 nor v2."""
-    version = answer.get("protocolVersion") if isinstance(answer, dict) else None
-    if isinstance(version, int) and not isinstance(version, bool) and version > PROTOCOL_VERSION:
-        return f"the agent answered protocol version {version}; this client speaks 1 and 2"
-    from acp_once.protocol import v1
-
-    model: type[s.InitializeResponse | v1.InitializeResponse] = (
-        v1.InitializeResponse if version == 1 else s.InitializeResponse
-    )
-    try:
-        model.model_validate(answer)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "the answer"
-        return f"the agent's initialize answer is not valid ACP: {where}: {first['msg']}"
-    return f"the agent's initialize answer is not ACP v1 or v2 (protocolVersion {version!r})"

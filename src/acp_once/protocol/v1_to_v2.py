@@ -1,4 +1,7 @@
-"""ACP v1 `session/update`s as the v2 updates a v2 client understands: pure, no I/O.
+"""ACP v1 -> v2 as pure functions: what a v1 agent sends, in the shape a v2 client reads. The
+one translation of v1 updates, used by both places that meet a v1 agent: the client's v1 face
+(`acp_once.client.faces.V1Face`) and the upgrade runtime (`acp_once.upgrade.translate`, which
+adds what to store). The other direction is `acp_once.protocol.v2_to_v1`. No I/O.
 
 v1 and v2 name most updates alike, but v2 gives every message an id and a place in the
 session's timeline, and v1 does not:
@@ -30,7 +33,14 @@ v1 has no `state_update`: the end of a v1 turn is the answer to its `session/pro
 acknowledgement either: `user_message` makes the v2 update a v2 agent sends when it inserts a
 prompt, for a caller that gives the prompt a message id of its own.
 
-`V1Translator` keeps the little state the message ids need, per session; everything else is
+`v2_stop_reason_from_v1` reads the stop reason of a v1 `session/prompt` answer;
+`answer_version` and `not_acp_reason` say which protocol an `initialize` answer speaks, or why
+it speaks neither.
+
+`V1ToV2Messages` reads what a v1 agent sends a client (its `session/update` notifications and
+permission requests) as the v2 models, with one `V1ToV2Updates` per session.
+
+`V1ToV2Updates` keeps the little state the message ids need, per session; everything else is
 a function of its arguments. Ids come from `new_id` (random UUIDs unless the caller passes its
 own, e.g. ids it stores).
 """
@@ -45,18 +55,23 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import ValidationError
 
 from acp_once.protocol import schema as s
+from acp_once.protocol.initialization import PROTOCOL_VERSION
 from acp_once.protocol.updates import validate_update_notification
+from acp_once.protocol.v2_to_v1 import V1_STOP_REASONS
 
 if TYPE_CHECKING:
     from acp_once.protocol import v1
 
 __all__ = [
-    "V1Translator",
+    "V1ToV2Messages",
+    "V1ToV2Updates",
     "answer_version",
     "idle_update",
+    "not_acp_reason",
     "permission_request_to_v2",
     "running_update",
     "user_message",
+    "v2_stop_reason_from_v1",
 ]
 
 _Kind = Literal["user", "agent", "thought"]
@@ -143,6 +158,30 @@ def answer_version(result: Any) -> Literal[1, 2] | None:
     return 1
 
 
+def not_acp_reason(answer: Any) -> str:
+    """One line: why an `initialize` answer that `answer_version` placed in neither version
+    is neither (a newer version, or the first field the model of its version refuses)."""
+    version = answer.get("protocolVersion") if isinstance(answer, dict) else None
+    if isinstance(version, int) and not isinstance(version, bool) and version > PROTOCOL_VERSION:
+        return f"the agent answered protocol version {version}; this client speaks 1 and 2"
+    model: Any = _v1().InitializeResponse if version == 1 else s.InitializeResponse
+    try:
+        model.model_validate(answer)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "the answer"
+        return f"the agent's initialize answer is not valid ACP: {where}: {first['msg']}"
+    return f"the agent's initialize answer is not ACP v1 or v2 (protocolVersion {version!r})"
+
+
+def v2_stop_reason_from_v1(result: Any) -> str:
+    """The v2 stop reason of a v1 `session/prompt` result: its `stopReason` where v1 has it,
+    else `end_turn` (an unknown one, or none: the turn did end). The other way:
+    `acp_once.protocol.v2_to_v1.v1_stop_reason_from_v2`."""
+    reason = result.get("stopReason") if isinstance(result, dict) else None
+    return reason if isinstance(reason, str) and reason in V1_STOP_REASONS else "end_turn"
+
+
 def user_message(
     session_id: str, message_id: str, prompt: Sequence[dict[str, Any]]
 ) -> s.UpdateSessionNotification:
@@ -189,7 +228,7 @@ def permission_request_to_v2(params: v1.RequestPermissionRequest) -> s.RequestPe
     return s.RequestPermissionRequest.model_validate(request)
 
 
-class V1Translator:
+class V1ToV2Updates:
     """Translates one v1 session's updates into v2 updates, in arrival order.
 
     Args:
@@ -215,6 +254,11 @@ class V1Translator:
         chunks belong to `user_message_id` (a new id when None). Returns that id."""
         self._current = {"user": user_message_id or self._new_id()}
         return self._current["user"]
+
+    def end_messages(self) -> None:
+        """End the messages in progress: the agent's next chunks start new ones (as after a
+        tool call)."""
+        self._current = {}
 
     def current(self, kind: _Kind) -> str | None:
         """The id of the message of `kind` ("user", "agent", "thought") chunks now join."""
@@ -292,3 +336,39 @@ class V1Translator:
         """`translate` for the params of a v1 `session/update` notification (its `update`)."""
         update = params.get("update")
         return self.translate(update) if isinstance(update, dict) else []
+
+
+class V1ToV2Messages:
+    """What a v1 agent sends a client, as the v2 models a v2 agent's messages validate to: its
+    `session/update` params through one `V1ToV2Updates` per session, its permission requests
+    through `permission_request_to_v2`."""
+
+    def __init__(self) -> None:
+        self._translators: dict[str, V1ToV2Updates] = {}
+
+    def translator(self, session_id: str) -> V1ToV2Updates:
+        """The update translator of a session (made on first use)."""
+        translator = self._translators.get(session_id)
+        if translator is None:
+            translator = self._translators[session_id] = V1ToV2Updates(session_id)
+        return translator
+
+    def session_updates(self, params: dict[str, Any] | None) -> list[s.UpdateSessionNotification]:
+        """The v2 notifications for the params of a v1 `session/update`.
+
+        Raises:
+            pydantic.ValidationError: the params are not a valid v1 notification.
+        """
+        session_id = (params or {}).get("sessionId")
+        if not isinstance(session_id, str):
+            _v1().SessionNotification.model_validate(params or {})  # raises: says why
+            return []
+        return self.translator(session_id).translate_notification(params or {})
+
+    def permission_request(self, params: dict[str, Any] | None) -> s.RequestPermissionRequest:
+        """The v2 request for the params of a v1 `session/request_permission`.
+
+        Raises:
+            pydantic.ValidationError: the params are not a valid v1 request.
+        """
+        return permission_request_to_v2(_v1().RequestPermissionRequest.model_validate(params or {}))

@@ -1,10 +1,12 @@
 """ACP v2 -> v1 as pure functions: what an agent written for v2 sends, in the shape a v1 client
 reads (the agent's "v1 face", `acp_once.agent.v1face`, does the I/O).
 
-- `UpdateTranslator` turns each v2 `session/update` object into the v1 updates that say the
+- `V2ToV1Updates` turns each v2 `session/update` object into the v1 updates that say the
   same thing (none when v1 has no such kind: `state_update`, terminals, `plan_removed`...).
-- `stop_reason`, `initialize_response`, `permission_request`: the v1 form of a turn's stop
-  reason, of an `initialize` result and of a permission request.
+- `v1_stop_reason_from_v2`, `initialize_response`, `permission_request`: the v1 form of a
+  turn's stop reason, of an `initialize` result and of a permission request.
+
+The other direction (a v1 agent's updates for a v2 client) is `acp_once.protocol.v1_to_v2`.
 
 No I/O: everything here maps dicts (the wire form) to dicts.
 """
@@ -17,10 +19,10 @@ from typing import Any, TypeVar
 
 __all__ = [
     "V1_STOP_REASONS",
-    "UpdateTranslator",
+    "V2ToV1Updates",
     "initialize_response",
     "permission_request",
-    "stop_reason",
+    "v1_stop_reason_from_v2",
 ]
 
 V1_STOP_REASONS = frozenset({"end_turn", "max_tokens", "max_turn_requests", "refusal", "cancelled"})
@@ -53,7 +55,7 @@ _V = TypeVar("_V")
 _REMEMBERED = 1024  # ids kept per translator: old tool calls and messages are done with
 
 
-def stop_reason(reason: object) -> str:
+def v1_stop_reason_from_v2(reason: object) -> str:
     """The v1 stop reason for a v2 idle `stopReason`: the same where v1 has it, else
     `end_turn` (a missing reason, or an extension's own). `error` is not a stop reason in v1:
     the caller answers an error instead."""
@@ -133,7 +135,7 @@ def _tool_fields(update: Mapping[str, Any]) -> dict[str, Any]:
     return fields
 
 
-class UpdateTranslator:
+class V2ToV1Updates:
     """Translates the v2 updates of one session, in order, for one v1 client.
 
     v1 and v2 differ in ways that need memory: a v2 `tool_call_update` for an unseen id

@@ -8,9 +8,10 @@ a recorded key is answered from the store and never reaches the child.
 
 What crosses between the two sides:
 
-- the child's v1 `session/update`s become v2 updates (`acp_once.upgrade.translate`): message
-  chunks are sent live under message ids this side assigns, and each whole message is stored
-  for replay; tool calls and plans are stored and sent;
+- the child's v1 `session/update`s become v2 updates (`acp_once.upgrade.translate`, on the
+  one v1 -> v2 translation, `acp_once.protocol.v1_to_v2`): message chunks are sent live under
+  message ids this side assigns, and each whole message is stored for replay; tool calls and
+  plans are stored and sent;
 - v2 `session/cancel` (or `session/close`) cancels the turn: the child gets v1
   `session/cancel`, its pending permission requests are answered `cancelled`, and its answer
   to the prompt is awaited (bounded) so that its last updates come before the idle state;
@@ -51,18 +52,17 @@ from acp_once.agent.runtime import HeldPolicy, SessionAgent, Turn, TurnContext
 from acp_once.agent.state import TURN_MARKER
 from acp_once.protocol import schema as s
 from acp_once.protocol.errors import AcpError, InternalError, InvalidParams, MethodNotFound
+from acp_once.protocol.v1_to_v2 import v2_stop_reason_from_v1
 from acp_once.rpc.connection import RequestContext
 from acp_once.rpc.errors import ConnectionClosed, RequestTimeout
 from acp_once.storage.base import SessionStore
 from acp_once.upgrade.child import ChildError, V1Child, V1Children
 from acp_once.upgrade.translate import (
     Out,
-    UpdateTranslator,
+    StoredV1ToV2Updates,
     permission_to_v1,
     permission_to_v2,
-    permission_tool_call,
     prompt_to_v1,
-    stop_reason,
 )
 
 __all__ = ["CHILD_SESSION_STATE", "UpgradedAgent", "V1AgentExited", "V1TurnFailed"]
@@ -154,7 +154,7 @@ class UpgradedAgent(SessionAgent):
         """Prompts forwarded to the child by this process."""
         self._bound: dict[str, tuple[int, str]] = {}  # session -> (generation, v1 session)
         self._routes: dict[tuple[int, str], str] = {}  # (generation, v1 session) -> session
-        self._translators: dict[str, UpdateTranslator] = {}
+        self._translators: dict[str, StoredV1ToV2Updates] = {}
         self._mcp_servers: dict[str, list[Any]] = {}  # as the last new/resume gave them
         self._attach_locks: collections.defaultdict[str, anyio.Lock] = collections.defaultdict(
             anyio.Lock
@@ -256,7 +256,7 @@ class UpgradedAgent(SessionAgent):
         finally:
             with anyio.CancelScope(shield=True):
                 await self._deliver(session_id, self._translator(session_id).finish())
-        return stop_reason(result)
+        return v2_stop_reason_from_v1(result)
 
     async def _cancel_child_turn(
         self, session_id: str, child: V1Child, child_session: str, call: Any
@@ -368,10 +368,10 @@ class UpgradedAgent(SessionAgent):
 
     # -- what the child sends ----------------------------------------------------------------
 
-    def _translator(self, session_id: str) -> UpdateTranslator:
+    def _translator(self, session_id: str) -> StoredV1ToV2Updates:
         translator = self._translators.get(session_id)
         if translator is None:
-            translator = self._translators[session_id] = UpdateTranslator(f"plan_{session_id}")
+            translator = self._translators[session_id] = StoredV1ToV2Updates(f"plan_{session_id}")
         return translator
 
     async def _child_notification(
@@ -433,15 +433,12 @@ class UpgradedAgent(SessionAgent):
             )
         except ValueError as exc:  # pydantic's ValidationError is one
             raise InvalidParams(f"The permission request cannot be forwarded: {exc}") from None
-        announce = permission_tool_call(params)
-        translator = self._translator(session_id)
-        outs = translator.finish() + translator._valid([Out(announce, "live")] if announce else [])
-        await self._deliver(session_id, outs)
+        await self._deliver(session_id, self._translator(session_id).announce_permission(params))
         scope = anyio.CancelScope()
         self._permissions[session_id].add(scope)
         try:
             with scope:
-                answer = await TurnContext(self, session).request_permission(request)
+                answer = await TurnContext(session.runner).request_permission(request)
                 return permission_to_v1(answer.model_dump(by_alias=True, exclude_unset=True))
         finally:
             self._permissions[session_id].discard(scope)

@@ -1,14 +1,17 @@
 """What crosses between the v2 face and the v1 child, as data: pure functions, no I/O.
 
-- `UpdateTranslator` turns the child's v1 `session/update`s of one turn into v2 updates, each
-  with what the runtime does with it (`Out.mode`): v1 message chunks carry no id, so the
-  translator gives each run of chunks of one kind a message id, sends the chunks live under
-  it, and when the run ends (another kind arrives, or the turn ends) hands back the whole
-  message to store for replay. Tool calls and plans are sent and stored; the other kinds are
-  live only. A v1 update that has no v2 counterpart (`current_mode_update`, the child's echo of
-  the user's message) is dropped.
+- `StoredV1ToV2Updates` turns the child's v1 `session/update`s of one session into v2
+  updates, each with what the runtime does with it (`Out.mode`). The translation itself is the
+  one the client uses for a v1 agent (`acp_once.protocol.v1_to_v2.V1ToV2Updates`: message ids
+  for v1's id-less chunks, tool calls, plans); this adds what to store. Chunks are sent live,
+  and each message is stored whole once it ends (a tool call, a plan, a permission request or
+  the end of the turn ends the messages in progress), so a replay shows what was streamed, in
+  the same order. Tool calls and plans are sent and stored; the other kinds are live only. A
+  v1 update that has no v2 counterpart (`current_mode_update`, the child's echo of the user's
+  message, a kind v2 does not know) is dropped.
 - `prompt_to_v1`, `permission_to_v2`, `permission_to_v1`: the prompt's content blocks
-  (the same shapes in both versions), and a permission request and its answer.
+  (the same shapes in both versions), and a permission request and its answer. The stop
+  reason of the child's answer is `acp_once.protocol.v1_to_v2.v2_stop_reason_from_v1`.
 """
 
 from __future__ import annotations
@@ -17,17 +20,20 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from pydantic import ValidationError
+
 from acp_once.agent.state import new_id
 from acp_once.agent.updates import check_update
+from acp_once.protocol import schema as s
+from acp_once.protocol.v1_to_v2 import V1ToV2Updates
 
 __all__ = [
     "CLIENT_CAPABILITIES",
     "Out",
-    "UpdateTranslator",
+    "StoredV1ToV2Updates",
     "permission_to_v1",
     "permission_to_v2",
     "prompt_to_v1",
-    "stop_reason",
 ]
 
 CLIENT_CAPABILITIES: dict[str, Any] = {
@@ -37,16 +43,11 @@ CLIENT_CAPABILITIES: dict[str, Any] = {
 """What the child is told the client can do: nothing beyond the protocol itself. v2 has no
 file system or terminal methods to forward them to, so the child uses its own."""
 
-_STOP_REASONS = frozenset({"end_turn", "max_tokens", "max_turn_requests", "refusal", "cancelled"})
-# v1 chunk kind -> the v2 chunk kind and the whole-message kind stored after the run
-_CHUNKS = {
-    "agent_message_chunk": ("agent_message_chunk", "agent_message"),
-    "agent_thought_chunk": ("agent_thought_chunk", "agent_thought"),
-}
+# v2 chunk kind -> the whole-message kind stored when the message ends
+_WHOLE = {"agent_message_chunk": "agent_message", "agent_thought_chunk": "agent_thought"}
 _TOOL_FIELDS = ("title", "kind", "status", "content", "locations", "rawInput", "rawOutput")
-_LIVE_KINDS = frozenset(
-    {"available_commands_update", "session_info_update", "usage_update", "config_option_update"}
-)
+_RETAINED = frozenset({"tool_call_update", "plan_update"})
+# the child's echo of the user's message (the store has it already) and v1 modes (v2 has none)
 _DROPPED = frozenset({"user_message_chunk", "current_mode_update"})
 
 Mode = Literal["live", "retain", "store"]
@@ -62,85 +63,83 @@ class Out:
 
 
 @dataclass(slots=True)
-class _Run:
-    kind: str  # the v1 chunk kind
-    message_id: str
+class _Message:
+    whole_kind: str
     blocks: list[dict[str, Any]] = field(default_factory=list)
 
 
-class UpdateTranslator:
-    """The v1 updates of one session's turn, as v2 updates (see the module docstring).
+class StoredV1ToV2Updates:
+    """The v1 updates of one session, as v2 updates to send and store (see the module
+    docstring).
 
     Args:
         plan_id: the id of the session's one v2 plan (a v1 `plan` replaces the whole plan).
     """
 
     def __init__(self, plan_id: str) -> None:
-        self.plan_id = plan_id
         self.dropped = 0
         """v1 updates that had no valid v2 counterpart."""
-        self._run: _Run | None = None
+        self._updates = V1ToV2Updates("", new_id=lambda: new_id("msg_agent"), plan_id=plan_id)
+        self._open: dict[str, _Message] = {}  # message id -> streamed so far, in start order
+
+    @property
+    def plan_id(self) -> str:
+        return self._updates.plan_id
 
     def translate(self, update: Any) -> list[Out]:
         """The v2 updates for the v1 `update` (a wire dict), in order; [] when it has none."""
-        if not isinstance(update, dict):
-            self.dropped += 1
-            return []
-        kind = update.get("sessionUpdate")
-        chunk = _CHUNKS.get(kind) if isinstance(kind, str) else None
-        out: list[Out] = []
-        if chunk is not None:
-            content = update.get("content")
-            if not isinstance(content, dict):
-                self.dropped += 1
-                return []
-            if self._run is None or self._run.kind != kind:
-                out.extend(self.finish())
-                self._run = _Run(str(kind), new_id("msg_agent"))
-            run = self._run
-            _append_block(run.blocks, content)
-            out.append(
-                Out(
-                    {"sessionUpdate": chunk[0], "messageId": run.message_id, "content": content},
-                    "live",
-                )
-            )
-            return self._valid(out)
+        kind = update.get("sessionUpdate") if isinstance(update, dict) else None
         if kind in _DROPPED:
             return []
-        out.extend(self.finish())
-        if kind in ("tool_call", "tool_call_update"):
-            tool = _tool_call_update(update)
-            if tool is not None:
-                out.append(Out(tool, "retain"))
-        elif kind == "plan":
-            out.append(
-                Out(
-                    {
-                        "sessionUpdate": "plan_update",
-                        "plan": {
-                            "type": "items",
-                            "planId": self.plan_id,
-                            "entries": _list(update.get("entries")),
-                        },
-                    },
-                    "retain",
-                )
-            )
-        elif kind in _LIVE_KINDS:
-            out.append(Out(_without_nulls(update), "live"))
-        else:
+        try:
+            translated = self._updates.translate(update) if isinstance(kind, str) else []
+        except ValidationError:
+            translated = []
+        wire = [
+            n.update.model_dump(by_alias=True, exclude_unset=True, exclude_none=True, mode="json")
+            for n in translated
+            if not isinstance(n.update, s.SessionUpdateOther)
+        ]
+        if not wire:
             self.dropped += 1
-        return self._valid(out)
+            return []
+        out: list[Out] = []
+        for v2 in wire:
+            whole_kind = _WHOLE.get(v2["sessionUpdate"])
+            if whole_kind is not None:
+                message = self._open.setdefault(v2["messageId"], _Message(whole_kind))
+                if isinstance(v2.get("content"), dict):
+                    _append_block(message.blocks, v2["content"])
+                out.append(Out(v2, "live"))
+            elif v2["sessionUpdate"] in _RETAINED:
+                # the messages streamed so far are stored before what ends them
+                out.extend(self.finish())
+                out.append(Out(v2, "retain"))
+            else:
+                out.append(Out(v2, "live"))
+        return out  # valid v2: the translation validated each one
 
     def finish(self) -> list[Out]:
-        """The whole message of the run of chunks in progress, to store (none: [])."""
-        run, self._run = self._run, None
-        if run is None or not run.blocks:
-            return []
-        whole_kind = _CHUNKS[run.kind][1]
-        whole = {"sessionUpdate": whole_kind, "messageId": run.message_id, "content": run.blocks}
-        return self._valid([Out(whole, "store")])
+        """The whole messages in progress, to store, in the order they started (none: []);
+        the child's next chunks start new messages."""
+        opened, self._open = self._open, {}
+        self._updates.end_messages()
+        wholes = [
+            Out(
+                {"sessionUpdate": m.whole_kind, "messageId": message_id, "content": m.blocks},
+                "store",
+            )
+            for message_id, m in opened.items()
+            if m.blocks
+        ]
+        return self._valid(wholes)
+
+    def announce_permission(self, params: dict[str, Any]) -> list[Out]:
+        """What goes before a v1 permission request (`params`) is forwarded: the messages in
+        progress, stored, and the tool call it is about, announced live (it may not have been
+        reported before)."""
+        announce = permission_tool_call(params)
+        return self.finish() + self._valid([Out(announce, "live")] if announce else [])
 
     def _valid(self, outs: Iterable[Out]) -> list[Out]:
         """Keep what v2 accepts: a child's malformed update is dropped, never forwarded."""
@@ -184,17 +183,6 @@ def _tool_call_update(update: dict[str, Any]) -> dict[str, Any] | None:
 
 def _without_nulls(update: dict[str, Any]) -> dict[str, Any]:
     return {name: value for name, value in update.items() if value is not None}
-
-
-def _list(value: Any) -> list[Any]:
-    return list(value) if isinstance(value, list) else []
-
-
-def stop_reason(result: Any) -> str:
-    """The v2 stop reason of a v1 `session/prompt` result (an unknown one: `end_turn`, as the
-    turn did end)."""
-    reason = result.get("stopReason") if isinstance(result, dict) else None
-    return reason if isinstance(reason, str) and reason in _STOP_REASONS else "end_turn"
 
 
 def prompt_to_v1(blocks: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
