@@ -207,8 +207,6 @@ def _batch(entries: list[Case]) -> Case:
 
 
 BATCHES = st.lists(ENTRIES, min_size=1, max_size=5).map(_batch)
-LONE_CASES = st.one_of(
-    REQUESTS, BAD_ID_REQUESTS, NOTIFICATIONS, RESPONSES, NON_OBJECTS, GARBAGE, DEEP
+CASES = st.one_of(
+    REQUESTS, BAD_ID_REQUESTS, NOTIFICATIONS, RESPONSES, NON_OBJECTS, GARBAGE, DEEP, BATCHES
 )
-"""Single messages and garbage: no batch."""
-CASES = LONE_CASES | BATCHES

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from websockets.exceptions import ConnectionClosed
 
 from tests.fuzz.logs import assert_clean
-from tests.fuzz.strategies import ID_TEXT, LONE_CASES, Case
+from tests.fuzz.strategies import CASES, ID_TEXT, Case
 from tests.fuzz.test_serve_fuzz import BINARY, NOT_UTF8, TIMEOUT, Peer
 
 AGENT = [sys.executable, "-m", "acp_once", "agent", "--store", "memory"]
@@ -106,7 +106,7 @@ def test_one_clients_garbage_leaves_the_other_client_and_the_child_alone() -> No
                 suppress_health_check=[HealthCheck.too_slow],
                 database=None,
             )
-            @given(st.lists(st.tuples(LONE_CASES | BINARY, ID_TEXT), min_size=1, max_size=6))
+            @given(st.lists(st.tuples(CASES | BINARY, ID_TEXT), min_size=1, max_size=6))
             def exchange(cases: list[tuple[Case, str]]) -> None:
                 nonlocal examples
                 examples += 1

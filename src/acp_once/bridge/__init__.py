@@ -15,6 +15,9 @@ frame is forwarded as it arrived. Keys are never logged or sent anywhere but to 
   id; a cancel for an unknown or answered id is dropped. Requests the child sends toward the
   client get an id of the remote connection they are sent on, and the answer goes back to the
   child under the child's id; the child's `$/cancel_request` for one is translated likewise.
+- **Batches** (D44). A remote batch is split into lone messages for the child, each meeting
+  every rule on its own, and the answers to its requests are joined into one array for the
+  client. The child is sent no batch, and one from it gets a single -32600.
 - **Order.** Each remote connection's messages are forwarded in arrival order from its reader
   (a `session/cancel` can never overtake the prompt sent before it, D33); answers and updates
   from the child are queued per remote connection (bounded: when a connection's queue is

@@ -29,7 +29,7 @@ from acp_once.protocol.errors import (
 from acp_once.protocol.framing import OversizedFrame, sniff_request_id
 from acp_once.protocol.initialization import PROTOCOL_VERSION, negotiate_version
 from acp_once.protocol.jsonrpc import RequestId
-from acp_once.rpc.connection import unwrap_single_exception
+from acp_once.rpc.connection import DEFAULT_MAX_BATCH, unwrap_single_exception
 from acp_once.rpc.streams import FrameStream
 from acp_once.support.backoff import Backoff
 from acp_once.transports.websocket import (
@@ -39,7 +39,7 @@ from acp_once.transports.websocket import (
     ServerWebSocketFrames,
 )
 
-from .routing import ACTIVE_ONLY, Remote, Router
+from .routing import ACTIVE_ONLY, BatchReply, Remote, Router
 from .supervisor import DEFAULT_BACKOFF, Child, Supervisor, Unavailable
 from .translation import Ask, Forward, Translator, session_id
 
@@ -226,6 +226,10 @@ class Bridge(anyio.AsyncContextManagerMixin):
                 await self._child_notified(child, method, params, frame)
             case jsonrpc.Invalid(code=code):
                 logger.warning("the agent sent an invalid message (%d)", code)
+            case jsonrpc.Batch():
+                # D44: the bridge never sends the child a batch, and takes none from it
+                logger.warning("the agent sent a batch; refused")
+                child.send_soon(_error(None, InvalidRequest("The bridge takes no batches")))
 
     def _tenant_answer(self, tenant: str, forward: Forward, result: Any) -> bytes | None:
         """Record the tenant of a session its `session/new` or `session/fork` created; keep
@@ -363,6 +367,46 @@ class Bridge(anyio.AsyncContextManagerMixin):
                 case jsonrpc.Invalid(code=code, message=message, id=id, answer=answer):
                     if answer:
                         await remote.put(_error(id, {"code": code, "message": message}))
+                case jsonrpc.Batch(entries=entries):
+                    await self._remote_batch(remote, entries)
+
+    async def _remote_batch(self, remote: Remote, entries: list[Any]) -> None:
+        """Split a batch into lone messages for the child, and join their answers into one
+        array for the client (D44); each entry meets every rule on its own (D40)."""
+        if len(entries) > DEFAULT_MAX_BATCH:
+            limit = f"A batch may hold at most {DEFAULT_MAX_BATCH} messages"
+            await remote.put(_error(None, InvalidRequest(limit)))
+            return
+        reply = BatchReply()
+        taken: set[RequestId] = set()
+        try:
+            for entry in entries:
+                msg = jsonrpc.decode_entry(entry)
+                match msg:
+                    case jsonrpc.Request(id=id):
+                        reply.expected += 1
+                        if id in taken or id in remote.batched or self._hops.in_use(remote, id):
+                            # D19, also for two entries of one batch with one id
+                            in_use = InvalidRequest("Request id is already in use")
+                            await remote.add_to_batch(reply, _error(None, in_use))
+                            continue
+                        taken.add(id)
+                        remote.batched[id] = reply  # its answer, whoever makes it, goes there
+                        await self._remote_request(remote, msg)
+                    case jsonrpc.Notification(method=method, params=params):
+                        frame = jsonrpc.encode_notification(method, params)
+                        await self._remote_notification(remote, msg, frame)
+                    case jsonrpc.Response() | jsonrpc.ErrorResponse() as answer:
+                        answered = self._hops.answer_ask(remote, answer)
+                        if answered is not None:
+                            await answered[0].send(answered[1])
+                    case jsonrpc.Invalid(code=code, message=message, id=id, answer=answer):
+                        if answer:
+                            reply.expected += 1
+                            invalid = {"code": code, "message": message}
+                            await remote.add_to_batch(reply, _error(id, invalid))
+        finally:
+            await remote.seal_batch(reply)
 
     async def _remote_request(self, remote: Remote, msg: jsonrpc.Request) -> None:
         if self._hops.in_use(remote, msg.id):

@@ -15,12 +15,14 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup
 
+from acp_once.protocol import jsonrpc
 from acp_once.protocol import methods as m
 from acp_once.protocol.initialization import InitializeGate
+from acp_once.protocol.jsonrpc import RequestId
 from acp_once.rpc.streams import FrameStream
 from acp_once.transports.websocket import CLOSE_NORMAL, CLOSE_POLICY
 
-__all__ = ["ACTIVE_ONLY", "Remote", "Router"]
+__all__ = ["ACTIVE_ONLY", "BatchReply", "Remote", "Router"]
 
 logger = logging.getLogger("acp_once.bridge")
 
@@ -34,6 +36,23 @@ ACTIVE_ONLY = frozenset(
     }
 )
 """Session-scoped requests that need the session active on the connection (else -32002)."""
+
+
+# how every answer the bridge writes starts (the encoders write `jsonrpc` and `id` first)
+_ANSWER_PREFIX = b'{"jsonrpc":"2.0","id":'
+
+
+class BatchReply:
+    """The answers to one batch of a remote connection, written to it as one array once the
+    last is in (D44). `expected` counts the answers its entries get; `sealed` is set once
+    every entry was taken."""
+
+    __slots__ = ("expected", "frames", "sealed")
+
+    def __init__(self) -> None:
+        self.expected = 0
+        self.frames: list[bytes] = []
+        self.sealed = False
 
 
 class Remote:
@@ -64,6 +83,8 @@ class Remote:
         self.tg: TaskGroup | None = None
         self.ended = False
         self.close_code = CLOSE_NORMAL
+        self.batched: dict[RequestId, BatchReply] = {}
+        """Remote ids of batch entries awaiting their answer, with the batch it goes into."""
 
     def active(self, session_id: str) -> bool:
         return session_id in self.sessions or session_id in self.attaching
@@ -77,7 +98,35 @@ class Remote:
     async def put(self, frame: bytes) -> None:
         """Queue a frame for this connection. A full queue holds the caller back for up to
         `stall` seconds (backpressure, so a burst such as a long replay gets through), then
-        ends the connection: one slow client must not hold up the others for long."""
+        ends the connection: one slow client must not hold up the others for long.
+
+        The answer to an entry of a pending batch goes into that batch's array instead."""
+        if self.batched and frame.startswith(_ANSWER_PREFIX):
+            msg = jsonrpc.decode(frame)
+            if isinstance(msg, jsonrpc.Response | jsonrpc.ErrorResponse) and msg.id is not None:
+                reply = self.batched.pop(msg.id, None)
+                if reply is not None:
+                    await self.add_to_batch(reply, frame)
+                    return
+        await self._put(frame)
+
+    async def add_to_batch(self, reply: BatchReply, frame: bytes) -> None:
+        """Keep one answer of `reply`'s batch; write the array if it was the last."""
+        reply.frames.append(frame)
+        await self._write_batch(reply)
+
+    async def seal_batch(self, reply: BatchReply) -> None:
+        """Every entry of `reply`'s batch was taken: write the array once all are answered
+        (nothing for a batch of notifications and responses)."""
+        reply.sealed = True
+        await self._write_batch(reply)
+
+    async def _write_batch(self, reply: BatchReply) -> None:
+        if reply.sealed and reply.frames and len(reply.frames) >= reply.expected:
+            frames, reply.frames = reply.frames, []
+            await self._put(jsonrpc.encode_batch(frames))
+
+    async def _put(self, frame: bytes) -> None:
         if self.ended:
             return
         try:
