@@ -285,3 +285,38 @@ async def test_without_load_session_resume_is_refused_clearly(tmp_path: Path) ->
                 await client.resume_session("sdk_gone", str(tmp_path))
     assert "session/load" in raised.value.message
     assert sent(tmp_path, "session/load") == []
+
+
+async def test_under_trust_a_pending_submission_of_an_earlier_run_is_resent_after_a_load(
+    tmp_path: Path,
+) -> None:
+    state = str(tmp_path / "state.json")
+    outbox = f"sqlite:{tmp_path / 'outbox.db'}"
+    recovered: list[str] = []
+    done = anyio.Event()
+
+    async def on_recovered(submission: Any, message_id: str) -> None:
+        recovered.append(message_id)
+        done.set()
+
+    with anyio.fail_after(TIMEOUT):
+        async with AcpClient(
+            sdk_agent(tmp_path, "--state", state), outbox=outbox, on_unaware="trust"
+        ) as client:
+            session = await client.new_session(str(tmp_path))
+            # written and never sent: what a run killed before its first attempt leaves behind
+            prompt = json.dumps([{"type": "text", "text": "left over"}]).encode()
+            await client.outbox.add(session.session_id, prompt, idempotency_key="k_left")
+        async with AcpClient(
+            sdk_agent(tmp_path, "--state", state),
+            outbox=outbox,
+            on_unaware="trust",
+            on_recovered=on_recovered,
+        ) as client:
+            await done.wait()
+            assert await client.outbox.pending() == []
+    assert recovered[0].startswith("v1_")
+    assert turns(tmp_path) == ["left over"]
+    # re-attached with v1's session/load (the cwd is what session/list says, if anything)
+    assert [p["sessionId"] for p in sent(tmp_path, "session/load")] == [session.session_id]
+    assert sent(tmp_path, "session/resume") == []

@@ -68,7 +68,7 @@ from acp_once.client.outbox import Outbox, Submission, open_outbox
 from acp_once.client.recovery import DEFAULT_MAX_AGE, Backoff, plan_resend
 from acp_once.client.turns import PromptHandle, UpdateCallback
 from acp_once.protocol import schema as s
-from acp_once.protocol.errors import AcpError, SessionNotFound
+from acp_once.protocol.errors import AcpError, MethodNotFound, SessionNotFound
 from acp_once.protocol.initialization import PROTOCOL_VERSION
 from acp_once.protocol.keys import new_key
 from acp_once.protocol.retry import may_resend
@@ -534,7 +534,8 @@ class AcpClient(anyio.AsyncContextManagerMixin):
         pending = await self.outbox.pending()
         if not pending:
             return
-        if (await self._ready_face()).hands_over_pending:
+        face = await self._ready_face()
+        if face.hands_over_pending:
             # no keys: a resend may run the work twice; the application decides
             for sub in pending:
                 self._stale.append(sub)
@@ -549,13 +550,16 @@ class AcpClient(anyio.AsyncContextManagerMixin):
         conn = await self._ready()
         for session_id, subs in by_session.items():
             cwd = "/"
-            with contextlib.suppress(AcpError, TransportError):
+            # ValueError: an answer that is not a v2 list (pydantic's ValidationError is one)
+            with contextlib.suppress(AcpError, TransportError, ValueError):
                 listed = await conn.agent.list_sessions(s.ListSessionsRequest())
                 cwd = next((x.cwd for x in listed.sessions if x.session_id == session_id), cwd)
-            state = self._sessions.get(session_id) or self._track(session_id, cwd)
+            known = self._sessions.get(session_id)
             try:
-                await self._call("session/resume", {"sessionId": session_id, "cwd": state.cwd})
-            except SessionNotFound:
+                # re-attached as the face does it: session/resume, or a v1 agent's session/load
+                state = await face.resume(self, session_id, known.cwd if known else cwd)
+            except (SessionNotFound, MethodNotFound):
+                # gone, or an agent that cannot re-attach it: the application decides
                 self._sessions.pop(session_id, None)
                 self._stale.extend(subs)
                 continue
