@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from acp_once.server import ServerLimits, ServerTimeouts, create_app
-from acp_once.server.options import DEFAULT_SSE_KEEPALIVE
+from acp_once.support.server_options import DEFAULT_SSE_KEEPALIVE
 from acp_once.transports import http
 
 

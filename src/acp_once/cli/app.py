@@ -13,7 +13,7 @@ import typer
 
 from acp_once.cli import _eventloop
 from acp_once.cli.stdio_agent import configure_logging, data_dir, make_store_dir
-from acp_once.server.options import (
+from acp_once.support.server_options import (
     DEFAULT_LIMITS,
     DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
     DEFAULT_TIMEOUTS,

@@ -70,7 +70,8 @@ from acp_once.agent.interface import Agent
 from acp_once.protocol.methods import INITIALIZE
 from acp_once.rpc.streams import FrameStream
 from acp_once.server.guard import RequestGuard
-from acp_once.server.options import (
+from acp_once.server.proxies import TrustedProxies
+from acp_once.support.server_options import (
     DEFAULT_BODY_TIMEOUT,
     DEFAULT_HTTP_OPEN_TIMEOUT,
     DEFAULT_IDLE_TIMEOUT,
@@ -85,7 +86,6 @@ from acp_once.server.options import (
     ServerTimeouts,
     with_options,
 )
-from acp_once.server.proxies import TrustedProxies
 from acp_once.transports.http import (
     CONNECTION_ID_HEADER,
     SESSION_ID_HEADER,

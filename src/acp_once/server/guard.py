@@ -29,7 +29,8 @@ from typing import Any
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from .options import DEFAULT_MAX_CONNECTIONS_PER_ADDRESS
+from acp_once.support.server_options import DEFAULT_MAX_CONNECTIONS_PER_ADDRESS
+
 from .proxies import TrustedProxies
 
 __all__ = [

@@ -18,14 +18,14 @@ import anyio.to_thread
 import uvicorn
 
 from acp_once.bridge import Bridge
-
-from .app import AcpServer, create_app
-from .listen import check_listen, listen, serve_app
-from .options import (
+from acp_once.support.server_options import (
     DEFAULT_IDLE_TIMEOUT,
     DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
     DEFAULT_WRITE_TIMEOUT,
 )
+
+from .app import AcpServer, create_app
+from .listen import check_listen, listen, serve_app
 from .tenants import TokensFileError, load_tokens
 
 if TYPE_CHECKING:

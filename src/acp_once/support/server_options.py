@@ -1,6 +1,8 @@
-"""The server's limits and timeouts as values: `ServerLimits` and `ServerTimeouts`, taken by
-`create_app` and `AcpServer` (`limits=`, `timeouts=`) and the source of `acp-once serve`'s
-defaults. Both are frozen: derive a variant with `dataclasses.replace`."""
+"""The network server's limits and timeouts as values: `ServerLimits` and `ServerTimeouts`,
+taken by `acp_once.server.create_app` and `AcpServer` (`limits=`, `timeouts=`; both exported
+by `acp_once.server`) and the source of `acp-once serve`'s defaults. Both are frozen: derive a
+variant with `dataclasses.replace`. Here, with no third-party import, so the command line
+reads the defaults without the `server` extra."""
 
 from __future__ import annotations
 
