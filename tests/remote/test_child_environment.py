@@ -1,5 +1,6 @@
-"""Our secrets stay with us: a bridged agent and an upgraded v1 agent (real child processes
-that write out the environment they were started with) never see `ACP_ONCE_TOKEN`."""
+"""Our secrets stay with us: a bridged agent, an upgraded v1 agent and an agent a client
+launches over stdio (real child processes that write out the environment they were started
+with) never see `ACP_ONCE_TOKEN`."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import anyio
 import pytest
 
 from acp_once.bridge import Bridge
+from acp_once.client import StdioLauncher
 from acp_once.upgrade.child import V1Children
 
 pytestmark = pytest.mark.anyio
@@ -83,6 +85,27 @@ async def test_an_upgraded_v1_agent_does_not_inherit_the_token(
         ) as children:
             child = await children.current()
             assert child.alive
+            seen = environment(out)
+    assert "ACP_ONCE_TOKEN" not in seen
+    assert SECRET not in json.dumps(seen)
+
+
+async def test_an_agent_a_client_launches_does_not_inherit_the_token(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ACP_ONCE_TOKEN", SECRET)
+    out = tmp_path / "env.json"
+    tiny = [sys.executable, str(ROOT / "tests" / "agents" / "tiny_agent.py")]
+    initialize = {
+        "jsonrpc": "2.0",
+        "id": 0,
+        "method": "initialize",
+        "params": {"protocolVersion": 2, "info": {"name": "t", "version": "1"}},
+    }
+    with anyio.fail_after(20):
+        async with StdioLauncher(dumping(tiny, out)).connect() as frames:
+            await frames.send(json.dumps(initialize).encode())
+            assert b'"result"' in bytes(await frames.receive())  # type: ignore[arg-type]
             seen = environment(out)
     assert "ACP_ONCE_TOKEN" not in seen
     assert SECRET not in json.dumps(seen)

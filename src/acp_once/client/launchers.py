@@ -22,6 +22,7 @@ import anyio
 
 from acp_once.protocol.framing import DEFAULT_MAX_FRAME, FrameEvent
 from acp_once.rpc.streams import FrameStream
+from acp_once.support.environment import child_environment
 from acp_once.transports.stdio import AgentProcess, spawn
 
 if TYPE_CHECKING:
@@ -66,7 +67,7 @@ class StdioLauncher(_Tracked[AgentProcess]):
 
     Args:
         command: the agent command line.
-        env: the agent's environment (None: ours).
+        env: the agent's environment (None: ours without our secrets, `ACP_ONCE_TOKEN`).
         cwd: the agent's working directory (None: ours).
         stderr: where the agent's stderr goes (None: ours; e.g. `subprocess.DEVNULL`).
         shutdown_timeout: seconds the agent gets to exit after its stdin is closed before it is
@@ -107,7 +108,7 @@ class StdioLauncher(_Tracked[AgentProcess]):
         return self._track(
             spawn(
                 self.command,
-                env=self.env,
+                env=child_environment(self.env),
                 cwd=self.cwd,
                 stderr=self.stderr,
                 shutdown_timeout=self.shutdown_timeout,
