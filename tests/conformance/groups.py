@@ -17,6 +17,7 @@ PRIVACY = "privacy.no-key-in-frames"
 # its start and the privacy check)
 GROUPS: dict[str, list[str]] = {
     "lifecycle": ["init.*", "session.*", "close.*", "delete.*", "cancel-request.*"],
+    "batches": ["batch.*"],
     "resume-withdraw-reuse": ["resume.*", "withdraw.*", "reuse.*"],
     "keys": ["key.valid", "key.null-absent", "key.case-sensitive", "trace.T1-*"],
     "invalid-keys": ["key.invalid.*"],

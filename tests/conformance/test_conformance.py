@@ -56,6 +56,10 @@ REQUIREMENT_IDS = [
     "trace.T7-inserted-during-work",
     "withdraw.all-waiters",
     "reuse.different-prompt",
+    "batch.empty",
+    "batch.mixed",
+    "batch.notifications-only",
+    "batch.invalid-entry",
     "privacy.no-key-in-frames",
 ]
 
@@ -230,6 +234,11 @@ BROKEN = {
     "echo-key": (["key.valid", "privacy.*"], {"privacy.no-key-in-frames"}),
     "burn-key": (["trace.T1-*", "trace.T5-*"], {"trace.T5-retry-after-error"}),
     "empty-key": (["key.invalid.*"], {"key.invalid.empty"}),
+    # an array answered with one -32600 (the TypeScript SDK 2.4.0): only the empty batch passes
+    "single-batch-error": (
+        ["batch.*"],
+        {"batch.mixed", "batch.notifications-only", "batch.invalid-entry"},
+    ),
 }
 
 

@@ -577,6 +577,159 @@ async def _reuse(ctx: CheckContext) -> str | None:
     return seen
 
 
+# -- JSON-RPC batches ---------------------------------------------------------------------------
+
+_BATCHES_NOT_CARRIED = "Streamable HTTP carries no batches (D43): each POST holds one message"
+_PING = "acp-once-check/ping"  # a method no agent has: any answer (-32601) will do
+
+
+def _req(id: str, method: str, params: Any) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": id, "method": method, "params": params}
+
+
+def _note(method: str) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "method": method, "params": {}}
+
+
+async def _batch_reply(p: Probe, batch: list[Any], ids: set[Any]) -> list[Any]:
+    """Send `batch`; wait for the array answering it (one whose ids meet `ids`) and return it.
+    Fails the check if an answer to one of its requests comes alone instead."""
+    if not p.ctx.target.carries_batches:
+        raise CheckSkipped(_BATCHES_NOT_CARRIED)
+    mark = await p.send_raw(batch)
+
+    def replied() -> bool:
+        for value in p.arrived_since(mark):
+            if isinstance(value, list) and {_id_of(a) for a in value} & ids:
+                return True
+            expect(
+                not (isinstance(value, dict) and value.get("id", "absent") is None),
+                f"the batch got one error with id null instead of a reply array: "
+                f"{short(repr(value))}; batches are part of ACP v2 (R71, D21)",
+            )
+            expect(
+                not (isinstance(value, dict) and value.get("id") in ids - {None}),
+                f"the answer to a batch entry came alone, not in the reply array: "
+                f"{short(repr(value))} (R71)",
+            )
+        return False
+
+    await p.wait_for(replied, "one array answering the batch (R71)")
+    return next(
+        v for v in p.arrived_since(mark) if isinstance(v, list) and {_id_of(a) for a in v} & ids
+    )
+
+
+def _id_of(answer: Any) -> Any:
+    return answer.get("id") if isinstance(answer, dict) else answer
+
+
+def _wire_code(answer: dict[str, Any]) -> Any:
+    error = answer.get("error")
+    return error.get("code") if isinstance(error, dict) else None
+
+
+async def _nothing_before_ping(p: Probe, mark: int, what: str) -> list[Any]:
+    """Send a lone request and wait for its answer; return what came since `mark` before it
+    (the frames the agent wrote for what was sent earlier)."""
+    ping_id = "acp-once-check-ping"
+    await p.send_raw(_req(ping_id, _PING, {}))
+    answered = lambda: any(  # noqa: E731
+        isinstance(v, dict) and v.get("id") == ping_id for v in p.arrived_since(mark)
+    )
+    await p.wait_for(answered, f"the answer to a lone request sent after {what}")
+    before: list[Any] = []
+    for value in p.arrived_since(mark):
+        if isinstance(value, dict) and value.get("id") == ping_id:
+            break
+        if not (isinstance(value, dict) and "method" in value):  # the agent's own messages
+            before.append(value)
+    return before
+
+
+@check(
+    "batch.empty",
+    Level.MUST,
+    ("R70", "D21"),
+    "an empty batch gets one -32600 with id null, not an array",
+)
+async def _batch_empty(ctx: CheckContext) -> str | None:
+    if not ctx.target.carries_batches:
+        raise CheckSkipped(_BATCHES_NOT_CARRIED)
+    async with ctx.connect() as p:
+        mark = await p.send_raw([])
+        came = await _nothing_before_ping(p, mark, "an empty batch")
+        expect(len(came) == 1, f"an empty batch must get exactly one answer; got {came!r} (R70)")
+        [answer] = came
+        expect(
+            isinstance(answer, dict)
+            and answer.get("id", "absent") is None
+            and _wire_code(answer) == INVALID_REQUEST,
+            f"an empty batch must get one -32600 object with id null; got {short(repr(answer))}",
+        )
+    return None
+
+
+@check(
+    "batch.mixed",
+    Level.MUST,
+    ("R71", "R73", "D21"),
+    "a batch of requests and a notification gets one array, one answer per request",
+)
+async def _batch_mixed(ctx: CheckContext) -> str | None:
+    async with ctx.connect() as p:
+        batch = [
+            _req("acp-once-check-b1", "session/new", {"cwd": ctx.cwd}),
+            _note("$/acp-once-check"),
+            _req("acp-once-check-b2", _PING, {}),
+        ]
+        ids = {"acp-once-check-b1", "acp-once-check-b2"}
+        reply = await _batch_reply(p, batch, ids)
+        got = sorted(str(_id_of(a)) for a in reply)
+        expect(
+            got == sorted(ids),
+            f"the reply array must hold one answer per request, none for the notification; "
+            f"got ids {got} (R71)",
+        )
+    return None
+
+
+@check(
+    "batch.notifications-only",
+    Level.MUST,
+    ("R71", "R48"),
+    "a batch of notifications only gets no reply at all",
+)
+async def _batch_notifications(ctx: CheckContext) -> str | None:
+    if not ctx.target.carries_batches:
+        raise CheckSkipped(_BATCHES_NOT_CARRIED)
+    async with ctx.connect() as p:
+        mark = await p.send_raw([_note("$/acp-once-check-1"), _note("$/acp-once-check-2")])
+        came = await _nothing_before_ping(p, mark, "a batch of notifications")
+        expect(not came, f"a batch of notifications must get no reply; got {came!r} (R71)")
+    return None
+
+
+@check(
+    "batch.invalid-entry",
+    Level.MUST,
+    ("R72",),
+    "an invalid entry gets its own -32600 inside the reply array",
+)
+async def _batch_invalid(ctx: CheckContext) -> str | None:
+    async with ctx.connect() as p:
+        batch = [17, _req("acp-once-check-b3", _PING, {})]
+        reply = await _batch_reply(p, batch, {"acp-once-check-b3"})
+        expect(len(reply) == 2, f"two entries, two answers; got {short(repr(reply))} (R72)")
+        invalid = [a for a in reply if isinstance(a, dict) and a.get("id", "absent") is None]
+        expect(
+            len(invalid) == 1 and _wire_code(invalid[0]) == INVALID_REQUEST,
+            f"the entry 17 must get -32600 with id null inside the array; got "
+            f"{short(repr(reply))} (R72)",
+        )
+    return None
+
+
 @check(
     "privacy.no-key-in-frames",
     Level.MUST,

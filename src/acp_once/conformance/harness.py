@@ -142,12 +142,15 @@ class Target:
             that need a restart are skipped with this reason.
         repeat_initialize: whether `initialize` can be sent again on one connection (not on
             Streamable HTTP, where each initialize opens a new connection).
+        carries_batches: whether one frame may hold a JSON-RPC batch (not on Streamable HTTP,
+            D43); the batch checks are skipped otherwise.
     """
 
     launcher: Launcher
     description: str
     no_restart: str | None = _NO_KILL
     repeat_initialize: bool = True
+    carries_batches: bool = True
 
     @classmethod
     def of(cls, launcher: Launcher | Target) -> Target:
@@ -165,6 +168,7 @@ class Target:
                     "streamable http: " + launcher.url,
                     _REMOTE_NO_RESTART,
                     repeat_initialize=False,
+                    carries_batches=False,
                 )
             case _:
                 return cls(launcher, repr(launcher))
@@ -200,6 +204,7 @@ class _Tap:
         self.ctx = ctx
         self.conn = conn
         self.frames: list[dict[str, Any]] = []  # parsed received frames, in order
+        self.values: list[Any] = []  # every parsed received frame, batch arrays included
         self._arrived = anyio.Event()
 
     async def receive(self) -> FrameEvent:
@@ -215,6 +220,7 @@ class _Tap:
                 # connection now so the check fails at once, naming the line.
                 self.ctx.non_json = frame.decode("utf-8", "replace")
                 raise anyio.BrokenResourceError from None
+            self.values.append(parsed)
             if isinstance(parsed, dict):
                 self.frames.append(parsed)
             self._arrived.set()
@@ -312,6 +318,18 @@ class Probe:
 
     async def notify(self, method: str, params: Any) -> None:
         await self.conn.rpc.notify(method, params)
+
+    async def send_raw(self, value: Any) -> int:
+        """Send `value` (a batch array, say) as one frame, in order with the connection's
+        other frames; returns how many frames had arrived before it (for `arrived_since`)."""
+        mark = len(self.tap.values)
+        self.ctx.last = Exchange(short(orjson.dumps(value).decode()), time.monotonic())
+        await self.conn.rpc.send_encoded(orjson.dumps(value))
+        return mark
+
+    def arrived_since(self, mark: int) -> list[Any]:
+        """Every frame parsed since `mark` (a value `send_raw` returned), in order."""
+        return self.tap.values[mark:]
 
     async def new_session(self) -> str:
         result = await self.request("session/new", {"cwd": self.ctx.cwd})

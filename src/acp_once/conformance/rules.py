@@ -18,6 +18,7 @@ RULE_DOCS: dict[str, tuple[str, str]] = {
     "D15": ("keys", "d15--a-fork-copies-history-never-keys"),
     "D17": ("sessions", "d17--a-retry-before-sessionresume-gets--32002"),
     "D23": ("initialization", "d23--version-negotiation-highest-supported-at-or-below-the-request"),
+    "D21": ("jsonrpc", "d21--batches-follow-the-transports-page-not-the-typescript-sdk"),
     "D24": ("sessions", "d24--close-and-delete-of-a-missing-session-succeed"),
     "D33": (
         "cancellation",
@@ -48,6 +49,10 @@ RULE_DOCS: dict[str, tuple[str, str]] = {
     ),
     "R47": ("cancellation", "r47--exactly-one-answer-per-request-whatever-the-cancel"),
     "R48": ("jsonrpc", "r48--notifications-are-never-answered"),
+    "R70": ("jsonrpc", "r70--a-batch-is-an-array-of-at-least-one-message"),
+    "R71": ("jsonrpc", "r71--one-answer-per-request-entry-in-one-array-none-for-notifications"),
+    "R72": ("jsonrpc", "r72--an-invalid-entry-gets-its-own-error-inside-the-array"),
+    "R73": ("jsonrpc", "r73--entries-may-run-concurrently-the-reply-waits-for-the-last"),
     "R49": (
         "initialization",
         "r49--initialize-comes-first-and-may-be-repeated-only-until-other-requests",
