@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from psycopg import sql
 
@@ -98,7 +98,18 @@ class GuardedStatements:
 
     insert: sql.Composed
     append: sql.Composed | None
-    """None for a guard with `after` expressions, which guards inserts only."""
+    """Several entries (`%(n)s`, `%(mids)s`, `%(payloads)s`); None for a guard with `after`
+    expressions, which guards inserts only."""
+    append_one: sql.Composed | None
+    """One entry (`%(mid)s`, `%(payload)s`): `append` without the arrays, as often as a turn
+    writes; None as `append`."""
+
+
+_EXISTS_UNLESS: Final = (
+    "CASE WHEN {written} THEN true"
+    " ELSE EXISTS (SELECT 1 FROM {{s}}.sessions WHERE session_id = %(sid)s) END"
+)
+"""Whether the session exists, looked up only when nothing was written (CASE is lazy)."""
 
 
 @functools.lru_cache(maxsize=64)
@@ -123,25 +134,34 @@ def guarded_statements(schema: str, guard: GuardSql) -> GuardedStatements:
         " res AS (SELECT (SELECT seq FROM adv) AS seq, (SELECT message_id FROM rec) AS mid,"
         "  (SELECT prompt_digest FROM rec) AS digest, EXISTS (SELECT 1 FROM l) AS held)"
         + (f", {guard.after}" if guard.after else "")
-        + " SELECT EXISTS (SELECT 1 FROM {s}.sessions WHERE session_id = %(sid)s),"
+        + f" SELECT {_EXISTS_UNLESS.format(written='res.held')},"
         f"  ok.holds, res.seq, res.mid, res.digest, {guard.columns} FROM ok, res",
         schema,
     )
-    append = None
-    if not guard.after:
-        append = compose(
-            f"WITH {guard.before},"
-            f" ok AS (SELECT {guard.holds} AS holds),"
-            " s AS (UPDATE {s}.sessions SET next_seq = next_seq + %(n)s::bigint,"
-            "  updated_at = GREATEST(updated_at, %(now)s)"
-            "  WHERE session_id = %(sid)s AND (SELECT holds FROM ok)"
-            "  RETURNING next_seq - %(n)s::bigint AS first),"
-            " w AS (INSERT INTO {s}.timeline (session_id, seq, message_id, payload)"
-            "  SELECT %(sid)s, s.first + u.i - 1, u.mid, u.payload FROM s,"
-            "  unnest(%(mids)s::text[], %(payloads)s::bytea[])"
-            "  WITH ORDINALITY AS u(mid, payload, i) RETURNING seq)"
-            " SELECT EXISTS (SELECT 1 FROM {s}.sessions WHERE session_id = %(sid)s),"
-            f"  ok.holds, ARRAY(SELECT seq FROM w ORDER BY seq), {guard.columns} FROM ok",
-            schema,
-        )
-    return GuardedStatements(insert, append)
+    if guard.after:
+        return GuardedStatements(insert, None, None)
+    head = f"WITH {guard.before}, ok AS (SELECT {guard.holds} AS holds),"
+    written = _EXISTS_UNLESS.format(written="EXISTS (SELECT 1 FROM w)")
+    append = compose(
+        head + " s AS (UPDATE {s}.sessions SET next_seq = next_seq + %(n)s::bigint,"
+        "  updated_at = GREATEST(updated_at, %(now)s)"
+        "  WHERE session_id = %(sid)s AND (SELECT holds FROM ok)"
+        "  RETURNING next_seq - %(n)s::bigint AS first),"
+        " w AS (INSERT INTO {s}.timeline (session_id, seq, message_id, payload)"
+        "  SELECT %(sid)s, s.first + u.i - 1, u.mid, u.payload FROM s,"
+        "  unnest(%(mids)s::text[], %(payloads)s::bytea[])"
+        "  WITH ORDINALITY AS u(mid, payload, i) RETURNING seq)"
+        f" SELECT {written}, ok.holds, ARRAY(SELECT seq FROM w ORDER BY seq),"
+        f"  {guard.columns} FROM ok",
+        schema,
+    )
+    append_one = compose(
+        head + " s AS (UPDATE {s}.sessions SET next_seq = next_seq + 1,"
+        "  updated_at = GREATEST(updated_at, %(now)s)"
+        "  WHERE session_id = %(sid)s AND (SELECT holds FROM ok) RETURNING next_seq - 1 AS seq),"
+        " w AS (INSERT INTO {s}.timeline (session_id, seq, message_id, payload)"
+        "  SELECT %(sid)s, s.seq, %(mid)s, %(payload)s FROM s RETURNING seq)"
+        f" SELECT {written}, ok.holds, ARRAY(SELECT seq FROM w), {guard.columns} FROM ok",
+        schema,
+    )
+    return GuardedStatements(insert, append, append_one)

@@ -620,15 +620,15 @@ class PostgresStore(AsyncClosing):
     ) -> int:
         """`SessionStore.append_update`; with `guard`, only while the guard holds (see
         `append_updates`)."""
-        if guard is not None:
-            seqs = await self.append_updates(session_id, [(update, message_id)], guard=guard)
-            return seqs[0]
         params: dict[str, object] = {
             "sid": session_id,
             "mid": message_id,
             "payload": update,
             "now": self._clock(),
         }
+        if guard is not None:
+            seqs = await self._append_guarded(session_id, params, guard, one=True)
+            return seqs[0]
         query = self._sql.append_entry
 
         async def work(conn: Conn) -> int:
@@ -673,42 +673,53 @@ class PostgresStore(AsyncClosing):
             "mids": [mid for _, mid in updates],
             "payloads": [update for update, _ in updates],
         }
-        finish: Callable[[Conn, list[tuple[Any, ...]]], Awaitable[list[int]]]
-        if guard is None:
-            query = self._sql.append_many
+        if guard is not None:
+            return await self._append_guarded(session_id, params, guard, one=False)
+        query = self._sql.append_many
 
-            async def all_seqs(conn: Conn, rows: list[tuple[Any, ...]]) -> list[int]:
-                if not rows:
-                    raise SessionMissing(session_id)
-                return sorted(int(row[0]) for row in rows)
+        async def all_seqs(conn: Conn, rows: list[tuple[Any, ...]]) -> list[int]:
+            if not rows:
+                raise SessionMissing(session_id)
+            return sorted(int(row[0]) for row in rows)
 
-            finish = all_seqs
-        else:
-            guarded = guarded_statements(self._sql.schema, guard.guard_sql).append
-            if guarded is None:
-                raise ValueError("this guard guards inserts only")
-            query = guarded
-            params.update(guard.guard_params())
-
-            async def guarded_seqs(conn: Conn, rows: list[tuple[Any, ...]]) -> list[int]:
-                exists, holds, seqs, *columns = rows[0]  # FROM ok: one row
-                if not exists:
-                    raise SessionMissing(session_id)
-                refused = guard.refused(session_id, columns)
-                if refused is not None:
-                    raise refused
-                if not holds or not seqs:
-                    raise FencingError(session_id)
-                return [int(seq) for seq in seqs]
-
-            finish = guarded_seqs
         if self._group is None:
 
             async def one_statement(conn: Conn) -> list[int]:
-                return await finish(conn, await fetch_all(conn, query, params))
+                return await all_seqs(conn, await fetch_all(conn, query, params))
 
             return await self._call(one_statement)
-        seqs: list[int] = await self._group.submit(session_id, _Work(query, params, finish))
+        seqs: list[int] = await self._group.submit(session_id, _Work(query, params, all_seqs))
+        return seqs
+
+    async def _append_guarded(
+        self, session_id: str, params: dict[str, object], guard: WriteGuard, *, one: bool
+    ) -> list[int]:
+        """A guarded append of one entry (`one`: `%(mid)s`, `%(payload)s`) or several
+        (`%(n)s`, `%(mids)s`, `%(payloads)s`); the seqs written."""
+        statements = guarded_statements(self._sql.schema, guard.guard_sql)
+        query = statements.append_one if one else statements.append
+        if query is None:
+            raise ValueError("this guard guards inserts only")
+        params = {**params, **guard.guard_params()}
+
+        async def guarded_seqs(conn: Conn, rows: list[tuple[Any, ...]]) -> list[int]:
+            exists, holds, seqs, *columns = rows[0]  # FROM ok: one row
+            if not exists:
+                raise SessionMissing(session_id)
+            refused = guard.refused(session_id, columns)
+            if refused is not None:
+                raise refused
+            if not holds or not seqs:
+                raise FencingError(session_id)
+            return [int(seq) for seq in seqs]
+
+        if self._group is None:
+
+            async def one_statement(conn: Conn) -> list[int]:
+                return await guarded_seqs(conn, await fetch_all(conn, query, params))
+
+            return await self._call(one_statement)
+        seqs: list[int] = await self._group.submit(session_id, _Work(query, params, guarded_seqs))
         return seqs
 
     @property
