@@ -18,11 +18,13 @@ The guarded insert, in lock order (`{s}` is the schema):
      <, after>
     SELECT <session exists>, ok.holds, res.seq, res.mid, res.digest, <columns> FROM ok, res
 
-and the guarded append (`append_update` is an append of one):
+and the guarded append (of several entries, or of one: `append_one`, without the arrays):
 
     WITH <before>, ok AS (SELECT <holds> AS holds),
      s AS (UPDATE sessions ... WHERE ... AND ok.holds), w AS (INSERT ... RETURNING seq)
     SELECT <session exists>, ok.holds, ARRAY(seqs of w), <columns> FROM ok
+
+`<session exists>` is looked up only when nothing was written.
 """
 
 from __future__ import annotations
