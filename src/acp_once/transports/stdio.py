@@ -1,4 +1,5 @@
-"""stdio: newline-delimited JSON over pipes (ACP's baseline transport, R67).
+"""stdio: newline-delimited JSON over pipes (ACP's baseline transport, R67); a line is one
+message or one batch array (D21), moved as it is.
 
 - `stdio_frames()`: the agent side, on the process's own stdin and stdout. Nothing but ACP
   frames is ever written to stdout; logs belong on stderr.

@@ -1,4 +1,5 @@
-"""WebSocket: one text frame = one JSON-RPC message (R69).
+"""WebSocket: one text frame = one JSON-RPC message, or one batch array (R69, D21): frames are
+moved as they are, whatever they hold.
 
 - `ServerWebSocketFrames`: the agent side, a `FrameStream` over an accepted starlette
   `WebSocket` (any ASGI server). Binary frames are ignored. `server_websocket_frames` picks
