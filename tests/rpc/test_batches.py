@@ -10,6 +10,7 @@ import orjson
 import pytest
 
 from acp_once.protocol.errors import INVALID_REQUEST, REQUEST_CANCELLED, InvalidRequest
+from acp_once.protocol.framing import LineFramer, OversizedFrame
 from acp_once.rpc.connection import BatchEntry, Connection, RequestContext
 from acp_once.rpc.errors import BatchRefused
 from acp_once.rpc.streams import MemoryFrameStream, memory_pair
@@ -298,3 +299,44 @@ async def test_no_batch_goes_out_on_a_transport_that_carries_none(pair: Pair) ->
             await conn.start_batch([BatchEntry("a")])
         await conn.notify("still/alive")
         assert (await recv(peer))["method"] == "still/alive"
+
+
+async def test_a_batch_over_the_frame_limit_gets_one_error(pair: Pair) -> None:
+    calls: list[str] = []
+
+    async def handler(method: str, params: dict[str, Any] | None, ctx: RequestContext) -> Any:
+        calls.append(method)
+        return {}
+
+    ours, peer = pair()
+    framer = LineFramer(256)  # the transports' framing: too long a line is reported, not held
+    async with Connection(ours, on_request=handler):
+        line = orjson.dumps([req(i, "m", {"pad": "x" * 40}) for i in range(8)]) + b"\n"
+        [event] = framer.feed(line)
+        assert isinstance(event, OversizedFrame)
+        await peer.send(event)  # type: ignore[arg-type]
+        answer = await recv(peer)
+        assert isinstance(answer, dict) and answer["id"] is None  # not the first entry's id
+        assert answer["error"]["code"] == INVALID_REQUEST
+        await send(peer, [req(1, "small")])
+        assert [a["id"] for a in await recv(peer)] == [1]
+    assert calls == ["small"]
+
+
+async def test_after_the_peers_last_frame_a_pending_batch_is_still_answered(pair: Pair) -> None:
+    release = anyio.Event()
+
+    async def handler(method: str, params: dict[str, Any] | None, ctx: RequestContext) -> Any:
+        await release.wait()
+        return {"m": method}
+
+    ours, peer = pair()
+    ours.writable_after_eof = True  # type: ignore[attr-defined]  # as a stdio pipe is
+    async with Connection(ours, on_request=handler) as conn:
+        await send(peer, [req(1, "a"), req(2, "b")])
+        await peer._send.aclose()  # the peer's last frame; it still reads
+        release.set()
+        reply = await recv(peer)
+        assert sorted(a["id"] for a in reply) == [1, 2]
+        with anyio.fail_after(5):
+            await conn.wait_closed()
