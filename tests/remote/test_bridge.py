@@ -39,7 +39,7 @@ from acp_once.protocol.errors import (
 from acp_once.protocol.framing import FrameEvent
 from acp_once.rpc.errors import ConnectionClosed
 from acp_once.rpc.streams import FrameStream
-from acp_once.server import listen
+from acp_once.server.listen import listen
 from acp_once.server.run import serve_bridge
 from acp_once.storage import open_store
 from acp_once.transports.http import connect_http
