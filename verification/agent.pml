@@ -60,7 +60,7 @@
 #define FAIL 7               /* answered -32603 */
 #define LOST 8               /* its connection closed: the client never hears */
 
-/* pending prompt state per submission (runtime's PendingPrompt, plus the steps of _insert) */
+/* pending prompt state per submission (runtime's PendingPrompt, plus the steps of SessionInbox._insert) */
 #define NONE 0
 #define HELD 1               /* in session.held (hold policy, a turn runs) */
 #define INS  2               /* _insert began: its write is in group commit */
@@ -76,7 +76,7 @@
 
 #define HOLD 0
 #define STEER 1
-#define WORKER 9             /* pown: the session's worker runs the insert (insert_next) */
+#define WORKER 9             /* pown: the session's worker runs the insert (SessionInbox.next -> Placement.next) */
 
 byte rst[NR];                /* request status */
 byte rmid[NR];               /* message id of an OK answer */
@@ -354,7 +354,7 @@ end:
   /* _worker: the turn ends (run_turn returned) */
   :: atomic { running[0] && !WINS(0) -> running[0] = false }
 
-  /* _worker -> insert_next (under the lock): no turn left, insert the next held prompt */
+  /* TurnRunner._work -> SessionInbox.next (under the lock): no turn left, insert the next held prompt */
   :: atomic {
        pick_key(P_NEXT);
        s = SESS(k);
@@ -363,12 +363,12 @@ end:
        k = 0; s = 0
      }
 
-  /* _on_cancel_request: $/cancel_request for a waiting request (a fault the client chooses) */
+  /* SessionInbox.withdraw: $/cancel_request for a waiting request (a fault the client chooses) */
   :: atomic {
        pick_req(WAIT_F); faults++;
        k = KEY(r);
        if
-       :: pst[k] == HELD ->                     /* _withdraw: every waiter gets -32800 */
+       :: pst[k] == HELD ->                     /* withdraw: every waiter gets -32800 */
 #ifdef MUTANT_WITHDRAW_ONE
           rst[r] = CANC; check_answer(r); wd[k] = true   /* only the cancelled request */
 #else

@@ -4,7 +4,7 @@
  *
  * Each `atomic` is one transaction or the code between two awaits; the comment names the
  * function in src/ (acp_once.cluster: the coordinator and its SQL; acp_once.storage.postgres:
- * the fenced insert; acp_once.agent.runtime: prompt, _insert). A node is one process: its
+ * the fenced insert; acp_once.agent.inbox: submit, _insert). A node is one process: its
  * steps interleave with the other node's. A node's requests for the session take its session
  * lock for their admission and insert (`lk`), as does its worker for a queued prompt.
  *
@@ -303,7 +303,7 @@ end:
        fi;
        lk[n] = 0; check_answer(r); r = 0 }
 
-  /* _worker -> insert_next (hold: after its turn) or _steer (steer: mid-turn, once woken),
+  /* TurnRunner._work -> PostgresCoordinator.next (hold: after its turn) or SessionInbox.steer (steer: mid-turn, once woken),
      under the session lock: the owner inserts the oldest queued row; the insert settles the
      row and notifies its outcome in one statement. A dead origin's row is abandoned */
   :: atomic { myep[n] != 0 && lk[n] == 0 && (!turn[n] || policy == STEER) && ANYQ ->
@@ -327,7 +327,7 @@ end:
        q = (qs[0] == WITHDRAWN -> 0 : 1); write(n); qs[q] = INSERTED; qkey[q] = skey; q = 0 }
 #endif
 
-  /* insert_next with nothing queued: PgCluster.release (owner and epoch must match) */
+  /* PostgresCoordinator.next with nothing queued: PgCluster.release (owner and epoch must match) */
   :: atomic { !stall[n] && myep[n] != 0 && !turn[n] && lk[n] == 0 && !ANYQ ->
        if :: HOLDS(n) -> lown = 0; lexp = false :: else fi; myep[n] = 0 }
 

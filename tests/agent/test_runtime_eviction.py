@@ -43,7 +43,7 @@ async def test_cancel_marks_of_closed_connections_are_evicted(tmp_path: Path) ->
                     await conn.rpc.notify("session/cancel", {"sessionId": sid})
                     await conn.rpc.request("session/close", {"sessionId": sid})
             # the first connection keeps the session in memory; the others left no mark
-            assert agent._sessions[sid].cancel_marks == {}
+            assert agent._sessions[sid].inbox.cancel_marks == {}
 
 
 async def test_sessions_nothing_holds_are_dropped_and_reload_on_resume(tmp_path: Path) -> None:

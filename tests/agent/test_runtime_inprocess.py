@@ -617,17 +617,17 @@ async def test_a_resend_of_a_used_key_covered_by_a_later_session_cancel_gets_its
             first = await prompt(conn, sid, "deploy")
             session = agent._sessions[sid]
             # the resend and the cancel are both in before the resend takes the session lock
-            async with session.lock:
+            async with session.inbox.lock:
                 resend = await conn.rpc.start_request("session/prompt", params(sid, "deploy"))
                 await conn.rpc.notify("session/cancel", {"sessionId": sid})
-                await until(lambda: bool(session.cancel_marks), interval=0.005)
+                await until(lambda: bool(session.inbox.cancel_marks), interval=0.005)
             assert (await resend.result())["messageId"] == first
             # an unkeyed prompt it covers is still refused, and nothing new was stored
-            async with session.lock:
+            async with session.inbox.lock:
                 unkeyed = await conn.rpc.start_request("session/prompt", params(sid, "x", None))
-                marks = dict(session.cancel_marks)
+                marks = dict(session.inbox.cancel_marks)
                 await conn.rpc.notify("session/cancel", {"sessionId": sid})
-                await until(lambda: session.cancel_marks != marks, interval=0.005)
+                await until(lambda: session.inbox.cancel_marks != marks, interval=0.005)
             with pytest.raises(AcpError) as info:
                 await unkeyed.result()
             assert info.value.code == REQUEST_CANCELLED

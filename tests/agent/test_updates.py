@@ -14,7 +14,7 @@ import pytest
 from pydantic import BaseModel
 
 from acp_once.agent import STRICT_ENV, SessionAgent, Turn, TurnContext, updates
-from acp_once.agent import runtime as runtime_module
+from acp_once.agent import turns as runtime_module
 from acp_once.protocol import schema as s
 from acp_once.storage import MemoryStore
 from acp_once.testing import connected

@@ -160,7 +160,7 @@ async def test_retry_early_a_retry_during_the_insert_is_not_answered_before_the_
             first = await a.rpc.start_request("session/prompt", params(sid, "deploy"))
             await store.reached.wait()  # the insert is in flight
             retry = await b.rpc.start_request("session/prompt", params(sid, "deploy"))
-            lock = agent._sessions[sid].lock
+            lock = agent._sessions[sid].inbox.lock
             # the retry waits for the insert (or, wrongly, was answered already)
             await until(lambda: lock._sem.statistics().tasks_waiting == 1 or retry.done, 0.005)
             assert not retry.done

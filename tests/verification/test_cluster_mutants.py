@@ -201,9 +201,9 @@ async def test_row_unguarded_a_withdrawn_row_read_by_the_owner_is_not_inserted(
             tried = anyio.Event()
             insert_queued = a.coordinator._insert_queued
 
-            async def insert_queued_once(session: Any, queued: QueuedPrompt) -> None:
+            async def insert_queued_once(sid: str, queued: QueuedPrompt, insert: Any) -> None:
                 try:
-                    await insert_queued(session, queued)
+                    await insert_queued(sid, queued, insert)
                 finally:
                     tried.set()  # A's insert of the row it read is over, whatever it did
 

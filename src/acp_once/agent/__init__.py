@@ -4,10 +4,10 @@
 
 `SessionAgent` gives sessions, held prompts and idempotency keys on a `SessionStore`;
 `PromptKeys` gives the key rules to an `Agent` over storage of its own; a `Coordinator`
-(`LocalCoordinator` by default, `acp_once.cluster.PostgresCoordinator` for several nodes)
-decides where held prompts wait. The submodule `acp_once.agent.updates` builds the
-`session/update` kinds a turn emits (`updates.agent_message_chunk("Hi", message_id=...)`,
-`updates.tool_call(...)`...).
+(`acp_once.cluster.PostgresCoordinator`) shares sessions between several processes, which
+otherwise stay in this one (`LocalCoordinator` is kept as a deprecated name for that
+default). The submodule `acp_once.agent.updates` builds the `session/update` kinds a turn
+emits (`updates.agent_message_chunk("Hi", message_id=...)`, `updates.tool_call(...)`...).
 """
 
 from acp_once.agent.connection import AgentSideConnection, CallContext, ClientPeer

@@ -65,7 +65,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
 
-import anyio
+from acp_once.agent.state import KeyJoin, Outcome
 
 __all__ = ["MESSAGE_ID_NAMESPACE", "AdapterKeys", "derive_message_id"]
 
@@ -97,21 +97,8 @@ def derive_message_id(session_id: str, key: str) -> str:
     return str(uuid.uuid5(MESSAGE_ID_NAMESPACE, f"{session_id}\0{key}"))
 
 
-class _Outcome:
-    """The outcome of one pending step (a submit or a history load) that others may wait on."""
-
-    __slots__ = ("done", "error", "message_id")
-
-    def __init__(self) -> None:
-        self.done = anyio.Event()
-        self.message_id: str | None = None
-        self.error: BaseException | None = None
-
-
-class _Loading(_Outcome):
+class _Loading(Outcome):
     """A history load in progress, with the ids submitted while it reads."""
-
-    __slots__ = ("added",)
 
     def __init__(self) -> None:
         super().__init__()
@@ -124,12 +111,13 @@ class AdapterKeys:
     Memory holds, per session: the user-message ids read from the runtime's history (a cache,
     filled once per process), and the keys of locally handled commands (while the session is
     active). Nothing is written anywhere else: the runtime's stored session is the record.
+    Pending submits are joined by `KeyJoin`, the same core as `SessionAgent`'s.
     """
 
     def __init__(self) -> None:
         self._history: dict[str, set[str]] = {}
         self._loading: dict[str, _Loading] = {}
-        self._pending: dict[tuple[str, str], _Outcome] = {}
+        self._pending: KeyJoin[tuple[str, str], Outcome] = KeyJoin()
         self._live: dict[tuple[str, str], str] = {}
 
     async def submit(
@@ -179,24 +167,21 @@ class AdapterKeys:
             if isinstance(pending.error, Exception):
                 raise pending.error
             # the first request was cancelled mid-submit: look again (its cache was dropped)
-        pending = self._pending[slot] = _Outcome()
-        try:
+
+        async def submit() -> str:
             await submit_to_runtime(message_id)
-        except Exception as exc:
-            pending.error = exc
+            return message_id
+
+        try:
+            await self._pending.run(slot, Outcome(), submit)
+        except Exception:
             raise
-        except BaseException as exc:
+        except BaseException:
             # Cancelled: the runtime may or may not have stored the id. Read the history again.
-            pending.error = exc
             self._history.pop(session_id, None)
             raise
-        else:
-            pending.message_id = message_id
-            self._add_if_cached(session_id, message_id)
-            return message_id
-        finally:
-            del self._pending[slot]
-            pending.done.set()
+        self._add_if_cached(session_id, message_id)
+        return message_id
 
     async def submit_live(self, session_id: str, key: str | None, run: RunLive) -> str:
         """Run a locally handled command (never stored by the runtime) at most once per key.
@@ -222,20 +207,15 @@ class AdapterKeys:
                 return pending.message_id
             if isinstance(pending.error, Exception):
                 raise pending.error
-        pending = self._pending[slot] = _Outcome()
         message_id = str(uuid.uuid4())
-        try:
+
+        async def run_it() -> str:
             await run(message_id)
-        except BaseException as exc:
-            pending.error = exc
-            raise
-        else:
-            pending.message_id = message_id
-            self._live[slot] = message_id
             return message_id
-        finally:
-            del self._pending[slot]
-            pending.done.set()
+
+        await self._pending.run(slot, Outcome(), run_it)
+        self._live[slot] = message_id
+        return message_id
 
     async def lookup(
         self, session_id: str, key: str, *, load_history_ids: LoadHistoryIds

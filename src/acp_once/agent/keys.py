@@ -26,24 +26,18 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 
-import anyio
+from acp_once.agent.state import KeyJoin, Outcome
 
 __all__ = ["PromptKeys"]
 
 Lookup = Callable[[str, str], Awaitable[str | None]]
 
 
-class _Pending:
-    __slots__ = ("done", "error", "message_id")
-
-    def __init__(self) -> None:
-        self.done = anyio.Event()
-        self.message_id: str | None = None
-        self.error: BaseException | None = None
-
-
 class PromptKeys:
     """Per-agent key table. One instance serves every session (keys are scoped per session).
+
+    The pending requests are joined by `KeyJoin`, the same core as `SessionAgent`'s (one
+    implementation of the key rules); recorded keys are a cache of recent answers.
 
     Args:
         lookup: `(session_id, key) -> message id or None`, reading your stored messages (an
@@ -55,7 +49,7 @@ class PromptKeys:
         self._lookup = lookup
         self._cache_size = cache_size
         self._recorded: OrderedDict[tuple[str, str], str] = OrderedDict()
-        self._pending: dict[tuple[str, str], _Pending] = {}
+        self._pending: KeyJoin[tuple[str, str], Outcome] = KeyJoin()
 
     async def submit(
         self, session_id: str, key: str | None, insert: Callable[[], Awaitable[str]]
@@ -81,24 +75,10 @@ class PromptKeys:
                 return found
             pending = self._pending.get(slot)  # another request may have started meanwhile
         if pending is not None:
-            await pending.done.wait()
-            if pending.error is not None:
-                raise pending.error
-            assert pending.message_id is not None
-            return pending.message_id
-        pending = self._pending[slot] = _Pending()
-        try:
-            message_id = await insert()
-        except BaseException as exc:
-            pending.error = exc
-            raise
-        else:
-            pending.message_id = message_id
-            self._remember(slot, message_id)
-            return message_id
-        finally:
-            del self._pending[slot]
-            pending.done.set()
+            return await pending.result()
+        message_id = await self._pending.run(slot, Outcome(), insert)
+        self._remember(slot, message_id)
+        return message_id
 
     def forget_session(self, session_id: str) -> None:
         """Drop the cached keys of a session (after `session/delete`)."""

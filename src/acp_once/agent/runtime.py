@@ -19,63 +19,56 @@ The key is written by the store in the same transaction as the message (`insert_
 so a crash can never keep one without the other. Live-only messages (locally handled commands,
 which are not retained) keep their key in memory while the session is active on a connection.
 
-Concurrency: each session's state changes happen without awaiting in between, or under the
-session's lock around the store write; "inserted" (the store commit) is the point after which a
-prompt can no longer be withdrawn.
+`SessionAgent` is the protocol face and the registry of loaded sessions. A keyed prompt goes
+`SessionAgent.prompt` -> the session's `SessionInbox` (`acp_once.agent.inbox`: the key rules
+and the insert pipeline) -> its `Placement` (`acp_once.agent.placement`: insert now, hold, or
+wait elsewhere) -> the store; the inbox settles it and `prompt` answers. The inserted message's
+turn runs in the session's `TurnRunner` (`acp_once.agent.turns`).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, Literal, Self
 
 import anyio
 import orjson
 from anyio.abc import TaskGroup
-from pydantic import BaseModel
 
 from acp_once.agent.connection import AgentSideConnection, CallContext
-from acp_once.agent.coordinator import Coordinator, LocalCoordinator
+from acp_once.agent.coordinator import Coordinator
+from acp_once.agent.inbox import InboxRules
 from acp_once.agent.interface import Agent
+from acp_once.agent.placement import LocalPlacement, Placement
+from acp_once.agent.session import Session, SessionEvents
 from acp_once.agent.state import (
     RECOVER_TIMEOUT,
     RECOVERY_WINDOW,
     TURN_MARKER,
-    PendingPrompt,
-    Session,
     Turn,
-    marker,
     new_id,
     unfinished_turns,
     wire_digest,
 )
-from acp_once.agent.updates import check_update, tool_call, tool_call_update
+from acp_once.agent.turns import TurnContext, TurnSetup
 from acp_once.protocol import schema as s
 from acp_once.protocol.errors import (
-    AcpError,
     InternalError,
     InvalidParams,
     RequestCancelled,
     SessionNotFound,
-    key_reused,
 )
 from acp_once.protocol.initialization import PROTOCOL_VERSION, negotiate_version
-from acp_once.protocol.jsonrpc import encode_notification
 from acp_once.protocol.limits import check_id, check_json_strings, check_path
-from acp_once.protocol.methods import SESSION_UPDATE
 from acp_once.rpc.connection import unwrap_single_exception
-from acp_once.rpc.errors import ConnectionClosed
 from acp_once.rpc.tasks import TaskPool, cancel_scope_factory
 from acp_once.storage.base import (
-    FencingError,
-    InsertOutcome,
     InvalidCursor,
-    KeyRecord,
-    SessionMissing,
     SessionRecord,
     SessionStore,
 )
@@ -93,16 +86,11 @@ logger = logging.getLogger("acp_once.agent")
 
 HeldPolicy = Literal["hold", "steer"]
 
-_STOP_TIMEOUT = 10.0
-_LANDED_TIMEOUT = 10.0  # seconds: looking up whether a failed insert was stored, shielded
-_LANDED_WINDOW = 100  # timeline entries searched for an unkeyed message after a failed insert
 STRICT_ENV = "ACP_ONCE_STRICT"
 """Set to 1: every `SessionAgent` validates the dicts its turns emit (`strict_updates`)."""
 
 INTERRUPTED_MESSAGE = "The agent restarted before the turn finished"
 """The `error.message` of the idle `stopReason: "error"` reported for interrupted work."""
-_DROPPED_IDLE = {"sessionUpdate": "state_update", "state": "idle", "stopReason": "cancelled"}
-"""How a queued turn that a cancel dropped ended (it never ran)."""
 _BASELINE_BLOCKS: tuple[type[Any], ...] = (s.ContentBlockText, s.ContentBlockResourceLink)
 """Every agent accepts these in a prompt (the spec requires both)."""
 _OPTIONAL_BLOCKS: dict[str, type[Any]] = {
@@ -133,10 +121,10 @@ class SessionAgent(Agent, anyio.AsyncContextManagerMixin):
         name: the agent's name in what `initialize` reports.
         version: the agent's version in what `initialize` reports.
         coordinator: where held prompts wait and who inserts them
-            (`acp_once.agent.coordinator`): None or a `LocalCoordinator` keeps sessions in
-            this process; `acp_once.cluster.PostgresCoordinator` shares them with every node on
-            the same PostgreSQL store (leases, queued prompts, updates). Subclasses that do not
-            forward it may call `use_coordinator`.
+            (`acp_once.agent.coordinator`): None keeps sessions in this process;
+            `acp_once.cluster.PostgresCoordinator` shares them with every node on the same
+            PostgreSQL store (leases, queued prompts, updates). Subclasses that do not forward
+            it may call `use_coordinator`.
         strict_updates: validate every dict a turn emits and refuse an invalid one with
             `ValueError` (for development and tests); None reads `ACP_ONCE_STRICT=1`. Off, the
             first dict of each kind is checked and a bad one logged at WARNING, then sent.
@@ -176,10 +164,16 @@ class SessionAgent(Agent, anyio.AsyncContextManagerMixin):
         self._sessions: dict[str, Session] = {}
         self._accepted_blocks: tuple[type[Any], ...] | None = None  # from agent_capabilities
         self._tg: TaskGroup | None = None
-        self._new_scope: Callable[[], anyio.CancelScope] = anyio.CancelScope
         self._pool: TaskPool | None = None  # the task group's, looked up once (a weak dict)
-        self._coordinator: Coordinator = LocalCoordinator()
-        self._host = _Host(self)
+        self._coordinator: Coordinator | None = None
+        self._placement: Placement = LocalPlacement(store)
+        self._events = SessionEvents(
+            self._sessions,
+            spawn=self._spawn,
+            steer=policy == "steer",
+            cancel_work=self._cancel_work,
+            recover=self._recover,
+        )
         if coordinator is not None:
             self.use_coordinator(coordinator)
 
@@ -192,30 +186,57 @@ class SessionAgent(Agent, anyio.AsyncContextManagerMixin):
         if self._tg is not None:
             raise RuntimeError("use_coordinator must be called before the agent is entered")
         self._coordinator = coordinator
-        self.store = coordinator.wrap_store(self._base_store)
+        self._placement = coordinator.placement(self._base_store)
+        self.store = self._placement.store
 
     async def ops_status(self) -> dict[str, Any]:
         """What `/ops/status` shows: per node, sessions owned, prompts held, dedup hits."""
-        return await self._coordinator.status()
+        sessions = list(self._sessions.values())
+        local = {
+            "node": "local",
+            "alive": True,
+            "sessions_owned": sum(1 for x in sessions if x.runner.running),
+            "prompts_held": sum(len(x.inbox.held) for x in sessions),
+            "dedup_hits": None,  # counted by the cluster only (it is on the hot path)
+        }
+        if self._coordinator is not None:
+            return await self._coordinator.status(local)
+        return {"node": self.info["name"], "nodes": [local]}
 
     # -- lifecycle -------------------------------------------------------------------------
 
     @asynccontextmanager
     async def __asynccontextmanager__(self) -> AsyncGenerator[Self]:
+        placement = self._placement
+        self._rules = InboxRules(
+            placement,
+            hold=self.policy == "hold",
+            compare_prompts=self.compare_prompts,
+            live_only=self._is_live_only,
+            # looked up at each call, as an attribute: an instance may replace its hooks
+            after_insert=lambda sid, mid: self.after_insert(sid, mid),
+        )
+        self._setup = TurnSetup(
+            lambda turn, emit: self.run_turn(turn, emit), placement.store, self.strict_updates
+        )
+        coordinator = self._coordinator
         try:
             with unwrap_single_exception():
                 async with anyio.create_task_group() as tg:
                     self._tg = tg
-                    self._new_scope = cancel_scope_factory()
-                    self._pool = TaskPool.of(tg)
-                    await self._coordinator.start(self._host, tg)
+                    self._setup.new_scope = cancel_scope_factory()
+                    pool = self._pool = TaskPool.of(tg)
+                    self._setup.pool = lambda: pool
+                    if coordinator is not None:
+                        await coordinator.start(self._events, tg)
                     try:
                         yield self
                     finally:
                         tg.cancel_scope.cancel()
         finally:
             # after the turns closed their markers
-            await self._coordinator.stop()
+            if coordinator is not None:
+                await coordinator.stop()
 
     # -- what subclasses provide -----------------------------------------------------------
 
@@ -239,6 +260,12 @@ class SessionAgent(Agent, anyio.AsyncContextManagerMixin):
         `embeddedContext`) also decides which content blocks `session/prompt` accepts beyond
         text and resource links; any other is refused with -32602."""
         return {"session": {"delete": {}, "fork": {}}}
+
+    def _is_live_only(self, prompt: list[Any]) -> bool:
+        first = prompt[0] if prompt else None
+        return isinstance(first, s.ContentBlockText) and first.text.startswith(
+            self.live_only_prefix
+        )
 
     def _prompt_blocks(self) -> tuple[type[Any], ...]:
         # read once: the capabilities a client saw at initialize are the ones enforced
@@ -284,8 +311,7 @@ class SessionAgent(Agent, anyio.AsyncContextManagerMixin):
             tenant=ctx.connection.tenant,
         )
         await self.store.create_session(record)
-        session = Session(record)
-        self._sessions[record.session_id] = session
+        session = self._register(record)
         self._attach(session, ctx.connection)
         return s.NewSessionResponse(session_id=record.session_id)
 
@@ -358,9 +384,9 @@ class SessionAgent(Agent, anyio.AsyncContextManagerMixin):
         conn = ctx.connection
         if session is None or conn.id not in session.conns:
             return s.CloseSessionResponse()  # idempotent: missing or inactive succeeds
-        session.cancel_marks[conn.id] = conn.rpc.arrivals
+        session.inbox.cancel_marks[conn.id] = conn.rpc.arrivals
         await self._cancel_work(session)
-        session.conns.pop(conn.id, None)
+        session.broadcast.detach(conn.id)
         self._forget_live_keys(session)
         return s.CloseSessionResponse()
 
@@ -401,8 +427,7 @@ class SessionAgent(Agent, anyio.AsyncContextManagerMixin):
             tenant=source.record.tenant,  # a fork belongs to its source's tenant
         )
         await self.store.fork_session(source.id, record)  # copies history, never keys
-        session = Session(record)
-        self._sessions[record.session_id] = session
+        session = self._register(record)
         self._attach(session, ctx.connection)
         return s.ForkSessionResponse(session_id=record.session_id)
 
@@ -411,25 +436,14 @@ class SessionAgent(Agent, anyio.AsyncContextManagerMixin):
         if session is None or ctx.connection.id not in session.conns:
             return
         # covers prompts that arrived before this notification, even those not handled yet
-        session.cancel_marks[ctx.connection.id] = ctx.connection.rpc.arrivals
+        session.inbox.cancel_marks[ctx.connection.id] = ctx.connection.rpc.arrivals
         await self._cancel_work(session)
 
     async def connection_closed(self, connection: AgentSideConnection) -> None:
         for session in list(self._sessions.values()):
-            # no request of a closed connection arrives any more: its mark would only pile up
-            session.cancel_marks.pop(connection.id, None)
-            if session.conns.pop(connection.id, None) is None:
-                self._evict_if_idle(session)
-                continue
-            # D11: a held prompt stays held while a request for it waits on a live connection;
-            # otherwise nobody can hear its answer, so it is withdrawn and its key stays unused.
-            for pending in list(session.held):
-                pending.waiters = [w for w in pending.waiters if w[0] != connection.id]
-                if not pending.waiters:
-                    if self._coordinator.detach(session, pending):
-                        continue  # the coordinator keeps it: other nodes may still wait on it
-                    self._withdraw(session, pending)
-            if not session.conns:
+            attached = session.broadcast.detach(connection.id)
+            session.inbox.connection_gone(connection.id)
+            if attached and not session.conns:
                 self._forget_live_keys(session)
             self._evict_if_idle(session)
 
@@ -441,11 +455,14 @@ class SessionAgent(Agent, anyio.AsyncContextManagerMixin):
             if not isinstance(block, accepted):
                 raise InvalidParams("Unsupported content block type in prompt")
         key = params.idempotency_key
+        conn = ctx.connection
         if key is None:
             # covered by a later session/cancel: -32800 at once (a keyed one is looked up
-            # first, below: its key may be in use)
-            self._check_cancel_mark(params.session_id, ctx)
-        session = self._active(params.session_id, ctx.connection)
+            # first, by the inbox: its key may be in use)
+            known = self._sessions.get(params.session_id)
+            if known is not None and known.inbox.covered(conn.id, ctx.request):
+                raise RequestCancelled("The prompt was cancelled before insertion")
+        session = self._active(params.session_id, conn)
         # The stored copy must be JSON data: in Python mode a resource link's `uri` is an
         # `AnyUrl`, which orjson cannot write (it was -32603 "could not be stored"). Encoded
         # once with `str` for such values, which also refuses a lone surrogate anywhere (no
@@ -456,388 +473,82 @@ class SessionAgent(Agent, anyio.AsyncContextManagerMixin):
             wire: list[dict[str, Any]] = orjson.loads(check_json_strings(dumped))
         except ValueError as exc:
             raise InvalidParams(str(exc)) from None
-        # only keyed prompts compare digests; a coordinator that needs an unkeyed one's digest
+        # only keyed prompts compare digests; a placement that needs an unkeyed one's digest
         # computes it from the pending prompt
         digest = wire_digest(wire) if key is not None else None
-        conn_id = ctx.connection.id
-        pending: PendingPrompt | None = None
-        async with session.lock:
-            hold = self._would_hold(session)
-            if key is not None:
-                recorded = session.live_keys.get(key)
-                if recorded is not None:
-                    return s.PromptResponse(message_id=recorded)
-                pending = session.pending_by_key.get(key)
-                if pending is None and (
-                    hold
-                    or self._is_live_only(params.prompt)
-                    or self._cancel_marked(session.id, ctx)
-                ):
-                    # It would be held (or not stored): look for an inserted message first, so
-                    # a retry of it is answered now instead of queued. A prompt inserted at
-                    # once needs no lookup: the store's insert answers for a recorded key.
-                    # Covered by a session/cancel that arrived after it, a retry of a key in
-                    # use gets its id too: -32800 would say the key is unused (R19).
-                    found = await self.store.find_key(session.id, key)
-                    if found is not None:
-                        self._check_digest(found.prompt_digest, digest)
-                        return s.PromptResponse(message_id=found.message_id)
-                    pending = session.pending_by_key.get(key)  # the lookup awaited
-                    hold = self._would_hold(session)
-            if pending is None:
-                # no await from this check to the queueing below: a session/cancel or close
-                # that ran while this waited for the lock or the lookup is seen here (D33). A
-                # request joining a pending prompt gets that prompt's outcome, which a cancel
-                # decides for every request of the key alike (R26, R27).
-                self._check_cancel_mark(session.id, ctx)
-            if pending is not None:
-                self._check_digest(pending.digest, digest)
-                pending.waiters.append((conn_id, ctx.request))
-            else:
-                pending = PendingPrompt(session.id, list(params.prompt), key, wire, _digest=digest)
-                pending.waiters.append((conn_id, ctx.request))
-                if key is not None:
-                    session.pending_by_key[key] = pending
-                try:
-                    await self._coordinator.admit(session, pending, hold=hold)
-                except BaseException:
-                    self._abandon(session, pending)
-                    raise
-        # No timeout here: a held prompt may wait as long as the turn before it runs. The wait
-        # ends with insertion, a withdrawal ($/cancel_request, session/cancel, session/close),
-        # or the end of the connection, which cancels this handler. Inserted at once (the
-        # common case): answer now, without a trip through the event loop, and with no cancel
-        # callback (a cancel of an answered prompt changes nothing, R27).
-        if pending.state != "done":
-            if ctx.request is not None:
-                request = ctx.request
-                request.on_cancel(lambda: self._on_cancel_request(session, pending))
-            await pending.done.wait()
-        if pending.error is not None:
-            raise pending.error
-        assert pending.message_id is not None
-        return s.PromptResponse(message_id=pending.message_id)
-
-    def _would_hold(self, session: Session) -> bool:
-        """A prompt arriving now is held: a turn runs (hold policy), or others wait already."""
-        return (session.running and self.policy == "hold") or bool(session.held)
-
-    def _cancel_marked(self, session_id: str, ctx: CallContext) -> bool:
-        """A session/cancel or session/close that arrived after this request covers it."""
-        session = self._sessions.get(session_id)
-        if session is None or ctx.request is None:
-            return False
-        return session.cancel_marks.get(ctx.connection.id, -1) > ctx.request.seq
-
-    def _check_cancel_mark(self, session_id: str, ctx: CallContext) -> None:
-        if self._cancel_marked(session_id, ctx):
-            raise RequestCancelled("The prompt was cancelled before insertion")
-
-    def _reuses_key(self, recorded: bytes | None, digest: bytes | None) -> bool:
-        """Whether a prompt whose digest is `digest` must be refused because its key is
-        recorded (or queued) with the digest `recorded` of another prompt (R23, when
-        `compare_prompts` is on; None: no digest to compare)."""
-        return (
-            self.compare_prompts
-            and recorded is not None
-            and digest is not None
-            and recorded != digest
+        message_id = await session.inbox.submit(
+            list(params.prompt), wire, key, digest, conn.id, ctx.request
         )
+        return s.PromptResponse(message_id=message_id)
 
-    def _check_digest(self, recorded: bytes | None, digest: bytes | None) -> None:
-        if self._reuses_key(recorded, digest):
-            raise key_reused()
+    # -- sessions in memory --------------------------------------------------------------------
 
-    def _on_cancel_request(self, session: Session, pending: PendingPrompt) -> None:
-        # R25/R26: a cancel for any request of the key withdraws an un-inserted prompt and
-        # answers every request for it with -32800; once inserting, insertion wins (R27).
-        if pending.state == "held":
-            self._withdraw(session, pending)
-
-    def _abandon(self, session: Session, pending: PendingPrompt) -> None:
-        """Its admission was cancelled (the connection closed) or raised: a prompt registered
-        by its key must still end. One neither queued nor being inserted is settled -32800
-        with its key unused; nobody else waits on it (joining takes the session lock, which
-        its admission holds). A queued or inserting one is left to its own outcome."""
-        if pending.state == "held" and pending not in session.held:
-            session.settle(
-                pending, error=RequestCancelled("The prompt was cancelled before insertion")
-            )
-
-    def _withdraw(
-        self, session: Session, pending: PendingPrompt, error: AcpError | None = None
-    ) -> None:
-        if pending.state != "held":
-            return
-        if self._coordinator.withdraw(session, pending, error):
-            return  # the coordinator keeps it elsewhere: withdrawn there, answered with its outcome
-        session.settle(
-            pending, error=error or RequestCancelled("The prompt was withdrawn before insertion")
-        )
-
-    async def _insert(self, session: Session, pending: PendingPrompt) -> None:
-        """Insert under the session lock: the store commit is the point of no return."""
-        pending.state = "inserting"
-        message_id = new_id("msg_user")
-        live_only = self._is_live_only(pending.prompt)
-        update = {
-            "sessionUpdate": "user_message",
-            "messageId": message_id,
-            "content": pending.wire,
-        }
-        try:
-            if live_only:
-                if pending.key is not None:
-                    session.live_keys[pending.key] = message_id
-                inserted = True
-            else:
-                outcome = await self._coordinator.insert_message(
-                    self.store,
-                    session.id,
-                    pending,
-                    message_id=message_id,
-                    update=orjson.dumps(update),
-                )
-                inserted = outcome.inserted
-                message_id = outcome.message_id
-        except anyio.get_cancelled_exc_class():
-            # The connection that sent it closed, which cancels its handler here (a
-            # `$/cancel_request` does not: `_on_cancel_request` leaves an inserting prompt
-            # alone, R27). A store lets a cancellation out of its insert only before anything
-            # was committed (`SessionStore.insert_user_message`; group commit withdraws a
-            # write still queued), so the prompt was not inserted. It must still end, or a
-            # resend of its key would join it and wait forever (D11): withdrawn, key unused.
-            self._unregister(session, pending)
-            pending.finish(error=RequestCancelled("The prompt was withdrawn before insertion"))
-            raise
-        except Exception as exc:
-            if isinstance(exc, FencingError):  # a cluster race (lease moved, row withdrawn)
-                logger.debug("session %s: insert refused (%s)", session.id, exc)
-            else:
-                logger.exception("session %s: storing a user message failed", session.id)
-            # Refused or failed, the key may be recorded all the same: by this insert (its
-            # commit landed, its answer was lost), or by the node that took the session over
-            # while this one stalled (a fencing refusal). An error would tell the client the
-            # key is unused (R19); a read needs no lease, so look.
-            found = await self._find_after_failure(session, pending, message_id)
-            if found is None:
-                self._unregister(session, pending)
-                pending.finish(error=InternalError("The message could not be stored"))
-                return
-            # The store failed but the message is there: the commit landed and only its answer
-            # was lost (a connection cut at COMMIT), or another process inserted this key.
-            inserted = found.message_id == message_id
-            outcome = InsertOutcome(found.message_id, inserted, found.prompt_digest)
-            message_id = found.message_id
-        self._unregister(session, pending)
-        if not inserted:
-            # The key was recorded already (by an earlier attempt, or another process): answer
-            # as a retry, or refuse a different prompt; nothing new was inserted (R19, R23).
-            if self._reuses_key(outcome.prompt_digest, pending.digest):
-                pending.finish(error=key_reused())
-            else:
-                pending.finish(message_id=message_id)
-            return
-        # Stored: from here on its turn must run and it must be answered, even if this handler
-        # is cancelled (its connection closed) in one of the two awaits below. Otherwise the
-        # message would stay stored with no work started, and a keyed retry would be answered
-        # with its id as if all was well (R19). Once inserting, insertion wins (R27).
-        try:
-            try:
-                await self.after_insert(session.id, message_id)
-            except Exception:  # a hook's failure is not the prompt's: it was inserted
-                logger.exception("session %s: after_insert failed", session.id)
-            pending.finish(message_id=message_id)
-            await self._broadcast(session, update)
-        finally:
-            pending.finish(message_id=message_id)
-            session.turns.append(Turn(session.id, message_id, pending.prompt, live_only))
-            self._ensure_worker(session)
-
-    @staticmethod
-    def _unregister(session: Session, pending: PendingPrompt) -> None:
-        """A later request with its key no longer joins `pending` (it has its outcome)."""
-        if pending.key is not None and session.pending_by_key.get(pending.key) is pending:
-            del session.pending_by_key[pending.key]
-
-    async def _find_after_failure(
-        self, session: Session, pending: PendingPrompt, message_id: str
-    ) -> KeyRecord | None:
-        """After an insert that raised or was refused: where the store has the message after
-        all, its key's record (or, unkeyed, `message_id` itself); None if it is not stored or
-        the lookup failed too.
-
-        A failed insert may have committed (PostgreSQL's connection lost at COMMIT, an insert
-        past its bound). Answering it with an error would leave a stored message whose turn
-        runs only at the session's next recovery, while a keyed retry is answered with its id
-        as if all was well. A keyed message is looked up by its key; an unkeyed one among the
-        last entries of the timeline (this node holds the session lock: it is near the end).
-        Shielded and bounded, as the insert itself: a cut connection must not stop it.
-        """
-        with anyio.move_on_after(_LANDED_TIMEOUT, shield=True):
-            try:
-                if pending.key is not None:
-                    return await self.store.find_key(session.id, pending.key)
-                tail = await self.store.read_timeline_tail(session.id, limit=_LANDED_WINDOW)
-            except Exception as exc:  # its text could quote the key: only its type is logged
-                logger.warning(
-                    "session %s: after a failed insert, looking it up failed too (%s)",
-                    session.id,
-                    type(exc).__name__,
-                )
-                return None
-            if any(entry.message_id == message_id for entry in tail):
-                return KeyRecord(message_id, None)
-        return None
-
-    def _is_live_only(self, prompt: list[Any]) -> bool:
-        first = prompt[0] if prompt else None
-        return isinstance(first, s.ContentBlockText) and first.text.startswith(
-            self.live_only_prefix
-        )
-
-    # -- turns -------------------------------------------------------------------------------
-
-    def _ensure_worker(self, session: Session) -> None:
-        if session.worker:
-            return
-        session.worker = True
-        session.running = True
-        assert self._pool is not None, "use SessionAgent as an async context manager"
-        # a parked task of the group runs it when one waits: cheaper than a new task per turn
-        self._pool.start_soon(self._worker, session)
-
-    async def _worker(self, session: Session) -> None:
-        context = TurnContext(self, session)
+    def _register(self, record: SessionRecord) -> Session:
+        """A session loaded or created in this process, registered by its id."""
         coordinator = self._coordinator
-        try:
-            while True:
-                if not session.turns:
-                    if coordinator.may_stop(session):
-                        break  # nothing to insert and nobody inserting: no lock needed
-                    async with session.lock:
-                        # whoever held the lock may have inserted a prompt meanwhile: its
-                        # turn is ours to run (starting a worker did nothing, this one runs)
-                        if session.turns or await coordinator.insert_next(session):
-                            continue
-                        break
-                turn = session.turns.popleft()
-                # the scope exists from the moment the turn leaves the queue, so a cancel that
-                # arrives before the turn got going still stops it
-                session.turn_scope = self._new_scope()
-                idle = await self._run_one(session, turn, context, session.turn_scope)
-                self._turn_ended(session, turn.message_id, idle)
-                # a cancelled turn always ends with its idle update (R57), even when a
-                # prompt sent after the cancel is already waiting
-                if idle["stopReason"] == "cancelled" or not (session.turns or session.held):
-                    await context.emit(idle)
-        finally:
-            session.worker = False
-            session.running = False
-            session.turn_scope = None
-            if session.stopped is not None:
-                session.stopped.set()
-                session.stopped = None
-            self._evict_if_idle(session)  # its last connection may have gone during the turn
+        session = Session(
+            record,
+            self._rules,
+            self._setup,
+            remote=coordinator.publish if coordinator is not None else None,
+            on_stop=self._evict_if_idle,
+        )
+        if type(self)._broadcast is not SessionAgent._broadcast:
+            # a subclass rewrites what its sessions send
+            session.runner.publish = functools.partial(self._broadcast, session)
+        self._sessions[record.session_id] = session
+        return session
 
-    async def _run_one(
-        self, session: Session, turn: Turn, context: TurnContext, scope: anyio.CancelScope
-    ) -> dict[str, Any]:
-        """Run one turn; return the idle update that ends it.
+    async def _broadcast(self, session: Session, update: dict[str, Any]) -> None:
+        """Send one update of `session` through its broadcast (here and, in a cluster, on
+        the other nodes); a subclass may override it to rewrite what goes out."""
+        await session.broadcast.send(update)
 
-        A failure after insertion is never an error answer: it ends the turn with
-        `stopReason: "error"` (R55). The retained "idle" marker written at the end says
-        the message's turn finished; a message without one was interrupted by a crash.
-        """
-        idle: dict[str, Any] = {"sessionUpdate": "state_update", "state": "idle"}
-        context._turn = turn
-        context._marked = False
-        with scope:
-            await context.emit({"sessionUpdate": "state_update", "state": "running"})
-            try:
-                idle["stopReason"] = await self.run_turn(turn, context)
-            except Exception as exc:
-                logger.exception("session %s: turn failed", session.id)
-                idle["stopReason"] = "error"
-                idle["error"] = InternalError(f"The turn failed ({type(exc).__name__})").to_wire()
-        session.turn_scope = None
-        if scope.cancelled_caught or scope.cancel_called:
-            idle["stopReason"] = "cancelled"
-        if not turn.live_only and not context._marked:  # not written with a `final` emit
-            with anyio.CancelScope(shield=True):
-                try:
-                    await self._mark_turn(session, "idle", turn.message_id)
-                except Exception as exc:
-                    # The session's worker (and with it the agent) must outlive its store's
-                    # failure: the turn stays unmarked, so a restart reports it interrupted.
-                    # Only the type is logged: a store's error text could quote a key.
-                    logger.error(
-                        "session %s: the end of the turn of %s was not stored (%s)",
-                        session.id,
-                        turn.message_id,
-                        type(exc).__name__,
-                    )
-        return idle
-
-    async def _mark_turn(self, session: Session, state: str, message_id: str) -> None:
-        try:
-            await self.store.append_update(session.id, marker(state, message_id))
-        except (FencingError, SessionMissing):  # taken over by another node, or deleted
-            logger.warning(
-                "session %s: turn of %s not marked (lease lost or session deleted)",
-                session.id,
-                message_id,
-            )
-
-    async def _append_final(
-        self, session: Session, update: bytes, message_id: str | None, turn: Turn
-    ) -> None:
-        """Store a turn's last retained update and its closing marker in one write when the
-        store can (`AppendsUpdates`: one SQLite transaction instead of two); otherwise one
-        after the other, with the marker's failures handled as `_mark_turn` does."""
-        append_updates = getattr(self.store, "append_updates", None)
-        if append_updates is not None:
-            closing = marker("idle", turn.message_id)
-            await append_updates(session.id, [(update, message_id), (closing, None)])
+    async def _handle_unfinished(self, session: Session, unfinished: list[Turn]) -> None:
+        """Run again (`resume_interrupted`) or report as interrupted the turns an earlier
+        process (or a node whose lease expired) left unfinished."""
+        if not unfinished:
+            return
+        if self.resume_interrupted:
+            session.runner.resume(unfinished)
         else:
-            await self.store.append_update(session.id, update, message_id=message_id)
-            await self._mark_turn(session, "idle", turn.message_id)
+            session.interrupted = True
+            for turn in unfinished:
+                await session.runner.mark_turn(turn.message_id)
+
+    async def _recover(self, session: Session) -> int:
+        """Find the session's turns an earlier owner left unfinished, and deal with them;
+        return how many there were."""
+        tail = await self.store.read_timeline_tail(session.id, limit=RECOVERY_WINDOW)
+        unfinished = unfinished_turns(session.id, tail)
+        await self._handle_unfinished(session, unfinished)
+        return len(unfinished)
+
+    def _forget_live_keys(self, session: Session) -> None:
+        if not session.conns:
+            session.inbox.live_keys.clear()  # R36: live-only keys last while the session is active
+
+    def _state(self, session: Session) -> dict[str, Any]:
+        coordinator = self._coordinator
+        if session.runner.busy() or (
+            coordinator is not None and coordinator.running_elsewhere(session.id)
+        ):
+            return {"sessionUpdate": "state_update", "state": "running"}
+        if session.interrupted:
+            return {
+                "sessionUpdate": "state_update",
+                "state": "idle",
+                "stopReason": "error",
+                "error": InternalError(INTERRUPTED_MESSAGE).to_wire(),
+            }
+        return {"sessionUpdate": "state_update", "state": "idle"}
 
     async def _cancel_work(self, session: Session) -> None:
-        await self._coordinator.cancel_session(session)
-        # prompts received before the cancel and not inserted: -32800 (R28)
-        for pending in list(session.held):
-            self._withdraw(session, pending)
-        for key, pending in list(session.pending_by_key.items()):
-            if pending.state == "held":
-                self._withdraw(session, pending)
-            else:
-                session.pending_by_key.pop(key, None)
-        cleared = list(session.turns)
-        dropped = [t for t in cleared if not t.live_only]
-        session.turns.clear()
-        for turn in cleared:
-            self._turn_ended(session, turn.message_id, dict(_DROPPED_IDLE))
-        if session.turn_scope is not None:
-            session.turn_scope.cancel()
-        if dropped:
-            # their work will never run: close their markers, even if this request is cut
-            # (an unmarked turn counts as interrupted: a restart would run it again)
-            with anyio.move_on_after(RECOVER_TIMEOUT, shield=True):
-                for turn in dropped:
-                    await self._mark_turn(session, "idle", turn.message_id)
-        if session.worker:
-            # the final updates and the idle state_update go out before we answer (R61)
-            if session.stopped is None:
-                session.stopped = anyio.Event()
-            stopped = session.stopped
-            with anyio.move_on_after(_STOP_TIMEOUT):
-                await stopped.wait()
-
-    # -- helpers -----------------------------------------------------------------------------
+        await session.inbox.cancel_all()
+        await session.runner.cancel()
 
     def _attach(self, session: Session, conn: AgentSideConnection) -> None:
-        session.conns[conn.id] = conn
+        session.broadcast.attach(conn)
 
     def _active(self, session_id: str, conn: AgentSideConnection) -> Session:
         session = self._sessions.get(session_id)
@@ -867,7 +578,7 @@ class SessionAgent(Agent, anyio.AsyncContextManagerMixin):
         loaded = self._sessions.get(session_id)
         if loaded is not None:  # another request loaded it meanwhile
             return loaded
-        session = self._sessions[session_id] = Session(record)
+        session = self._register(record)
         unfinished = unfinished_turns(session_id, tail)
         if unfinished:
             # Shielded (bounded): the session is registered now, so this is the one chance to
@@ -876,278 +587,41 @@ class SessionAgent(Agent, anyio.AsyncContextManagerMixin):
             session.users += 1  # not evicted while it recovers: its caller has not attached
             try:
                 with anyio.move_on_after(RECOVER_TIMEOUT, shield=True) as scope:
-                    await self._coordinator.recover(session, unfinished)
+                    # only where this process may (a cluster takes the lease first); then the
+                    # worker drains what waits and lets the lease go
+                    if await session.inbox.claim():
+                        await self._handle_unfinished(session, unfinished)
+                        if self._placement.holds(session_id):
+                            session.runner.start()
             finally:
                 session.users -= 1
             if scope.cancelled_caught:
                 logger.warning("session %s: recovering interrupted turns timed out", session_id)
         return session
 
-    def _evict_if_idle(self, session: Session) -> None:
-        """Drop `session` from memory when nothing holds it there (`Session.idle`); it reloads
-        from the store on resume. Otherwise `_sessions` grew by every session ever resumed.
+    def _spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
+        """Run `fn(*args)` in the agent's task group; a failure is logged, never raised."""
+        if self._tg is not None:
+            self._tg.start_soon(_guarded, fn, *args)
 
-        Only with the in-process coordinator: a cluster coordinator keeps state per session
-        id (its lease, prompts other nodes queued for it) and looks the session up by id, so
-        a session it still owns must stay where it can be found.
-        """
-        if not isinstance(self._coordinator, LocalCoordinator):
-            return
-        if session.idle() and self._sessions.get(session.id) is session:
+    def _evict_if_idle(self, session: Session) -> None:
+        """Drop `session` from memory when nothing holds it there (`Session.idle`) and this
+        process holds no claim on it (`Placement.holds`: a cluster's lease); it reloads from
+        the store on resume. Otherwise `_sessions` grew by every session ever resumed."""
+        if (
+            session.idle()
+            and not self._placement.holds(session.id)
+            and self._sessions.get(session.id) is session
+        ):
             del self._sessions[session.id]
 
-    async def _handle_unfinished(self, session: Session, unfinished: list[Turn]) -> None:
-        """Run again (`resume_interrupted`) or report as interrupted the turns an earlier
-        process (or a node whose lease expired) left unfinished."""
-        if not unfinished:
-            return
-        if self.resume_interrupted:
-            session.turns.extend(unfinished)
-            self._ensure_worker(session)
-        else:
-            session.interrupted = True
-            for turn in unfinished:
-                await self._mark_turn(session, "idle", turn.message_id)
 
-    def _forget_live_keys(self, session: Session) -> None:
-        if not session.conns:
-            session.live_keys.clear()  # R36: live-only keys last while the session is active
-
-    def _state(self, session: Session) -> dict[str, Any]:
-        # a worker that only drains the queue (no turn taken or waiting) is not a running turn
-        running = session.running and (session.turn_scope is not None or bool(session.turns))
-        if running or self._coordinator.running_elsewhere(session.id):
-            return {"sessionUpdate": "state_update", "state": "running"}
-        if session.interrupted:
-            return {
-                "sessionUpdate": "state_update",
-                "state": "idle",
-                "stopReason": "error",
-                "error": InternalError(INTERRUPTED_MESSAGE).to_wire(),
-            }
-        return {"sessionUpdate": "state_update", "state": "idle"}
-
-    def _turn_ended(self, session: Session, message_id: str, idle: dict[str, Any]) -> None:
-        """Tell the v1 connections of `session` how the turn of `message_id` ended (its idle
-        update): their v1 `session/prompt` is answered with it (`acp_once.agent.v1face`). The
-        idle update itself is sent only after the last queued turn."""
-        for conn in list(session.conns.values()):
-            if conn.v1_face is not None:
-                conn.v1_face.turn_ended(session.id, message_id, idle)
-
-    async def _broadcast(self, session: Session, update: dict[str, Any]) -> None:
-        self._coordinator.publish(session.id, update)
-        if not session.conns:
-            return
-        # encoded once, whatever the number of connections
-        frame = encode_notification(SESSION_UPDATE, {"sessionId": session.id, "update": update})
-        for conn in list(session.conns.values()):
-            try:
-                if conn.v1_face is not None:  # a v1 client: its face translates (v1face.py)
-                    await conn.v1_face.session_update(session.id, update)
-                # no coroutine when the frame can be queued at once (the common case)
-                elif not conn.rpc.send_encoded_nowait(frame):
-                    await conn.rpc.send_encoded(frame)
-            except ConnectionClosed:
-                session.conns.pop(conn.id, None)
-
-
-class TurnContext:
-    """What a turn uses to report and to ask: live updates go to every connection the session
-    is active on, and are retained in the store when they are part of the conversation.
-
-    Updates are the builders' models (`acp_once.agent.updates`) or wire dicts; tool calls and
-    permission requests have helpers of their own (`start_tool_call`, `update_tool_call`,
-    `request_permission`)."""
-
-    def __init__(self, agent: SessionAgent, session: Session) -> None:
-        self._agent = agent
-        self._session = session
-        self._turn: Turn | None = None  # the turn being run
-        self._marked = False  # its closing marker is stored (by a `final` emit)
-        self._strict = getattr(agent, "strict_updates", False)
-
-    @property
-    def session_id(self) -> str:
-        return self._session.id
-
-    async def emit(
-        self, update: dict[str, Any] | BaseModel, *, retain: bool = False, final: bool = False
-    ) -> None:
-        """Send one `session/update` `update` object; with `retain`, store it for replay first.
-
-        `final` (with `retain`) says this is the turn's last update: it is stored together
-        with the marker that says the turn finished, in one write instead of two. A crash
-        after it counts as a finished turn (not reported as interrupted after a restart), so
-        use it only when nothing the user must know about follows.
-
-        Args:
-            update: a model from `acp_once.agent.updates` (or any `session/update` kind of
-                `acp_once.protocol.schema`), or the wire dict.
-            retain: store it as part of the conversation (replayed on resume).
-            final: with `retain`, store it with the turn's closing marker.
-
-        Raises:
-            ValueError: in strict mode (`SessionAgent(strict_updates=True)` or
-                `ACP_ONCE_STRICT=1`), a dict that is not a valid update; the message names
-                the kind or the field.
-        """
-        # dicts first: isinstance against a pydantic model class goes through ABCMeta (~200 ns)
-        if not isinstance(update, dict):
-            # JSON mode: URLs, datetimes and enums become strings orjson and clients accept
-            update = update.model_dump(by_alias=True, exclude_unset=True, mode="json")
-        elif self._strict:
-            check_update(update)
-        else:
-            kind = update.get("sessionUpdate")
-            if kind.__class__ is not str or kind not in _SAMPLED:
-                _sample_update(update)  # the first dict of its kind: a set lookup after that
-        if retain:
-            turn = self._turn
-            encoded = orjson.dumps(update)
-            message_id = update.get("messageId")
-            if final and turn is not None and not turn.live_only and not self._marked:
-                await self._agent._append_final(self._session, encoded, message_id, turn)
-                self._marked = True  # after the write: a failed one leaves it to _run_one
-            else:
-                await self._agent.store.append_update(
-                    self._session.id, encoded, message_id=message_id
-                )
-        await self._agent._broadcast(self._session, update)
-
-    async def start_tool_call(
-        self,
-        title: str,
-        *,
-        kind: str = "other",
-        status: str = "pending",
-        tool_call_id: str | None = None,
-        content: list[Any] | None = None,
-        locations: list[Any] | None = None,
-    ) -> str:
-        """Report a new tool call (`updates.tool_call`) and return its id.
-
-        Args:
-            title: what the tool is doing, for the user.
-            kind: read, edit, delete, move, search, execute, think, fetch, switch_mode, other.
-            status: its first status (pending, in_progress...).
-            tool_call_id: its id (None: a fresh one).
-            content: tool-call content items (a string becomes a text item).
-            locations: paths (or location dicts) it touches.
-
-        Returns:
-            The tool call's id, for `update_tool_call` and `request_permission`.
-        """
-        update = tool_call(
-            title,
-            kind=kind,
-            status=status,
-            tool_call_id=tool_call_id,
-            content=content,
-            locations=locations,
-        )
-        await self.emit(update)
-        return update.tool_call_id
-
-    async def update_tool_call(self, tool_call_id: str, **changes: Any) -> None:
-        """Report a change to a tool call: `updates.tool_call_update(tool_call_id, **changes)`.
-
-        Args:
-            tool_call_id: the id `start_tool_call` returned.
-            **changes: `status`, `content`, `title`, `kind`, `locations`, `raw_input`,
-                `raw_output` (not given: unchanged).
-        """
-        await self.emit(tool_call_update(tool_call_id, **changes))
-
-    async def request_permission(
-        self,
-        request: s.RequestPermissionRequest | None = None,
-        *,
-        title: str | None = None,
-        options: list[Any] | None = None,
-        tool_call_id: str | None = None,
-        description: str | None = None,
-    ) -> s.RequestPermissionResponse:
-        """Ask the user through a client the session is active on.
-
-        Give a `s.RequestPermissionRequest`, or the simple arguments:
-        `await ctx.request_permission(title="Write the file?", tool_call_id=tool_id)`.
-        With no client connected, or all of them gone, the answer is the `cancelled` outcome,
-        which means "not approved". When the turn is cancelled, the pending request is
-        cancelled with `$/cancel_request`.
-
-        Args:
-            request: the whole request (then no other argument).
-            title: the prompt's title.
-            options: the choices: `(kind, name)` pairs (the kind is the option id:
-                allow_once, allow_always, reject_once, reject_always), dicts or
-                `s.PermissionOption`s; None offers allow_once and reject_once.
-            tool_call_id: the tool call asking (the client shows the request with it).
-            description: why permission is needed.
-
-        Returns:
-            The client's answer: `response.outcome.outcome` is "selected" (with
-            `.option_id`) or "cancelled".
-
-        Raises:
-            ValueError: both `request` and simple arguments, or neither.
-        """
-        if request is None:
-            if title is None:
-                raise ValueError("request_permission needs a request or a title")
-            request = _permission_request(
-                self._session.id, title, options, tool_call_id, description
-            )
-        elif title is not None or options is not None or tool_call_id is not None:
-            raise ValueError("request_permission takes a request or simple arguments, not both")
-        for conn in list(self._session.conns.values()):
-            try:
-                return await conn.client.request_permission(request)
-            except ConnectionClosed:
-                continue
-        return s.RequestPermissionResponse.model_validate({"outcome": {"outcome": "cancelled"}})
-
-
-_DEFAULT_OPTIONS = [("allow_once", "Allow"), ("reject_once", "Reject")]
-
-
-def _permission_request(
-    session_id: str,
-    title: str,
-    options: list[Any] | None,
-    tool_call_id: str | None,
-    description: str | None,
-) -> s.RequestPermissionRequest:
-    choices = [
-        {"optionId": option[0], "kind": option[0], "name": option[1]}
-        if isinstance(option, tuple)
-        else option
-        for option in (options or _DEFAULT_OPTIONS)
-    ]
-    fields: dict[str, Any] = {"sessionId": session_id, "title": title, "options": choices}
-    if tool_call_id is not None:
-        fields["subject"] = {"type": "tool_call", "toolCall": {"toolCallId": tool_call_id}}
-    if description is not None:
-        fields["description"] = description
-    return s.RequestPermissionRequest.model_validate(fields)
-
-
-_SAMPLED: set[Any] = set()  # kinds whose first dict was checked (outside strict mode)
-
-
-def _sample_update(update: dict[str, Any]) -> None:
-    """Outside strict mode, check only the first dict of each kind and log a bad one once:
-    after that an emit costs one set lookup, not a validation (the hot path stays as fast)."""
-    kind = update.get("sessionUpdate")
-    if not isinstance(kind, str):
-        if None in _SAMPLED:  # a missing or non-string kind is logged once, too
-            return
-        kind = None
-    _SAMPLED.add(kind)
+async def _guarded(fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
+    # a background step that fails must never take the agent's task group down
     try:
-        check_update(update)
-    except ValueError as exc:
-        logger.warning("%s (sent anyway; ACP_ONCE_STRICT=1 refuses it)", exc)
+        await fn(*args)
+    except Exception:
+        logger.exception("a background step of the agent failed")
 
 
 def _check_paths(cwd: str, additional: list[str] | None, field: str = "cwd") -> None:
@@ -1178,56 +652,3 @@ def _check_ids(value: str, field: str = "sessionId") -> None:
 
 def _iso(ts: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
-
-
-class _Host:
-    """The `SessionHost` a coordinator sees: the runtime's operations, nothing more."""
-
-    __slots__ = ("_agent",)
-
-    def __init__(self, agent: SessionAgent) -> None:
-        self._agent = agent
-
-    @property
-    def store(self) -> SessionStore:
-        return self._agent.store
-
-    @property
-    def policy(self) -> str:
-        return self._agent.policy
-
-    @property
-    def compare_prompts(self) -> bool:
-        return self._agent.compare_prompts
-
-    @property
-    def name(self) -> str:
-        return self._agent.info["name"]
-
-    def session(self, session_id: str) -> Session | None:
-        return self._agent._sessions.get(session_id)
-
-    def sessions(self) -> list[Session]:
-        return list(self._agent._sessions.values())
-
-    async def insert(self, session: Session, pending: PendingPrompt) -> None:
-        await self._agent._insert(session, pending)
-
-    def start_worker(self, session: Session) -> None:
-        self._agent._ensure_worker(session)
-
-    async def handle_unfinished(self, session: Session, unfinished: list[Turn]) -> None:
-        await self._agent._handle_unfinished(session, unfinished)
-
-    async def find_unfinished(self, session: Session) -> list[Turn]:
-        tail = await self._agent.store.read_timeline_tail(session.id, limit=RECOVERY_WINDOW)
-        return unfinished_turns(session.id, tail)
-
-    async def cancel_work(self, session: Session) -> None:
-        await self._agent._cancel_work(session)
-
-    def reuses_key(self, recorded: bytes | None, pending: PendingPrompt) -> bool:
-        return self._agent._reuses_key(recorded, pending.digest)
-
-    def is_live_only(self, prompt: list[Any]) -> bool:
-        return self._agent._is_live_only(prompt)

@@ -1,10 +1,8 @@
-"""What the session runtime keeps per session, shared by the runtime and its coordinators.
+"""The values the session runtime passes around: pending prompts, turns, turn markers.
 
-`Session` is one session's in-memory state (connections it is active on, the prompts waiting
-to be inserted, the turns waiting to run, its worker); `PendingPrompt` is a prompt accepted but
-not inserted yet with every request waiting for its outcome; `Turn` is one inserted user message
-for `run_turn`. A coordinator (`acp_once.agent.coordinator`) changes these objects only through
-their methods; the runtime owns the rest.
+`PendingPrompt` is a prompt accepted but not inserted yet with every request waiting for its
+outcome (written only by its session's `SessionInbox`, `acp_once.agent.inbox`); `Turn` is one
+inserted user message for `run_turn`; `SessionLock` is a session's lock.
 
 The retained turn markers (`marker`, `unfinished_turns`) let a restarted process, or a node that
 took over a session, find the turns that never finished.
@@ -12,13 +10,11 @@ took over a session, find the turns that never finished.
 
 from __future__ import annotations
 
-import collections
-import contextlib
 import hashlib
 import os
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 import anyio
 import orjson
@@ -26,25 +22,30 @@ import orjson
 from acp_once.protocol import schema as s
 
 if TYPE_CHECKING:
-    from acp_once.agent.connection import AgentSideConnection
     from acp_once.protocol.errors import AcpError
     from acp_once.rpc.connection import RequestContext
-    from acp_once.storage.base import SessionRecord
+    from acp_once.storage.base import InsertOutcome
 
 __all__ = [
+    "KeyJoin",
+    "Outcome",
     "RECOVERY_WINDOW",
     "RECOVER_TIMEOUT",
     "TURN_MARKER",
     "PendingPrompt",
-    "Session",
     "SessionLock",
+    "Ticket",
     "Turn",
+    "Write",
     "marker",
     "new_id",
     "prompt_digest",
     "unfinished_turns",
     "wire_digest",
 ]
+
+K = TypeVar("K")
+P = TypeVar("P", bound="Outcome")
 
 TURN_MARKER = "_acp_once_turn"
 """The `sessionUpdate` of a retained marker, never replayed: did each message's turn finish?"""
@@ -111,41 +112,16 @@ class SessionLock:
         self._sem.release()
 
 
-@dataclass(eq=False)
-class PendingPrompt:
-    """A prompt accepted but not inserted yet, with every request waiting for its outcome.
+class Outcome:
+    """The outcome of one pending step that several requests wait on: a message id, or an
+    error (`finish`; the first one wins). `PendingPrompt` is one; so are the pending steps of
+    `PromptKeys` and `AdapterKeys`."""
 
-    `queue_row` is set on a prompt taken from a coordinator's shared queue: the insert that
-    stores it also settles that row (one transaction).
-    """
-
-    session_id: str
-    prompt: list[Any]
-    key: str | None
-    wire: list[dict[str, Any]]  # the content blocks as sent on the wire (dumped once)
-    waiters: list[tuple[str, RequestContext | None]] = field(default_factory=list)
-    state: Literal["held", "inserting", "done"] = "held"
-    message_id: str | None = None
-    error: AcpError | None = None
-    queue_row: int | None = None
-    _digest: bytes | None = field(default=None, repr=False)
-    _done: anyio.Event | None = field(default=None, init=False, repr=False)
-
-    @classmethod
-    def from_wire(
-        cls, session_id: str, wire: list[dict[str, Any]], key: str | None, digest: bytes
-    ) -> PendingPrompt:
-        """A prompt rebuilt from its stored wire content blocks (validated again)."""
-        prompt = s.PromptRequest.model_validate({"sessionId": session_id, "prompt": wire}).prompt
-        return cls(session_id, list(prompt), key, wire, _digest=digest)
-
-    @property
-    def digest(self) -> bytes:
-        """`wire_digest` of the prompt, computed on first use: an unkeyed prompt on one node
-        never needs it."""
-        if self._digest is None:
-            self._digest = wire_digest(self.wire)
-        return self._digest
+    def __init__(self) -> None:
+        self.state: str = "held"
+        self.message_id: str | None = None
+        self.error: BaseException | None = None
+        self._done: anyio.Event | None = None
 
     @property
     def done(self) -> anyio.Event:
@@ -157,7 +133,7 @@ class PendingPrompt:
                 self._done.set()
         return self._done
 
-    def finish(self, *, message_id: str | None = None, error: AcpError | None = None) -> None:
+    def finish(self, *, message_id: str | None = None, error: Any = None) -> None:
         """Record the outcome (the first one wins) and wake every waiter."""
         if self.state == "done":
             return
@@ -166,6 +142,113 @@ class PendingPrompt:
         self.error = error
         if self._done is not None:
             self._done.set()
+
+    async def result(self) -> str:
+        """Wait for the outcome: the message id, or its error raised."""
+        if self.state != "done":
+            await self.done.wait()
+        if self.error is not None:
+            raise self.error
+        assert self.message_id is not None
+        return self.message_id
+
+
+class KeyJoin(dict[K, P]):
+    """Pending outcomes by key, the one join-by-key core of the key rules (R20, R22, R24):
+    the first request for a key registers its outcome and does the work; a request for a key
+    whose outcome is registered joins it and gets the same outcome, success or error; an error
+    leaves the key unused (nothing recorded, the key unregistered). Used by `SessionInbox`
+    (`pending_by_key`), `PromptKeys` and `AdapterKeys`; a table per scope of keys (a session,
+    or `(session, key)` slots for every session)."""
+
+    def drop(self, slot: K, outcome: P) -> None:
+        """Unregister `outcome` from `slot` (a later request no longer joins it); a newer
+        outcome registered there stays."""
+        if self.get(slot) is outcome:
+            del self[slot]
+
+    async def run(self, slot: K, outcome: P, work: Callable[[], Awaitable[str]]) -> str:
+        """Register `outcome` under `slot`, do `work`, and give its message id (or what it
+        raised) to every request that joined; unregistered once it is known.
+
+        Raises:
+            BaseException: whatever `work` raised, to this request and to the joined ones.
+        """
+        self[slot] = outcome
+        try:
+            message_id = await work()
+        except BaseException as exc:
+            outcome.finish(error=exc)
+            raise
+        else:
+            outcome.finish(message_id=message_id)
+            return message_id
+        finally:
+            self.drop(slot, outcome)
+
+
+class Ticket(Protocol):
+    """A prompt that waits elsewhere (another node's queue): how its inbox lets go of it."""
+
+    def withdraw(self, error: AcpError | None) -> bool:
+        """Withdraw it everywhere (`$/cancel_request`, `session/cancel`): True when it still
+        waited there (its outcome comes back through `PlacementEvents.settle`), False when it
+        no longer does (the inbox answers it). Insertion wins a race (R27)."""
+        ...
+
+    def release(self) -> None:
+        """Stop waiting on it here (its last local request is gone, or the inbox refused it);
+        it is dropped when no node waits any more."""
+        ...
+
+
+Write = Callable[[str, bytes], Awaitable["InsertOutcome"]]
+"""`(message_id, update) -> InsertOutcome`: how a prompt is written when not by the store
+view's `insert_user_message` (a prompt from a shared queue settles its row in the same
+transaction)."""
+
+
+@dataclass(eq=False)
+class PendingPrompt(Outcome):
+    """A prompt accepted but not inserted yet, with every request waiting for its outcome.
+
+    `ticket` is set on a prompt that waits elsewhere (a cluster's shared queue); `write` on one
+    taken from such a queue (`Write`).
+    """
+
+    session_id: str
+    prompt: list[Any]
+    key: str | None
+    wire: list[dict[str, Any]]  # the content blocks as sent on the wire (dumped once)
+    waiters: list[tuple[str, RequestContext | None]] = field(default_factory=list)
+    state: Literal["held", "inserting", "done"] = "held"
+    message_id: str | None = None
+    error: AcpError | None = None
+    ticket: Ticket | None = None
+    write: Write | None = None
+    _digest: bytes | None = field(default=None, repr=False)
+    _done: anyio.Event | None = field(default=None, init=False, repr=False)
+
+    @classmethod
+    def from_wire(
+        cls,
+        session_id: str,
+        wire: list[dict[str, Any]],
+        key: str | None,
+        digest: bytes,
+        write: Write | None = None,
+    ) -> PendingPrompt:
+        """A prompt rebuilt from its stored wire content blocks (validated again)."""
+        prompt = s.PromptRequest.model_validate({"sessionId": session_id, "prompt": wire}).prompt
+        return cls(session_id, list(prompt), key, wire, write=write, _digest=digest)
+
+    @property
+    def digest(self) -> bytes:
+        """`wire_digest` of the prompt, computed on first use: an unkeyed prompt on one node
+        never needs it."""
+        if self._digest is None:
+            self._digest = wire_digest(self.wire)
+        return self._digest
 
 
 @dataclass(eq=False)
@@ -181,78 +264,6 @@ class Turn:
     def text(self) -> str:
         """The prompt's text blocks, joined by newlines."""
         return "\n".join(b.text for b in self.prompt if isinstance(b, s.ContentBlockText))
-
-
-@dataclass(eq=False)
-class Session:
-    """One session's state in this process."""
-
-    record: SessionRecord
-    conns: dict[str, AgentSideConnection] = field(default_factory=dict)
-    lock: SessionLock = field(default_factory=SessionLock)
-    pending_by_key: dict[str, PendingPrompt] = field(default_factory=dict)
-    held: collections.deque[PendingPrompt] = field(default_factory=collections.deque)
-    turns: collections.deque[Turn] = field(default_factory=collections.deque)
-    live_keys: dict[str, str] = field(default_factory=dict)
-    running: bool = False
-    turn_scope: anyio.CancelScope | None = None
-    worker: bool = False
-    interrupted: bool = False
-    cancel_marks: dict[str, int] = field(default_factory=dict)
-    """Per connection: arrival seq of its latest session/cancel or session/close (D33)."""
-    stopped: anyio.Event | None = None
-    """Set when the running worker ends; made only when someone waits for that."""
-    users: int = 0
-    """Requests using the session while it is active on no connection (a `session/resume`
-    between loading it and attaching): it must not be dropped from memory meanwhile."""
-    id: str = field(init=False)
-    """The session id (an attribute: read ~10 times per prompt turn)."""
-
-    def __post_init__(self) -> None:
-        self.id = self.record.session_id
-
-    def forget(self, pending: PendingPrompt) -> None:
-        """Drop `pending` from the prompts held here and from the key table."""
-        with contextlib.suppress(ValueError):
-            self.held.remove(pending)
-        if pending.key is not None and self.pending_by_key.get(pending.key) is pending:
-            del self.pending_by_key[pending.key]
-
-    def settle(
-        self,
-        pending: PendingPrompt,
-        *,
-        message_id: str | None = None,
-        error: AcpError | None = None,
-    ) -> None:
-        """Forget `pending` and answer every request waiting for it."""
-        self.forget(pending)
-        pending.finish(message_id=message_id, error=error)
-
-    def idle(self) -> bool:
-        """Nothing holds this session in memory: no connection, request, worker, prompt,
-        turn, lock holder or cancel mark, and no interruption left to report. Such a session
-        can be dropped from memory; it reloads from the store when resumed."""
-        return not (
-            self.conns
-            or self.users
-            or self.worker
-            or self.held
-            or self.pending_by_key
-            or self.turns
-            or self.live_keys
-            or self.cancel_marks
-            or self.interrupted
-            or self.turn_scope is not None
-            or self.lock.locked()
-        )
-
-    def stop_turns(self) -> None:
-        """Drop the turns waiting to run and cancel the running one (the session's lease was
-        lost: its turns can no longer write)."""
-        self.turns.clear()
-        if self.turn_scope is not None:
-            self.turn_scope.cancel()
 
 
 def marker(state: str, message_id: str) -> bytes:

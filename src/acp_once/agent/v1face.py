@@ -17,14 +17,15 @@ and update of the connection passes through it, and the agent sees v2 only:
   of the client's own prompt is not echoed back (a v1 client shows it already), and kinds v1
   does not have are dropped. Permission requests are sent in v1's shape.
 
-Which turn ends when: a `SessionAgent` tells the face how each turn ended, by message id
-(`turn_ended`, called by the worker as each turn ends and by a cancel for each queued turn it
-drops). Any other agent, and a turn run by another node of a cluster, is followed from the
-session's updates: turns run in the order their user messages are inserted, each starts with a
-`running` state update, and the last ends with an idle one (a turn followed by another reports
-no stop reason of its own: it is answered `end_turn`). The first outcome known for a message
-is the one answered; outcomes of recent turns are kept, as a turn can end before its prompt's
-handler resumes.
+Which turn ends when: with a `SessionAgent`, the face is subscribed to the "turn ended" news of
+each session its connection is active on (`turn_ended`, a listener of the session's broadcast,
+`acp_once.agent.session`: told as each turn ends and, by a cancel, for each queued turn it
+drops), by message id. Any other agent, and a turn run by another node of a cluster, is
+followed from the session's updates: turns run in the order their user messages are inserted,
+each starts with a `running` state update, and the last ends with an idle one (a turn followed
+by another reports no stop reason of its own: it is answered `end_turn`). The first outcome
+known for a message is the one answered; outcomes of recent turns are kept, as a turn can end
+before its prompt's handler resumes.
 """
 
 from __future__ import annotations
@@ -300,8 +301,9 @@ class V1Face:
                 waiter.done.set()
 
     def turn_ended(self, session_id: str, message_id: str, idle: dict[str, Any]) -> None:
-        """Record that the turn of `message_id` ended with the idle update `idle` (its
-        `stopReason`, and `error` for a failed turn): a v1 prompt waiting for it is answered."""
+        """The "turn ended" listener this face subscribes to a session's broadcast with: the
+        turn of `message_id` ended with the idle update `idle` (its `stopReason`, and `error`
+        for a failed turn), and a v1 prompt waiting for it is answered."""
         self._ended(self._view(session_id), message_id, idle)
 
     # -- outbound ----------------------------------------------------------------------------

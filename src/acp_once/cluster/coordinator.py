@@ -1,8 +1,9 @@
 """Several `SessionAgent` nodes on one PostgreSQL store: leases, cross-node prompts, updates.
 
-`SessionAgent(store, coordinator=...)` takes a `Coordinator` (`acp_once.agent.coordinator`).
-`PostgresCoordinator` lets any number of nodes serve the same sessions behind any load
-balancer:
+`SessionAgent(store, coordinator=...)` takes a `Coordinator` (`acp_once.agent.coordinator`):
+a `Placement` the sessions' inboxes call, plus a lifecycle; what it learns from other nodes goes
+to the agent through `PlacementEvents`. `PostgresCoordinator` lets any number of nodes serve the
+same sessions behind any load balancer:
 
 * **Leases with fencing.** A session's foreground work (inserting user messages, running
   turns) happens on the node holding its lease (`session_leases`, see
@@ -60,12 +61,14 @@ import logging
 import math
 import socket
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 import anyio
 import orjson
 
-from acp_once.agent.state import RECOVER_TIMEOUT, PendingPrompt, Session, Turn
+from acp_once.agent.placement import INSERTED, Insert, Placed, Recorded, Refused
+from acp_once.agent.placement import Attached as Waits
+from acp_once.agent.state import RECOVER_TIMEOUT, PendingPrompt
 from acp_once.cluster import notify
 from acp_once.cluster.fence import Fence, QueueRowGone
 from acp_once.cluster.fenced import FencedStore
@@ -75,9 +78,7 @@ from acp_once.protocol.errors import (
     InternalError,
     InvalidParams,
     RequestCancelled,
-    key_reused,
 )
-from acp_once.rpc.errors import ConnectionClosed
 from acp_once.storage.base import (
     FencingError,
     InsertOutcome,
@@ -91,7 +92,7 @@ if TYPE_CHECKING:
 
     from anyio.abc import TaskGroup, TaskStatus
 
-    from acp_once.agent.coordinator import SessionHost
+    from acp_once.agent.placement import PlacementEvents
 
 __all__ = ["PostgresCoordinator", "default_node_id"]
 
@@ -141,14 +142,15 @@ class PostgresCoordinator:
         self.poll_interval = poll_interval
         self.leases: dict[str, int] = {}
         """The sessions whose lease this node holds, with its epoch (the fencing token)."""
-        self._waiting: dict[int, tuple[Session, PendingPrompt]] = {}
+        self._waiting: dict[int, PendingPrompt] = {}
+        """The queued rows prompts of this node wait on."""
         self._rows: dict[PendingPrompt, int] = {}
         self.gone: set[int] = set()
         """Queued rows found withdrawn by this node's insert (`QueueRowGone`), until seen."""
         self._remote_state: dict[str, str] = {}
         self._publish: collections.deque[tuple[str, dict[str, Any]]] = collections.deque()
         self._publish_ready = anyio.Event()
-        self._host: SessionHost | None = None
+        self._events: PlacementEvents | None = None
         self._tg: TaskGroup | None = None
         self.listening = anyio.Event()
         """Set once this node LISTENs (updates and outcomes from other nodes reach it)."""
@@ -156,17 +158,20 @@ class PostgresCoordinator:
         """dedup_hits (answered without inserting: a recorded key, or a queued prompt's key),
         inserted, queued, forwarded (queued behind another node's work), leases_taken_over
         (from an owner whose lease expired), leases_lost, fenced (writes refused here)."""
+        self.store = FencedStore(self)
+        """The agent's view of the store: writes under a lease carry its fencing token."""
 
     # -- lifecycle ----------------------------------------------------------------------
 
-    def wrap_store(self, store: SessionStore) -> FencedStore:
-        """The store the agent uses: every write under a lease carries its fencing token
-        (`store` is ignored: the view is always over this coordinator's `PostgresStore`)."""
-        return FencedStore(self)
+    def placement(self, store: SessionStore) -> Self:
+        """The agent's placement: this coordinator, whose `store` is the fenced view of this
+        coordinator's `PostgresStore` (`store` is ignored)."""
+        return self
 
-    async def start(self, host: SessionHost, tg: TaskGroup) -> None:
-        """Register this node and start its background tasks in the agent's task group."""
-        self._host = host
+    async def start(self, events: PlacementEvents, tg: TaskGroup) -> None:
+        """Register this node and start its background tasks in the agent's task group; what
+        it learns from other nodes goes to `events`."""
+        self._events = events
         self._tg = tg
         await self.pg.heartbeat(self.stats())
         await tg.start(self._listen)
@@ -197,11 +202,10 @@ class PostgresCoordinator:
             "dedup_hits": self.counters["dedup_hits"],
         }
 
-    async def status(self) -> dict[str, Any]:
-        """Every node sharing the database, from this node's point of view."""
+    async def status(self, local: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Every node sharing the database, from this node's point of view (`local` is not
+        used: each node's heartbeat reports its own figures)."""
         return {"node": self.node_id, "instance": self.instance, "nodes": await self.pg.status()}
-
-    # -- what the runtime calls ---------------------------------------------------------
 
     def fence(self, session_id: str) -> Fence:
         """The fencing token for a write on `session_id`; `FencingError` without the lease."""
@@ -221,32 +225,42 @@ class PostgresCoordinator:
         self._publish_ready.set()
 
     @property
-    def _h(self) -> SessionHost:
-        host = self._host
-        assert host is not None, "the coordinator is used before its agent was entered"
-        return host
+    def _ev(self) -> PlacementEvents:
+        events = self._events
+        assert events is not None, "the coordinator is used before its agent was entered"
+        return events
 
-    async def admit(self, session: Session, pending: PendingPrompt, *, hold: bool) -> None:
+    # -- the placement (called by the sessions' inboxes) --------------------------------
+
+    async def place(
+        self, pending: PendingPrompt, insert: Insert, *, hold: bool, busy: bool
+    ) -> Placed:
         """Insert a new prompt now, or queue it, or wait on the queued prompt with its key.
 
         Called under the session's lock with `pending` registered under its key. Whether it
-        waits is decided across nodes (the lease, the shared queue), not by `hold`. A database
-        failure answers it -32603 (nothing was queued or inserted: the key stays unused).
+        waits is decided across nodes (the lease, the shared queue), not by `hold`; `busy`
+        (a turn runs here under the hold policy) queues it behind this node's turn. A
+        database failure refuses it -32603 (nothing was queued or inserted: the key stays
+        unused).
         """
         try:
-            await self._admit(session, pending)
+            return await self._place(pending, insert, busy)
         except StorageError:
-            logger.exception("session %s: admitting a prompt failed", session.id)
-            if pending.state == "held" and pending not in self._rows:
-                session.settle(pending, error=InternalError("The message could not be stored"))
+            logger.exception("session %s: admitting a prompt failed", pending.session_id)
+            row = self._rows.get(pending)
+            if row is not None:
+                return Waits(_Row(self, row, pending))
+            if pending.state != "held":
+                return INSERTED
+            return Refused(InternalError("The message could not be stored"))
 
-    async def _admit(self, session: Session, pending: PendingPrompt) -> None:
-        sid = session.id
+    async def _place(self, pending: PendingPrompt, insert: Insert, busy: bool) -> Placed:
+        sid = pending.session_id
         backlog = False
         for _ in range(3):  # a lease lost between two steps: decide again
             epoch = self.leases.get(sid)
             if epoch is not None:
-                if backlog or (session.worker and self._h.policy == "hold"):
+                if backlog or busy:
                     try:
                         admission = await self.pg.admit(
                             sid, pending.key, pending.digest, _content(pending), epoch=epoch
@@ -255,51 +269,44 @@ class PostgresCoordinator:
                         self._lost(sid)
                         continue
                     assert not isinstance(admission, Owned)  # we own it already
-                    self._await_row(session, pending, admission)
-                    await self._settle(session)
-                    return
-                try:
-                    await self._h.insert(session, pending)
-                finally:
-                    # also when this request is cancelled in its insert: a lease held with no
-                    # worker would be renewed for ever, and prompts queued by other nodes
-                    # would wait on a wake-up NOTIFY alone (no await inside: safe here)
-                    await self._settle(session)
-                return
+                    return self._await_row(pending, admission)
+                await insert(pending)
+                return INSERTED
             if pending.key is not None:
-                found = await self._h.store.find_key(sid, pending.key)
+                found = await self.store.find_key(sid, pending.key)
                 if found is not None:
-                    self._finish_recorded(session, pending, found.message_id, found.prompt_digest)
-                    return
+                    return Recorded(found.message_id, found.prompt_digest)
             admission = await self.pg.admit(
                 sid, pending.key, pending.digest, _content(pending), epoch=None
             )
             if isinstance(admission, Owned):
                 self._took(sid, admission.epoch)
-                try:
-                    if admission.took_over:
-                        await self._recover(session)
-                except BaseException:
-                    # this request was cancelled (its connection closed) or failed: the lease
-                    # we took is worked all the same (queued prompts inserted, then released)
-                    await self._settle(session)
-                    raise
+                # this request may be cancelled (its connection closed) or fail from here on:
+                # the lease we took is worked all the same (the inbox starts the worker, which
+                # inserts what is queued and then releases it)
+                if admission.took_over:
+                    await self._recover(sid, locked=True)
                 if admission.backlog:
                     backlog = True
                     continue  # queue behind the prompts that wait already (we own it now)
-                try:
-                    await self._h.insert(session, pending)
-                finally:
-                    await self._settle(session)  # as above
-                return
-            self._await_row(session, pending, admission)
-            return
-        session.settle(pending, error=InternalError("The message could not be stored"))
+                await insert(pending)
+                return INSERTED
+            return self._await_row(pending, admission)
+        return Refused(InternalError("The message could not be stored"))
 
-    async def insert_next(self, session: Session) -> bool:
+    async def next(
+        self,
+        session_id: str,
+        oldest: PendingPrompt | None,
+        insert: Insert,
+        *,
+        release: bool = True,
+    ) -> bool:
         """The worker's next step once its turns are done: insert the oldest queued prompt
-        (True), or release the lease when nothing is queued (False: the worker stops)."""
-        sid = session.id
+        (True), or release the lease when nothing is queued (False: the worker stops). Not
+        `release` (steer, while a turn runs): False when nothing is queued. `oldest` is not
+        used: prompts held on this node wait on queued rows, inserted by their order there."""
+        sid = session_id
         try:
             while True:
                 epoch = self.leases.get(sid)
@@ -308,69 +315,52 @@ class PostgresCoordinator:
                 # Release first: it frees the lease only when nothing is queued (it looks
                 # under the lease row's lock), so the queue is read only when it kept the
                 # lease, and a prompt that ends with an empty queue costs no read of its own.
-                if await self.pg.release(sid, epoch):
+                if release and await self.pg.release(sid, epoch):
                     self.leases.pop(sid, None)
                     logger.info("lease.released session=%s node=%s", sid, self.node_id)
                     return False
                 queued = await self.pg.next_prompt(sid)
                 if queued is None:
-                    continue
-                await self._insert_queued(session, queued)
+                    if release:
+                        continue
+                    return False
+                await self._insert_queued(sid, queued, insert)
                 return True
         except StorageError:
+            if not release:
+                raise
             # Stop working on the session and stop renewing its lease: it expires, and the
             # next node that needs the session (this one included) takes the queue over.
             logger.exception("session %s: the prompt queue failed", sid)
             self._lost(sid)
             return False
 
-    def withdraw(self, session: Session, pending: PendingPrompt, error: AcpError | None) -> bool:
-        """Withdraw a prompt waiting on a queued row ($/cancel_request): False when the prompt
-        is not queued (the runtime withdraws it itself). Insertion wins a race (R27)."""
-        row = self._rows.get(pending)
-        if row is None:
-            return False
-        self._spawn(self._withdraw_row, row, error)
-        return True
-
-    def detach(self, session: Session, pending: PendingPrompt) -> bool:
-        """The last local request waiting on a queued prompt went away with its connection
-        (D11): this node stops waiting; the prompt is dropped when no node waits any more."""
-        row = self._rows.pop(pending, None)
-        if row is None:
-            return False
-        self._waiting.pop(row, None)
-        session.settle(pending, error=RequestCancelled("The connection closed"))
-        self._spawn(self.pg.detach, row)
-        return True
-
-    async def cancel_session(self, session: Session) -> None:
+    async def cancel(self, session_id: str) -> None:
         """session/cancel or close on this node: withdraw the session's queued prompts on every
-        node and cancel the owner's turn."""
+        node (the owner's turn is cancelled by the cancel's NOTIFY)."""
         try:
-            rows = await self.pg.cancel_session(session.id)
+            rows = await self.pg.cancel_session(session_id)
         except StorageError:
-            logger.exception("session %s: withdrawing queued prompts failed", session.id)
+            logger.exception("session %s: withdrawing queued prompts failed", session_id)
             return
         for outcome in rows:
             self._outcome(outcome)
 
-    async def insert_message(
-        self,
-        store: SessionStore,
-        session_id: str,
-        pending: PendingPrompt,
-        *,
-        message_id: str,
-        update: bytes,
-    ) -> InsertOutcome:
-        """Insert under the session's lease (fenced). A prompt taken from the shared queue
-        (`pending.queue_row`) settles its row in the same statement; `QueueRowGone` when it
-        was withdrawn meanwhile."""
-        digest = pending.digest if pending.key is not None else None
-        return await self.insert_fenced(
-            session_id, message_id, update, pending.key, digest, pending.queue_row
-        )
+    async def claim(self, session_id: str) -> bool:
+        """A session loaded with unfinished turns: deal with them only under its lease (another
+        node may be running them right now); the worker then drains the queue and releases
+        the lease. False when another node is working on the session."""
+        if session_id in self.leases:
+            return True
+        owned = await self.pg.take(session_id)
+        if owned is None:
+            return False
+        self._took(session_id, owned.epoch)
+        return True
+
+    def holds(self, session_id: str) -> bool:
+        """Whether this node holds the session's lease."""
+        return session_id in self.leases
 
     async def insert_fenced(
         self,
@@ -407,28 +397,6 @@ class PostgresCoordinator:
             logger.info("message.recorded session=%s message=%s", sid, outcome.message_id)
         return outcome
 
-    def may_stop(self, session: Session) -> bool:
-        """Never without the lock: the worker's last step releases the lease (`insert_next`)."""
-        return False
-
-    async def recover(self, session: Session, unfinished: list[Turn]) -> None:
-        """A session loaded with unfinished turns: deal with them only under its lease (another
-        node may be running them right now), then drain the queue and release the lease."""
-        if not await self._claim(session.id):
-            return
-        await self._h.handle_unfinished(session, unfinished)
-        await self._settle(session)
-
-    async def _claim(self, session_id: str) -> bool:
-        """Take a free lease; False when another node is working on the session."""
-        if session_id in self.leases:
-            return True
-        owned = await self.pg.take(session_id)
-        if owned is None:
-            return False
-        self._took(session_id, owned.epoch)
-        return True
-
     # -- internals ----------------------------------------------------------------------
 
     def _took(self, sid: str, epoch: int) -> None:
@@ -440,12 +408,11 @@ class PostgresCoordinator:
             return
         self.counters["leases_lost"] += 1
         logger.warning("lease.lost session=%s node=%s", sid, self.node_id)
-        session = self._host.session(sid) if self._host is not None else None
-        if session is not None:
+        if self._events is not None:
             # its turns can no longer write; the next owner reports them interrupted
-            session.stop_turns()
+            self._events.lost(sid)
 
-    async def _recover(self, session: Session) -> None:
+    async def _recover(self, sid: str, *, locked: bool) -> None:
         """After taking over a dead owner's lease: its unfinished turns are run again
         (`resume_interrupted`) or reported interrupted, as after a restart of one node.
 
@@ -456,82 +423,66 @@ class PostgresCoordinator:
         """
         self.counters["leases_taken_over"] += 1
         with anyio.move_on_after(RECOVER_TIMEOUT, shield=True) as scope:
-            await self._recover_now(session)
+            found = await self._ev.recover(sid, locked=locked)
+            if found:
+                logger.info(
+                    "lease.recovered session=%s node=%s unfinished=%d", sid, self.node_id, found
+                )
         if scope.cancelled_caught:
             logger.warning(
                 "lease.recovery session=%s node=%s: over %.0f s, stopped",
-                session.id,
+                sid,
                 self.node_id,
                 RECOVER_TIMEOUT,
             )
 
-    async def _recover_now(self, session: Session) -> None:
-        unfinished = await self._h.find_unfinished(session)
-        if not unfinished:
-            return
-        logger.info(
-            "lease.recovered session=%s node=%s unfinished=%d",
-            session.id,
-            self.node_id,
-            len(unfinished),
-        )
-        await self._h.handle_unfinished(session, unfinished)
-
-    async def _settle(self, session: Session) -> None:
-        """After an insert outside the worker: the worker (if any) releases the lease when
-        the session is idle; without one (an error, nothing to run) start it to do so."""
-        if session.id in self.leases and not session.worker:
-            self._h.start_worker(session)
-
-    def _await_row(
-        self,
-        session: Session,
-        pending: PendingPrompt,
-        admission: Attached | Queued,
-    ) -> None:
+    def _await_row(self, pending: PendingPrompt, admission: Attached | Queued) -> Placed:
+        digest: bytes | None = None
         if isinstance(admission, Attached):
             self.counters["dedup_hits"] += 1
-            if self._h.reuses_key(admission.digest, pending):
-                self._spawn(self.pg.detach, admission.row)
-                session.settle(pending, error=key_reused())
-                return
-            existing = self._waiting.get(admission.row)
-            if existing is not None and existing[1] is not pending:
+            digest = admission.digest
+            other = self._waiting.get(admission.row)
+            if other is not None and other is not pending:
                 # this node already waits on the row: one pending, more waiters
                 self._spawn(self.pg.detach, admission.row)
-                other = existing[1]
-                other.waiters.extend(pending.waiters)
-                pending.waiters.clear()
-                self._spawn(self._follow, session, pending, other)
-                return
+                self._spawn(self._follow, pending, other)
+                return Waits(None, digest=digest, joined=other)
         else:
             self.counters["queued"] += 1
             if admission.owner is not None and admission.owner != self.instance:
                 self.counters["forwarded"] += 1
-        self._waiting[admission.row] = (session, pending)
+        self._waiting[admission.row] = pending
         self._rows[pending] = admission.row
-        session.held.append(pending)
-        logger.debug("prompt.queued session=%s row=%d", session.id, admission.row)
+        logger.debug("prompt.queued session=%s row=%d", pending.session_id, admission.row)
+        return Waits(_Row(self, admission.row, pending), digest=digest)
 
-    async def _follow(self, session: Session, pending: PendingPrompt, other: PendingPrompt) -> None:
+    async def _follow(self, pending: PendingPrompt, other: PendingPrompt) -> None:
         await other.done.wait()
-        session.settle(pending, message_id=other.message_id, error=other.error)
+        self._ev.settle(pending, message_id=other.message_id, error=other.error)
 
-    async def _insert_queued(self, session: Session, queued: QueuedPrompt) -> None:
+    async def _insert_queued(self, sid: str, queued: QueuedPrompt, insert: Insert) -> None:
         # a stand-in without waiters: the requests (on any node) learn the outcome from the row
+        written: list[bool] = []
+
+        async def write(message_id: str, update: bytes) -> InsertOutcome:
+            written.append(True)
+            digest = queued.digest if queued.key is not None else None
+            return await self.insert_fenced(
+                sid, message_id, update, queued.key, digest, row=queued.row
+            )
+
         stand_in = PendingPrompt.from_wire(
-            session.id, orjson.loads(queued.content), queued.key, queued.digest
+            sid, orjson.loads(queued.content), queued.key, queued.digest, write
         )
-        stand_in.queue_row = queued.row
-        await self._h.insert(session, stand_in)
+        await insert(stand_in)
         if queued.row in self.gone:
             # withdrawn (or dropped) before we locked it: nothing was written, and whoever
             # withdrew it answered its waiters; a race, not a failure
             self.gone.discard(queued.row)
-            logger.debug("prompt.gone session=%s row=%d", session.id, queued.row)
+            logger.debug("prompt.gone session=%s row=%d", sid, queued.row)
             return
         if stand_in.message_id is not None:
-            if self._h.is_live_only(stand_in.prompt):  # not stored: no transaction marked it
+            if not written:  # live-only, not stored: no transaction marked it
                 await self.pg.mark_inserted(queued.row, stand_in.message_id)
             self._outcome(RowOutcome(queued.row, "inserted", stand_in.message_id, True))
             return
@@ -540,10 +491,10 @@ class PostgresCoordinator:
             return
         # Not stored: our lease is gone (the next owner inserts it) or the database failed
         # (its waiters get -32603, as on one node).
-        epoch = self.leases.get(session.id)
-        owner, _, current, _ = await self.pg.lease_of(session.id)
+        epoch = self.leases.get(sid)
+        owner, _, current, _ = await self.pg.lease_of(sid)
         if epoch is None or owner != self.instance or current != epoch:
-            self._lost(session.id)
+            self._lost(sid)
             return
         if await self.pg.fail(queued.row):
             self._outcome(RowOutcome(queued.row, "failed", None, None))
@@ -558,59 +509,25 @@ class PostgresCoordinator:
             self._outcome(outcome, error=error)
 
     def _outcome(self, outcome: RowOutcome, *, error: AcpError | None = None) -> None:
-        entry = self._waiting.get(outcome.row)
-        if entry is None or outcome.state == "queued":
-            return
-        session, pending = entry
-        if outcome.state in ("dropped", "abandoned"):
-            # nobody inserted it: a request still waiting here submits it again (it is the
-            # client's retry), which inserts it once
-            self._waiting.pop(outcome.row, None)
-            self._rows.pop(pending, None)
-            session.forget(pending)
-            self._spawn(self._readmit, session, pending)
+        pending = self._waiting.get(outcome.row)
+        if pending is None or outcome.state == "queued":
             return
         self._waiting.pop(outcome.row, None)
         self._rows.pop(pending, None)
-        if outcome.state == "inserted" or outcome.state == "recorded":
-            if outcome.same_prompt is False and self._h.compare_prompts:
-                session.settle(pending, error=key_reused())
-            elif outcome.message_id is not None:
-                session.settle(pending, message_id=outcome.message_id)
-            else:
-                session.settle(pending, error=key_reused())
+        events = self._ev
+        if outcome.state in ("dropped", "abandoned"):
+            # nobody inserted it: a request still waiting here submits it again (it is the
+            # client's retry), which inserts it once
+            events.resubmit(pending)
+        elif outcome.state == "inserted" or outcome.state == "recorded":
+            events.settle(pending, message_id=outcome.message_id, same_prompt=outcome.same_prompt)
         elif outcome.state == "withdrawn":
-            session.settle(
+            events.settle(
                 pending,
                 error=error or RequestCancelled("The prompt was withdrawn before insertion"),
             )
         else:
-            session.settle(pending, error=InternalError("The message could not be stored"))
-
-    async def _readmit(self, session: Session, pending: PendingPrompt) -> None:
-        if not pending.waiters or pending.state == "done":
-            session.settle(pending, error=RequestCancelled("The connection closed"))
-            return
-        async with session.lock:
-            if pending.key is not None:
-                session.pending_by_key[pending.key] = pending
-            try:
-                await self.admit(session, pending, hold=False)
-            except StorageError:
-                logger.exception("session %s: submitting a prompt again failed", session.id)
-                session.settle(pending, error=InternalError("The message could not be stored"))
-
-    def _finish_recorded(
-        self,
-        session: Session,
-        pending: PendingPrompt,
-        message_id: str,
-        digest: bytes | None,
-    ) -> None:
-        if self._h.reuses_key(digest, pending):
-            session.settle(pending, error=key_reused())
-        else:
-            session.settle(pending, message_id=message_id)
+            events.settle(pending, error=InternalError("The message could not be stored"))
 
     def _spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
         if self._tg is not None:
@@ -670,41 +587,16 @@ class PostgresCoordinator:
     def _deliver(self, session_id: str, update: dict[str, Any]) -> None:
         if update.get("sessionUpdate") == "state_update":
             self._remote_state[session_id] = str(update.get("state"))
-        session = self._host.session(session_id) if self._host is not None else None
-        if session is None or not session.conns:
-            return
-        self._spawn(self._send, session, update)
-
-    async def _send(self, session: Session, update: dict[str, Any]) -> None:
-        for conn in list(session.conns.values()):
-            try:
-                await conn.client.session_update({"sessionId": session.id, "update": update})
-            except ConnectionClosed:
-                session.conns.pop(conn.id, None)
+        if self._events is not None:
+            self._events.update(session_id, update)
 
     def _wake(self, session_id: str) -> None:
-        session = self._host.session(session_id) if self._host is not None else None
-        if session is None or session_id not in self.leases:
-            return
-        if not session.worker:
-            self._h.start_worker(session)
-        elif self._h.policy == "steer":
-            self._spawn(self._steer, session)
-
-    async def _steer(self, session: Session) -> None:
-        """Steer policy: prompts other nodes queued are inserted at once, even mid-turn."""
-        async with session.lock:
-            while session.id in self.leases:
-                queued = await self.pg.next_prompt(session.id)
-                if queued is None:
-                    return
-                await self._insert_queued(session, queued)
+        if self._events is not None and session_id in self.leases:
+            self._events.wake(session_id)
 
     def _remote_cancel(self, session_id: str) -> None:
-        session = self._host.session(session_id) if self._host is not None else None
-        if session is None or session_id not in self.leases:
-            return
-        self._spawn(self._h.cancel_work, session)
+        if self._events is not None and session_id in self.leases:
+            self._events.cancelled(session_id)
 
     async def _maintain(self) -> None:
         """Renew leases and heartbeat every third of the TTL; poll the rows we wait on."""
@@ -736,23 +628,21 @@ class PostgresCoordinator:
             if outcome.state != "queued":
                 self._outcome(outcome)
             elif outcome.lease_free:
-                entry = self._waiting.get(outcome.row)
-                if entry is not None:
-                    await self._take_over(entry[0])
+                pending = self._waiting.get(outcome.row)
+                if pending is not None:
+                    await self._take_over(pending.session_id)
 
-    async def _take_over(self, session: Session) -> None:
+    async def _take_over(self, sid: str) -> None:
         """The owner of a session we wait on died: take its lease and insert the queue."""
-        if self._host is None or session.id in self.leases:
+        if self._events is None or sid in self.leases:
             return
-        owned = await self.pg.take(session.id)
+        owned = await self.pg.take(sid)
         if owned is None:
             return
-        self._took(session.id, owned.epoch)
+        self._took(sid, owned.epoch)
         if owned.took_over:
-            async with session.lock:
-                await self._recover(session)
-        if not session.worker:
-            self._h.start_worker(session)
+            await self._recover(sid, locked=False)
+        self._events.wake(sid)
 
     async def _publisher(self) -> None:
         while True:
@@ -767,6 +657,34 @@ class PostgresCoordinator:
         while self._publish:
             batch = [self._publish.popleft() for _ in range(min(len(self._publish), 200))]
             await self.pg.publish(batch)
+
+
+class _Row:
+    """The `Ticket` of a prompt of this node that waits on a queued row."""
+
+    __slots__ = ("_c", "pending", "row")
+
+    def __init__(self, coordinator: PostgresCoordinator, row: int, pending: PendingPrompt) -> None:
+        self._c = coordinator
+        self.row = row
+        self.pending = pending
+
+    def withdraw(self, error: AcpError | None) -> bool:
+        """Withdraw the row on every node ($/cancel_request, session/cancel): False when the
+        prompt no longer waits on it. Insertion wins a race (R27)."""
+        if self._c._rows.get(self.pending) != self.row:
+            return False
+        self._c._spawn(self._c._withdraw_row, self.row, error)
+        return True
+
+    def release(self) -> None:
+        """The last local request waiting on the row went away with its connection (D11), or
+        the inbox refused the prompt: this node stops waiting; the row is dropped when no node
+        waits any more."""
+        if self._c._rows.pop(self.pending, None) is None:
+            return
+        self._c._waiting.pop(self.row, None)
+        self._c._spawn(self._c.pg.detach, self.row)
 
 
 def _content(pending: PendingPrompt) -> bytes:

@@ -1,7 +1,7 @@
-"""The contract every `Coordinator` passes, seen from the wire through `SessionAgent`.
+"""The contract every `Placement` passes, seen from the wire through `SessionAgent`.
 
-One suite, run against the local coordinator (on a memory and a SQLite store) and the
-PostgreSQL one (a node of a cluster on a fresh schema): a coordinator decides where held
+One suite, run against the local placement (on a memory and a SQLite store) and the
+PostgreSQL coordinator (a node of a cluster on a fresh schema): a placement decides where held
 prompts wait and who inserts them, so everything a client can observe about keys, held prompts,
 withdrawals and recovery must be the same whichever one is plugged in.
 """
@@ -22,6 +22,7 @@ import pytest
 from psycopg import sql
 
 from acp_once.agent import Coordinator, LocalCoordinator
+from acp_once.agent.placement import LocalPlacement, Placement
 from acp_once.agent.reference import ReferenceAgent
 from acp_once.agent.state import prompt_digest
 from acp_once.client import ClientSideConnection
@@ -73,7 +74,7 @@ def agent(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[AgentFacto
     async def local_sqlite() -> AsyncIterator[tuple[ReferenceAgent, SessionStore]]:
         async with SqliteStore.open(str(tmp_path / "sessions.db")) as store:
             node = ReferenceAgent(store, side_effects=effects)
-            node.use_coordinator(LocalCoordinator())  # the default, given explicitly
+            node.use_coordinator(LocalCoordinator())  # the default, given explicitly (deprecated)
             async with node:
                 yield node, store
 
@@ -137,15 +138,20 @@ async def user_messages(store: SessionStore, sid: str) -> list[str]:
     return texts
 
 
-def test_both_coordinators_satisfy_the_interface() -> None:
-    # structural: mypy checks the assignment; the runtime check keeps a rename from passing
-    for coordinator in (LocalCoordinator(),):
-        local: Coordinator = coordinator
-        assert callable(local.admit) and callable(local.insert_next)
-    for name in Coordinator.__dict__:
-        if not name.startswith("_"):
-            assert hasattr(PostgresCoordinator, name), name
-            assert hasattr(LocalCoordinator, name), name
+def test_both_placements_satisfy_the_interface() -> None:
+    # structural: mypy checks the assignments; the runtime check keeps a rename from passing
+    local: Placement = LocalPlacement(MemoryStore())
+    assert callable(local.place) and callable(local.next)
+    shared: Coordinator = LocalCoordinator()
+    assert isinstance(shared.placement(MemoryStore()), LocalPlacement)
+    for protocol, classes in (
+        (Placement, (LocalPlacement, PostgresCoordinator)),
+        (Coordinator, (LocalCoordinator, PostgresCoordinator)),
+    ):
+        for name, member in protocol.__dict__.items():
+            if not name.startswith("_") and callable(member):  # `store` is an attribute
+                for cls in classes:
+                    assert hasattr(cls, name), (cls.__name__, name)
 
 
 async def test_a_key_inserts_once_and_retries_get_its_id_on_any_connection(
