@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from acp_once.storage.base import (
     ANY_TENANT,
@@ -17,9 +18,34 @@ from acp_once.storage.base import (
 )
 
 if TYPE_CHECKING:
-    from acp_once.cluster.coordinator import PostgresCoordinator
+    from acp_once.cluster.fence import Fence
+    from acp_once.storage.postgres import PostgresStore
 
-__all__ = ["FencedStore"]
+__all__ = ["FencedStore", "Fencing"]
+
+
+class Fencing(Protocol):
+    """What the view needs of its node (`PostgresCoordinator`): a protocol, so that this module
+    imports no coordinator (no import cycle, even for type checking)."""
+
+    base_store: PostgresStore
+    counters: collections.Counter[str]
+
+    def fence(self, session_id: str) -> Fence:
+        """The fencing token for a write on `session_id`; `FencingError` without the lease."""
+        ...
+
+    async def insert_fenced(
+        self,
+        sid: str,
+        mid: str,
+        update: bytes,
+        key: str | None,
+        digest: bytes | None,
+        row: int | None,
+    ) -> InsertOutcome:
+        """Insert under the node's fence for session `sid` (and count it)."""
+        ...
 
 
 class FencedStore:
@@ -27,7 +53,7 @@ class FencedStore:
     node's fencing token for it (`FencingError` without the lease), and inserts go through the
     coordinator (which counts them). Reads pass through."""
 
-    def __init__(self, coordinator: PostgresCoordinator) -> None:
+    def __init__(self, coordinator: Fencing) -> None:
         self._c = coordinator
         self._store = coordinator.base_store
 
