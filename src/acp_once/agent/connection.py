@@ -14,12 +14,12 @@ import functools
 import itertools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Self
 
 import anyio
 from pydantic import ValidationError
 
+from acp_once.agent.calls import CallContext
 from acp_once.agent.interface import Agent
 from acp_once.protocol import methods as m
 from acp_once.protocol import schema as s
@@ -84,24 +84,6 @@ class ClientPeer:
     async def ext_notification(self, method: str, params: Any = None) -> None:
         """Send any other notification (extensions)."""
         await self._conn.notify(method, params)
-
-
-@dataclass(frozen=True, slots=True)
-class CallContext:
-    """What a handler knows about the call it serves.
-
-    Attributes:
-        connection: the connection the call arrived on (its `id` is unique in this process).
-        request: the request's engine context (None for notifications); `request.on_cancel`
-            lets a handler decide what `$/cancel_request` means for it.
-    """
-
-    connection: AgentSideConnection
-    request: RequestContext | None
-
-    @property
-    def client(self) -> ClientPeer:
-        return self.connection.client
 
 
 _Route = Callable[[Any, CallContext], Awaitable[Any]]

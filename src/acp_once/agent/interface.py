@@ -16,7 +16,7 @@ from acp_once.protocol.errors import MethodNotFound
 from acp_once.protocol.methods import SetSessionConfigOptionParams
 
 if TYPE_CHECKING:
-    from acp_once.agent.connection import AgentSideConnection, CallContext
+    from acp_once.agent.calls import AgentConnection, CallContext
 
 __all__ = ["Agent"]
 
@@ -101,6 +101,6 @@ class Agent:
         """A notification this table does not know; ignored by default."""
         return None
 
-    async def connection_closed(self, connection: AgentSideConnection) -> None:
+    async def connection_closed(self, connection: AgentConnection) -> None:
         """Called once when a connection ends (its sessions stop being active on it)."""
         return None

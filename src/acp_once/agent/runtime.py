@@ -40,7 +40,7 @@ import anyio
 import orjson
 from anyio.abc import TaskGroup
 
-from acp_once.agent.connection import AgentSideConnection, CallContext
+from acp_once.agent.calls import AgentConnection, CallContext
 from acp_once.agent.coordinator import Coordinator
 from acp_once.agent.inbox import InboxRules
 from acp_once.agent.interface import Agent
@@ -360,7 +360,7 @@ class SessionAgent(Agent, anyio.AsyncContextManagerMixin):
             self._evict_if_idle(session)
         return s.ResumeSessionResponse()
 
-    async def _resume_on(self, session: Session, conn: AgentSideConnection, replay: bool) -> None:
+    async def _resume_on(self, session: Session, conn: AgentConnection, replay: bool) -> None:
         if replay:
             after = 0
             while True:
@@ -439,7 +439,7 @@ class SessionAgent(Agent, anyio.AsyncContextManagerMixin):
         session.inbox.cancel_marks[ctx.connection.id] = ctx.connection.rpc.arrivals
         await self._cancel_work(session)
 
-    async def connection_closed(self, connection: AgentSideConnection) -> None:
+    async def connection_closed(self, connection: AgentConnection) -> None:
         for session in list(self._sessions.values()):
             attached = session.broadcast.detach(connection.id)
             session.inbox.connection_gone(connection.id)
@@ -547,10 +547,10 @@ class SessionAgent(Agent, anyio.AsyncContextManagerMixin):
         await session.inbox.cancel_all()
         await session.runner.cancel()
 
-    def _attach(self, session: Session, conn: AgentSideConnection) -> None:
+    def _attach(self, session: Session, conn: AgentConnection) -> None:
         session.broadcast.attach(conn)
 
-    def _active(self, session_id: str, conn: AgentSideConnection) -> Session:
+    def _active(self, session_id: str, conn: AgentConnection) -> Session:
         session = self._sessions.get(session_id)
         # Ownership is also checked here, though a session becomes active on a connection only
         # through new, resume or fork, which check it: a tenant never reaches another's.
@@ -558,7 +558,7 @@ class SessionAgent(Agent, anyio.AsyncContextManagerMixin):
             raise SessionNotFound(session_id)
         return session
 
-    async def _load(self, session_id: str, conn: AgentSideConnection) -> Session:
+    async def _load(self, session_id: str, conn: AgentConnection) -> Session:
         """The session, from memory or loaded from the store (its interrupted turns
         recovered), for `conn`.
 
@@ -634,7 +634,7 @@ def _check_paths(cwd: str, additional: list[str] | None, field: str = "cwd") -> 
         raise InvalidParams(str(exc)) from None
 
 
-def _owns(record: SessionRecord, conn: AgentSideConnection) -> bool:
+def _owns(record: SessionRecord, conn: AgentConnection) -> bool:
     """Whether `conn` may see the session of `record`: the one tenant rule. A session belongs
     to the tenant that created it; a connection without a tenant (stdio, a single token) sees
     only sessions created without one. Every other session is answered as if it did not

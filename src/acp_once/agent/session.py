@@ -22,7 +22,7 @@ from acp_once.rpc.errors import ConnectionClosed
 if TYPE_CHECKING:
     import collections
 
-    from acp_once.agent.connection import AgentSideConnection
+    from acp_once.agent.calls import AgentConnection
     from acp_once.agent.state import PendingPrompt
     from acp_once.protocol.errors import AcpError
     from acp_once.storage.base import SessionRecord
@@ -44,11 +44,11 @@ class SessionBroadcast:
 
     def __init__(self, session_id: str, remote: Remote | None) -> None:
         self.session_id = session_id
-        self.conns: dict[str, AgentSideConnection] = {}
+        self.conns: dict[str, AgentConnection] = {}
         self._remote = remote
         self._ended: dict[str, TurnEndedListener] = {}
 
-    def attach(self, conn: AgentSideConnection) -> None:
+    def attach(self, conn: AgentConnection) -> None:
         """The session is active on `conn` from now on."""
         self.conns[conn.id] = conn
         face = conn.v1_face
@@ -127,7 +127,7 @@ class Session:
         between loading it and attaching): it must not be dropped from memory meanwhile."""
 
     @property
-    def conns(self) -> dict[str, AgentSideConnection]:
+    def conns(self) -> dict[str, AgentConnection]:
         """The connections the session is active on, by id."""
         return self.broadcast.conns
 

@@ -36,7 +36,7 @@ from acp_once.rpc.errors import ConnectionClosed
 from acp_once.storage.base import FencingError, SessionMissing, SessionStore
 
 if TYPE_CHECKING:
-    from acp_once.agent.connection import AgentSideConnection
+    from acp_once.agent.calls import AgentConnection
     from acp_once.rpc.tasks import TaskPool
 
 __all__ = ["TurnContext", "TurnRunner", "TurnSetup"]
@@ -111,7 +111,7 @@ class TurnRunner:
         *,
         publish: Publish,
         turn_ended: TurnEnded,
-        conns: dict[str, AgentSideConnection],
+        conns: dict[str, AgentConnection],
         on_stop: Callable[[], None],
     ) -> None:
         self.session_id = session_id

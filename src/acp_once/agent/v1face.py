@@ -61,7 +61,7 @@ from acp_once.protocol.v2_to_v1 import (
 )
 
 if TYPE_CHECKING:
-    from acp_once.agent.connection import AgentSideConnection, CallContext
+    from acp_once.agent.calls import AgentConnection, CallContext
 
 __all__ = ["SESSION_LOAD", "V1Face"]
 
@@ -97,9 +97,9 @@ class _SessionView:
 class V1Face:
     """Serves one connection in ACP v1 on top of its v2 `Agent` (see the module docstring)."""
 
-    def __init__(self, connection: AgentSideConnection) -> None:
+    def __init__(self, connection: AgentConnection) -> None:
         self._conn = connection
-        self._agent = connection.agent
+        self._agent: Agent = connection.agent
         self._sessions: dict[str, _SessionView] = {}
         agent_type = type(self._agent)
         self._serves = {
