@@ -19,6 +19,7 @@ pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 # the 20 the whole suite was held to when it ran in one test
 MIN_USER_MESSAGES = {
     "lifecycle": 3,
+    "batches": 1,
     "resume-withdraw-reuse": 3,
     "keys": 7,
     "invalid-keys": 1,
