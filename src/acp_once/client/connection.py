@@ -15,7 +15,6 @@ from typing import Any, Protocol, Self, TypeVar
 import anyio
 from pydantic import BaseModel
 
-from acp_once.client.interface import Client
 from acp_once.protocol import methods as m
 from acp_once.protocol import schema as s
 from acp_once.protocol.methods import SetSessionConfigOptionParams, to_wire
@@ -23,7 +22,7 @@ from acp_once.protocol.updates import validate_update_notification
 from acp_once.rpc.connection import Connection, PendingCall, RequestContext
 from acp_once.rpc.streams import FrameStream
 
-__all__ = ["AgentPeer", "ClientSideConnection", "Incoming"]
+__all__ = ["AgentPeer", "ClientSideConnection", "Handlers", "Incoming"]
 
 _M = TypeVar("_M", bound=BaseModel)
 
@@ -135,14 +134,30 @@ class _V2Incoming:
         return s.RequestPermissionRequest.model_validate(params or {})
 
 
+class Handlers(Protocol):
+    """What a connection calls on the application's side: `Client` (client/interface.py) and
+    any class with these four coroutines. A protocol, so that this module needs no import of the
+    `Client` base class, whose handlers take this connection."""
+
+    async def session_update(self, params: s.UpdateSessionNotification) -> None: ...
+
+    async def request_permission(
+        self, params: s.RequestPermissionRequest, connection: ClientSideConnection
+    ) -> s.RequestPermissionResponse: ...
+
+    async def ext_method(self, method: str, params: dict[str, Any] | None) -> Any: ...
+
+    async def ext_notification(self, method: str, params: dict[str, Any] | None) -> None: ...
+
+
 class ClientSideConnection(anyio.AsyncContextManagerMixin):
     """Serves one `Client` on one frame stream and gives typed calls to the agent (`.agent`).
 
     Use as `async with ClientSideConnection(client, stream) as conn:`.
     """
 
-    def __init__(self, client: Client, stream: FrameStream, *, name: str = "client") -> None:
-        self.client = client
+    def __init__(self, client: Handlers, stream: FrameStream, *, name: str = "client") -> None:
+        self.client: Handlers = client
         self._rpc = Connection(
             stream, on_request=self._on_request, on_notification=self._on_notification, name=name
         )
