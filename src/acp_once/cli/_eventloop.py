@@ -2,11 +2,11 @@
 
 uvloop (libuv under asyncio's API) runs the agent's echo turn in about 16% fewer instructions
 than the default asyncio loop, and a bare asyncio echo agent on less than half the CPU
-(`benchmarks/README.md`, the echo benchmark's `--loop` option measures both). It is optional, the `fast` extra (it exists for every
-platform but Windows), so the base install stays light; where it is missing, or
-`ACP_ONCE_LOOP=asyncio` asks for the standard loop, the commands run on plain asyncio with the
-same behaviour. Only this module knows uvloop's name, and imports it only through anyio when
-it is installed.
+(`benchmarks/README.md`; the echo benchmark's `--loop` option measures both). It is optional,
+the `fast` extra (it exists for every platform but Windows), so the base install stays light;
+where it is missing, or `ACP_ONCE_LOOP=asyncio` asks for the standard loop, the commands run
+on plain asyncio with the same behaviour. Only this module knows uvloop's name, and imports it
+only through anyio when it is installed.
 """
 
 from __future__ import annotations
