@@ -41,6 +41,7 @@ import logging
 import os
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
+from pathlib import Path
 from typing import Any, Self
 
 import anyio
@@ -115,9 +116,13 @@ class UpgradedAgent(SessionAgent):
         ready_timeout: seconds allowed for the child to start and answer `initialize`.
         coordinator: as for `SessionAgent`.
         strict_updates: as for `SessionAgent`.
+        group_file: where the child's process group is recorded, so that the next runtime on
+            the same store kills it if this one dies without stopping it (see
+            `acp_once.upgrade.containment`); None: not recorded.
 
     Raises:
         ChildError: (on entering) the child could not be started or initialized.
+        OSError: (on entering) the group file cannot be opened.
     """
 
     def __init__(
@@ -132,6 +137,7 @@ class UpgradedAgent(SessionAgent):
         ready_timeout: float = 30.0,
         coordinator: Coordinator | None = None,
         strict_updates: bool | None = None,
+        group_file: Path | None = None,
     ) -> None:
         super().__init__(
             store,
@@ -149,6 +155,7 @@ class UpgradedAgent(SessionAgent):
             env=env,
             cwd=cwd,
             ready_timeout=ready_timeout,
+            group_file=group_file,
         )
         self.forwarded = 0
         """Prompts forwarded to the child by this process."""
