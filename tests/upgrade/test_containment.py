@@ -33,7 +33,7 @@ GONE_WITHIN = 5.0  # seconds: the acceptance bound for the old group
 AGENT = Path(__file__).parents[1] / "agents" / "stubborn_v1_agent.py"
 
 
-def runtime_command(tmp: Path) -> list[str]:
+def runtime_command(tmp: Path, agent_args: tuple[str, ...] = ("--grandchild",)) -> list[str]:
     return [
         sys.executable,
         "-m",
@@ -48,19 +48,21 @@ def runtime_command(tmp: Path) -> list[str]:
         str(AGENT),
         "--effects",
         str(tmp / "effects.log"),
-        "--grandchild",
+        *agent_args,
     ]
 
 
 @asynccontextmanager
 async def runtime(
-    tmp: Path, *, shutdown_timeout: float = 5.0
+    tmp: Path, *, shutdown_timeout: float = 5.0, agent_args: tuple[str, ...] = ("--grandchild",)
 ) -> AsyncIterator[tuple[ClientSideConnection, UpdateRecorder, AgentProcess]]:
     recorder = UpdateRecorder()
     with open(tmp / "runtime.stderr", "ab") as errfile:  # noqa: ASYNC230 (a log file for the child)
         async with (
             spawn(
-                runtime_command(tmp), stderr=errfile.fileno(), shutdown_timeout=shutdown_timeout
+                runtime_command(tmp, agent_args),
+                stderr=errfile.fileno(),
+                shutdown_timeout=shutdown_timeout,
             ) as proc,
             ClientSideConnection(recorder, proc.frames) as conn,
         ):

@@ -20,9 +20,11 @@ What crosses between the two sides:
 - the child is told its client has no `fs` or `terminal` capabilities (v2 has nothing to
   forward them to), and requests for them are answered -32601.
 
-Sessions: each v2 session has one v1 session in the child, created with it. The v1 session id
-is kept in the v2 session's timeline as a private marker (never replayed), so it survives a
-restart. A v2 session used after the child was restarted (the whole agent SIGKILLed and
+Sessions: each v2 session has one v1 session in the child, created with it, under an id no
+other v2 session has in that child: a child that answers `session/new` (or a load) with an id
+it gave another session gets an error for that session (-32603), never a shared route. The v1
+session id is kept in the v2 session's timeline as a private marker (never replayed), so it
+survives a restart. A v2 session used after the child was restarted (the whole agent SIGKILLed and
 started again, or the child alone died) is attached again on its next turn: with v1
 `session/load` where the child advertises `loadSession` (the history it replays is dropped:
 the store has it already), otherwise with a new v1 session, which has lost the earlier
@@ -207,6 +209,7 @@ class UpgradedAgent(SessionAgent):
         mcp_servers = _mcp_servers(params)
         child = await self._child()
         child_session = await self._child_new_session(child, params.cwd, mcp_servers)
+        self._check_distinct(child, child_session, None)
         response = await super().new_session(params, ctx)
         session_id = response.session_id
         self._mcp_servers[session_id] = mcp_servers
@@ -301,7 +304,24 @@ class UpgradedAgent(SessionAgent):
             raise InternalError("The v1 agent's session/new answer has no sessionId")
         return child_session
 
+    def _check_distinct(self, child: V1Child, child_session: str, session_id: str | None) -> None:
+        """Refuse a v1 session id the child gave another v2 session: the child's updates are
+        routed by it, so sharing it would send one session's work into the other's history.
+
+        Raises:
+            InternalError: `child_session` is bound to a session other than `session_id`.
+        """
+        owner = self._routes.get((child.generation, child_session))
+        if owner is not None and owner != session_id:
+            logger.error(
+                "the v1 agent gave session %s the session id it gave %s; refused",
+                session_id or "(new)",
+                owner,
+            )
+            raise InternalError("The v1 agent answered with the session id of another session")
+
     def _bind(self, session_id: str, child: V1Child, child_session: str) -> None:
+        self._check_distinct(child, child_session, session_id)
         old = self._bound.get(session_id)
         if old is not None:
             self._routes.pop(old, None)
@@ -321,6 +341,7 @@ class UpgradedAgent(SessionAgent):
             cwd = session.record.cwd if session is not None else "/"
             mcp_servers = self._mcp_servers.get(session_id, [])
             if recorded is not None:
+                self._check_distinct(child, recorded, session_id)
                 if child.can_load and await self._load_child_session(
                     child, recorded, cwd, mcp_servers
                 ):
@@ -333,7 +354,7 @@ class UpgradedAgent(SessionAgent):
                     "could not load its session" if child.can_load else "cannot load sessions",
                 )
             child_session = await self._child_new_session(child, cwd, mcp_servers)
-            self._bind(session_id, child, child_session)
+            self._bind(session_id, child, child_session)  # refused when not distinct
             await self.store.append_update(
                 session_id, _child_session_marker(session_id, child_session)
             )
