@@ -52,6 +52,7 @@ import orjson
 from acp_once.agent.connection import CallContext
 from acp_once.agent.coordinator import Coordinator
 from acp_once.agent.runtime import HeldPolicy, SessionAgent, Turn, TurnContext
+from acp_once.agent.session import Session
 from acp_once.agent.state import TURN_MARKER
 from acp_once.protocol import schema as s
 from acp_once.protocol.errors import AcpError, InternalError, InvalidParams, MethodNotFound
@@ -224,6 +225,15 @@ class UpgradedAgent(SessionAgent):
         self._mcp_servers[params.session_id] = _mcp_servers(params)
         return response
 
+    async def close_session(
+        self, params: s.CloseSessionRequest, ctx: CallContext
+    ) -> s.CloseSessionResponse:
+        response = await super().close_session(params, ctx)
+        session = self._sessions.get(params.session_id)
+        if session is None or not session.conns:
+            self._drop_session_state(params.session_id)
+        return response
+
     async def delete_session(
         self, params: s.DeleteSessionRequest, ctx: CallContext
     ) -> s.DeleteSessionResponse:
@@ -231,9 +241,26 @@ class UpgradedAgent(SessionAgent):
         bound = self._bound.pop(params.session_id, None)
         if bound is not None:
             self._routes.pop(bound, None)
-        self._translators.pop(params.session_id, None)
-        self._mcp_servers.pop(params.session_id, None)
+        self._drop_session_state(params.session_id)
         return response
+
+    def _evict_if_idle(self, session: Session) -> None:
+        super()._evict_if_idle(session)
+        if session.id not in self._sessions:
+            self._drop_session_state(session.id)
+
+    def _drop_session_state(self, session_id: str) -> None:
+        """Forget what this side keeps of a session no connection is active on: its
+        `mcpServers` (a resume gives them again before its next turn) and its translator. Its
+        binding to the child's session stays (two small strings), so that its next turn goes on
+        in the same v1 session, even in a child that cannot load one."""
+        self._mcp_servers.pop(session_id, None)
+        translator = self._translators.get(session_id)
+        if translator is not None and not translator.streaming:
+            del self._translators[session_id]
+        lock = self._attach_locks.get(session_id)
+        if lock is not None and not lock.locked():
+            del self._attach_locks[session_id]
 
     async def fork_session(
         self, params: s.ForkSessionRequest, ctx: CallContext

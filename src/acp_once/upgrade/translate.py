@@ -83,6 +83,11 @@ class StoredV1ToV2Updates:
         self._open: dict[str, _Message] = {}  # message id -> streamed so far, in start order
 
     @property
+    def streaming(self) -> bool:
+        """Whether a message is in progress (its chunks sent, the whole not yet stored)."""
+        return bool(self._open)
+
+    @property
     def plan_id(self) -> str:
         return self._updates.plan_id
 
