@@ -8,9 +8,10 @@
   the end of the turn ends the messages in progress), so a replay shows what was streamed, in
   the same order: as one update, or, when its text is over `STORED_PART_BYTES`, as chunks of
   at most that much under its id, so that no replayed frame nears the frame limit. A message's
-  text is gathered in one buffer: linear time and memory, however many chunks it came in. Tool calls and plans are sent and stored; the other kinds are live only. A
-  v1 update that has no v2 counterpart (`current_mode_update`, the child's echo of the user's
-  message, a kind v2 does not know) is dropped.
+  text is gathered in one buffer: linear time and memory, however many chunks it came in.
+  Tool calls and plans are sent and stored; the other kinds are live only. A v1 update that
+  has no v2 counterpart (`current_mode_update`, the child's echo of the user's message, a kind
+  v2 does not know) is dropped.
 - `prompt_to_v1`, `permission_to_v2`, `permission_to_v1`: the prompt's content blocks
   (the same shapes in both versions), and a permission request and its answer. The stop
   reason of the child's answer is `acp_once.protocol.v1_to_v2.v2_stop_reason_from_v1`.
