@@ -177,3 +177,17 @@ def test_a_group_file_left_by_a_dead_runtime_gets_its_group_killed(tmp_path: Pat
             if process.poll() is None:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait(timeout=TIMEOUT)
+
+
+def test_no_group_file_is_kept_in_a_directory_others_may_write(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    assert not GroupFile(shared / "store.group").acquire()
+    assert not (shared / "store.group").exists()
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    (private / "store.group").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(OSError):  # a planted link is never followed
+        GroupFile(private / "store.group").acquire()
+    assert not (tmp_path / "elsewhere").exists()

@@ -27,6 +27,7 @@ import hashlib
 import logging
 import os
 import signal
+import stat
 import sys
 import tempfile
 import time
@@ -104,9 +105,9 @@ def group_members(pgid: int, token: str | None = None) -> list[int]:
         if not entry.name.isdigit():
             continue
         try:
-            stat = (entry / "stat").read_bytes()
+            status = (entry / "stat").read_bytes()
             # after the command name, which may hold spaces and parentheses
-            fields = stat[stat.rindex(b")") + 2 :].split()
+            fields = status[status.rindex(b")") + 2 :].split()
             if fields[0] in (b"Z", b"X") or int(fields[2]) != pgid:
                 continue
             if marker is not None and marker not in (entry / "environ").read_bytes().split(b"\0"):
@@ -143,14 +144,21 @@ class GroupFile:
 
     def acquire(self) -> bool:
         """Lock the file and kill the group it records, if it still runs. Blocks for at most
-        `gone_timeout` seconds. False when another live runtime holds the lock (nothing is
-        killed then, and nothing will be recorded).
+        `gone_timeout` seconds. False when another live runtime holds the lock, or the file's
+        directory is not private to this user (nothing is killed then, and nothing will be
+        recorded).
 
         Raises:
             OSError: the file cannot be created or opened.
         """
-        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        directory = self.path.parent
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        info = os.lstat(directory)
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o022:
+            # another user's directory (or a link to one): nothing of ours goes there
+            logger.warning("%s is not a private directory: no group file is kept", directory)
+            return False
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
