@@ -325,3 +325,25 @@ async def test_the_other_v1_session_methods_map_to_the_v2_ones() -> None:
             assert mode["error"]["code"] == METHOD_NOT_FOUND
             assert (await peer.call("session/delete", {"sessionId": sid}))["result"] == {}
             assert (await peer.call("session/list", {}))["result"]["sessions"] == []
+
+
+async def test_lone_surrogates_on_the_v1_face_are_invalid_params(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A v1 prompt text holding a lone surrogate is invalid params (-32602, as on the v2 face),
+    and a lone surrogate as the id of a `session/list` whose answer holds a time gets its answer:
+    never -32603 with a traceback, and nothing stored."""
+    async with scripted() as agent, v1_client(agent) as peer:
+        sid = await new_session(peer)
+        await peer.send_raw(
+            b'{"jsonrpc":"2.0","id":7,"method":"session/prompt","params":{"sessionId":"'
+            + sid.encode()
+            + b'","prompt":[{"type":"text","text":"\\ud800"}]}}'
+        )
+        assert (await peer.answer(7))["error"]["code"] == -32602
+        # a lone surrogate is valid JSON: the id is answered as it came, escaped
+        await peer.send_raw(b'{"jsonrpc":"2.0","id":"\\ud800","method":"session/list"}')
+        listed = await peer.answer("\ud800")
+        assert [x["sessionId"] for x in listed["result"]["sessions"]] == [sid]
+        assert await agent.store.count_user_messages(sid) == 0
+    assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL") or r.exc_info]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
 import pytest
 
 from acp_once.protocol import v1
@@ -96,6 +97,46 @@ def test_tool_content_chunks_are_sent_as_the_whole_content_so_far() -> None:
         "toolCallId": "c1",
         "content": [item, item],
     }
+
+
+def test_tool_output_in_many_chunks_costs_the_v1_client_linear_bytes() -> None:
+    """2,000 chunks of 400 bytes (0.8 MB): the v1 client gets the whole output (v1 replaces a
+    tool call's content), in at most 3x its size on the wire, not the square of it."""
+    t = V2ToV1Updates()
+    t.translate({"sessionUpdate": "tool_call_update", "toolCallId": "c1", "title": "Run"})
+    items = [{"type": "content", "content": text(f"{n:05d}" + "x" * 395)} for n in range(2000)]
+    sent: list[dict[str, Any]] = []
+    for item in items:
+        sent += t.translate(
+            {"sessionUpdate": "tool_call_content_chunk", "toolCallId": "c1", "content": item}
+        )
+    sent += t.translate(
+        {"sessionUpdate": "tool_call_update", "toolCallId": "c1", "status": "completed"}
+    )
+    output = len(orjson.dumps(items))
+    assert len(orjson.dumps(v1_valid(sent))) <= 3 * output
+    assert sent[-1] == {
+        "sessionUpdate": "tool_call_update",
+        "toolCallId": "c1",
+        "status": "completed",
+        "content": items,
+    }
+    # every update the client got holds a prefix of the output, growing
+    lengths = [len(u["content"]) for u in sent if "content" in u]
+    assert lengths == sorted(lengths) and all(
+        u["content"] == items[: len(u["content"])] for u in sent if "content" in u
+    )
+
+
+def test_held_back_tool_output_goes_out_when_the_turn_ends() -> None:
+    t = V2ToV1Updates()
+    item = {"type": "content", "content": text("x")}
+    chunk = {"sessionUpdate": "tool_call_content_chunk", "toolCallId": "c1", "content": item}
+    assert [len(u["content"]) for n in range(3) for u in t.translate(chunk)] == [1, 2]
+    assert v1_valid(t.translate({"sessionUpdate": "state_update", "state": "idle"})) == [
+        {"sessionUpdate": "tool_call_update", "toolCallId": "c1", "content": [item] * 3}
+    ]
+    assert t.translate({"sessionUpdate": "state_update", "state": "idle"}) == []
 
 
 def test_plans_of_items_become_v1_plans_other_plans_are_dropped() -> None:

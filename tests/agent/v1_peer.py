@@ -4,6 +4,7 @@ can send what a typed client never would: a batch, a bad id, a v1 prompt with an
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -37,11 +38,18 @@ class RawPeer:
     async def send(self, message: Any) -> None:
         await self._stream.send(orjson.dumps(message))
 
+    async def send_raw(self, frame: bytes) -> None:
+        """Send `frame` as it is (JSON orjson would not write: an escaped lone surrogate)."""
+        await self._stream.send(frame)
+
     async def _read(self) -> None:
         while True:
             frame = await self._stream.receive()
             assert isinstance(frame, bytes)
-            self.received.append(orjson.loads(frame))
+            try:
+                self.received.append(orjson.loads(frame))
+            except orjson.JSONDecodeError:  # an escaped lone surrogate, which the stdlib reads
+                self.received.append(json.loads(frame))
             self._seen.set()
             self._seen = anyio.Event()
 

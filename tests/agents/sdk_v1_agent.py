@@ -2,6 +2,7 @@
 import `acp`): the v1 peer of the client tests. acp-once code is not used here.
 
     python tests/agents/sdk_v1_agent.py [--log FILE] [--state FILE] [--no-load] [--echo-version]
+        [--bare-initialize]
 
 Its turn streams "echo: " and the prompt's text as two agent message chunks and ends with
 `end_turn`. In the prompt text:
@@ -19,6 +20,8 @@ starts (the side effect a duplicated prompt would repeat). `--no-load` does not 
 `loadSession`. `--state FILE` keeps the sessions and their history in a JSON file, so a
 restarted agent can still load them. `--echo-version` answers `initialize` with the client's
 protocol version instead of 1 (an agent that copies the version but answers in v1's shape).
+`--bare-initialize` answers `initialize` as the SDK's simple echo examples do: the client's
+protocol version and nothing else (`{"protocolVersion": 2}` to a v2 client).
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ class EchoAgent:
     ) -> None:
         self._load = load
         self._echo_version = echo_version
+        self.bare_initialize = False
         self._log = log
         self._state = state
         self._client: Any = None
@@ -70,6 +74,8 @@ class EchoAgent:
             self.record(event.message)
 
     async def initialize(self, protocol_version: int, **kwargs: Any) -> schema.InitializeResponse:
+        if self.bare_initialize:
+            return schema.InitializeResponse(protocol_version=protocol_version)
         return schema.InitializeResponse(
             protocol_version=protocol_version if self._echo_version else acp.PROTOCOL_VERSION,
             agent_capabilities=schema.AgentCapabilities(load_session=self._load),
@@ -159,11 +165,13 @@ async def main() -> None:
     parser.add_argument("--log", type=Path)
     parser.add_argument("--no-load", action="store_true")
     parser.add_argument("--echo-version", action="store_true")
+    parser.add_argument("--bare-initialize", action="store_true")
     parser.add_argument("--state", type=Path)
     args = parser.parse_args()
     agent = EchoAgent(
         load=not args.no_load, echo_version=args.echo_version, log=args.log, state=args.state
     )
+    agent.bare_initialize = args.bare_initialize
     await acp.run_agent(agent, observers=[agent.observe])  # type: ignore[arg-type]
 
 

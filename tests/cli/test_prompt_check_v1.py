@@ -80,12 +80,13 @@ def test_prompt_with_refuse_refuses_a_v1_agent_in_one_line(tmp_path: Path) -> No
 
 
 def test_an_initialize_answer_that_is_not_acp_is_one_line(tmp_path: Path) -> None:
-    # answers initialize with a version but neither v2's `info` nor anything of v1's
+    # answers initialize with v2's `info` field, malformed: neither a v2 nor a v1 answer
     script = tmp_path / "not_acp.py"
     script.write_text(
         "import json, sys\n"
         "request = json.loads(sys.stdin.readline())\n"
-        "answer = {'jsonrpc': '2.0', 'id': request['id'], 'result': {'protocolVersion': 2}}\n"
+        "result = {'protocolVersion': 2, 'info': 'broken'}\n"
+        "answer = {'jsonrpc': '2.0', 'id': request['id'], 'result': result}\n"
         "print(json.dumps(answer), flush=True)\n"
         "sys.stdin.readline()\n",
         encoding="utf-8",
@@ -96,7 +97,8 @@ def test_an_initialize_answer_that_is_not_acp_is_one_line(tmp_path: Path) -> Non
     (line,) = done.stdout.strip().splitlines()
     assert (
         line
-        == "refused the agent: the agent's initialize answer is not valid ACP: info: Field required"
+        == "refused the agent: the agent's initialize answer is not valid ACP: info: Input should "
+        "be a valid dictionary or instance of Implementation"
     )
     assert "Traceback" not in done.stdout + done.stderr
 
@@ -142,3 +144,28 @@ def test_prompt_to_a_v1_session_without_session_load_is_one_line(tmp_path: Path)
     (line,) = done.stdout.strip().splitlines()
     assert line.startswith("refused (-32601):")
     assert "does not offer session/load" in line
+
+
+def bare_sdk_agent(tmp: Path) -> list[str]:
+    """The SDK agent answering `initialize` as the SDK's simple echo examples do: the client's
+    version (2) and nothing else, no `info`."""
+    return [sys.executable, str(AGENT), "--log", str(tmp / "received.jsonl"), "--bare-initialize"]
+
+
+def test_prompt_takes_an_agent_that_echoes_the_version_without_info_as_v1(tmp_path: Path) -> None:
+    done = acp_once("prompt", "--agent", shlex.join(bare_sdk_agent(tmp_path)), "hello")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "ACP v1 agent: sent without an idempotency key" in done.stdout
+    assert done.stdout.rstrip().endswith("stop reason: end_turn")
+    assert "idempotencyKey" not in json.dumps(received(tmp_path))
+
+
+def test_check_says_in_one_line_that_an_echoing_agent_without_info_speaks_v1(
+    tmp_path: Path,
+) -> None:
+    command = bare_sdk_agent(tmp_path)
+    done = acp_once("check", "--", *command)
+    assert done.returncode == EXIT_V1, done.stdout + done.stderr
+    (line,) = done.stdout.strip().splitlines()
+    assert line.startswith("acp-once check: this agent speaks ACP v1;")
+    assert [m.get("method") for m in received(tmp_path)] == ["initialize"]

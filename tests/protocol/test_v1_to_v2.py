@@ -261,7 +261,8 @@ def test_default_ids_are_unique() -> None:
             },
             1,
         ),
-        ({"protocolVersion": 2}, None),  # v2 without its required `info`, nothing of v1's
+        # the official Python SDK's echo agents: the version copied, nothing else (no `info`)
+        ({"protocolVersion": 2}, 1),
         ({"protocolVersion": 2, "info": "broken"}, None),
         ({"protocolVersion": 3, "info": {"name": "a", "version": "1"}}, None),
         ({"protocolVersion": 0}, None),

@@ -561,11 +561,12 @@ async def test_initialize_is_answered_per_connection_with_the_agents_version() -
             connect_websocket(url) as frames,
             ClientSideConnection(Client(), frames) as conn,
         ):
-            too_old = {**INIT, "protocolVersion": 1}
+            # a first initialize asking for 1 is served in v1 (tests/upgrade/test_upgrade_bridge_v1)
+            too_old = {**INIT, "protocolVersion": 0}
             with pytest.raises(AcpError) as info:
                 await conn.rpc.request("initialize", too_old, timeout=10)
             assert info.value.code == UNSUPPORTED_PROTOCOL_VERSION
-            assert info.value.data == {"requested": 1, "supported": [2]}
+            assert info.value.data == {"requested": 0, "supported": [2]}
             with pytest.raises(AcpError) as info:  # the gate: nothing before initialize
                 await conn.rpc.request("session/new", {"cwd": "/w"}, timeout=10)
             assert info.value.code == INVALID_REQUEST

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import acp
+import orjson
 import pytest
 from acp.helpers import update_current_mode
 from acp.schema import SessionNotification
@@ -14,6 +15,7 @@ from acp.schema import SessionNotification
 from acp_once.agent.updates import check_update
 from acp_once.protocol.v1_to_v2 import v2_stop_reason_from_v1
 from acp_once.upgrade.translate import (
+    STORED_PART_BYTES,
     StoredV1ToV2Updates,
     permission_to_v1,
     permission_to_v2,
@@ -154,3 +156,32 @@ def test_thoughts_interleave_with_text_and_a_plan_ends_the_messages_before_it() 
     after = tr.translate(wire(acp.update_agent_message_text("c")))
     assert after[0].update["messageId"] != text[0].update["messageId"]
     assert tr.dropped == 0
+
+
+def test_a_long_message_is_stored_in_parts_that_replay_far_below_the_frame_limit() -> None:
+    """3.2 MB of text (multibyte characters, 1,000 characters a chunk): stored as chunks of at
+    most `STORED_PART_BYTES` of text under the message's id, none split inside a character,
+    together the whole text; the thought beside it, short, stays one whole update."""
+    tr = StoredV1ToV2Updates("plan_s")
+    piece = "a\u00e9\u20ac\U0001f600" * 250  # 1, 2, 3 and 4 UTF-8 bytes: 2,500 bytes
+    chunks = 1300
+    for _ in range(chunks):
+        tr.translate(
+            {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": piece}}
+        )
+    tr.translate(
+        {"sessionUpdate": "agent_thought_chunk", "content": {"type": "text", "text": "hm"}}
+    )
+    stored = tr.finish()
+    assert all(o.mode == "store" for o in stored)
+    *parts, thought = [o.update for o in stored]
+    assert thought["sessionUpdate"] == "agent_thought"
+    assert thought["content"] == [{"type": "text", "text": "hm"}]
+    assert len(parts) == -(-chunks * len(piece.encode()) // STORED_PART_BYTES)
+    assert {p["sessionUpdate"] for p in parts} == {"agent_message_chunk"}
+    assert len({p["messageId"] for p in parts}) == 1
+    for part in parts:
+        check_update(part)
+        assert len(part["content"]["text"].encode()) <= STORED_PART_BYTES
+        assert len(orjson.dumps(part)) <= STORED_PART_BYTES + 200
+    assert "".join(p["content"]["text"] for p in parts) == piece * chunks

@@ -47,11 +47,13 @@ from acp_once.protocol import schema as s
 from acp_once.protocol import v1
 from acp_once.protocol.errors import (
     InternalError,
+    InvalidParams,
     MethodNotFound,
     RequestCancelled,
     error_from_wire,
 )
 from acp_once.protocol.initialization import UNKNOWN_IMPLEMENTATION
+from acp_once.protocol.limits import check_json_strings
 from acp_once.protocol.methods import to_wire
 from acp_once.protocol.v2_to_v1 import (
     V2ToV1Updates,
@@ -261,12 +263,13 @@ class V1Face:
         v2_request = self._v2(m.SESSION_PROMPT, {"sessionId": request.session_id, "prompt": blocks})
         view = self._view(request.session_id)
         # the content as the agent stores and broadcasts it: its user_message is not echoed
-        echo = orjson.loads(
-            orjson.dumps(
-                [b.model_dump(by_alias=True, exclude_unset=True) for b in v2_request.prompt],
-                default=str,
+        try:
+            encoded = check_json_strings(
+                [b.model_dump(by_alias=True, exclude_unset=True) for b in v2_request.prompt]
             )
-        )
+        except ValueError as exc:  # a lone surrogate: no store can keep it
+            raise InvalidParams(str(exc)) from None
+        echo = orjson.loads(encoded)
         view.echoes.append(echo)
         try:
             accepted = await self._agent.prompt(v2_request, ctx)

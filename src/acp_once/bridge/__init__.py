@@ -31,6 +31,11 @@ frame is forwarded as it arrived. Keys are never logged or sent anywhere but to 
   `authMethods`, `_meta` unchanged) with the version negotiated per D23 against the
   version the child speaks (-32022 below it). The initialize rules (-32600 before and after)
   apply per remote connection.
+- **v1 clients.** A remote connection whose first message is an `initialize` asking for
+  `protocolVersion: 1` is served by the agent side's v1 face over a v2 connection to the bridge
+  itself, made in memory (`acp_once.bridge.v1`): everything above applies to it, and it is
+  answered as a v1 client of the child would be (prompts answered at the end of their turns,
+  no keys).
 - **Sessions per remote connection.** A session is active on a remote connection once its
   `session/new` or `session/fork` answer names it, or its `session/resume` succeeds (while the
   resume is in flight it receives the session's updates: the replay and the state snapshot).

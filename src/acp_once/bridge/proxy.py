@@ -26,7 +26,7 @@ from acp_once.protocol.errors import (
     SessionNotFound,
     invalid_params_from_validation,
 )
-from acp_once.protocol.framing import OversizedFrame, sniff_request_id
+from acp_once.protocol.framing import FrameEvent, OversizedFrame, sniff_request_id
 from acp_once.protocol.initialization import PROTOCOL_VERSION, negotiate_version
 from acp_once.protocol.jsonrpc import RequestId
 from acp_once.rpc.connection import DEFAULT_MAX_BATCH, unwrap_single_exception
@@ -42,6 +42,7 @@ from acp_once.transports.websocket import (
 from .routing import ACTIVE_ONLY, BatchReply, Remote, Router
 from .supervisor import DEFAULT_BACKOFF, Child, Supervisor, Unavailable
 from .translation import Ask, Forward, Translator, session_id
+from .v1 import PutBack, asks_for_v1, serve_v1
 
 __all__ = ["Bridge"]
 
@@ -290,8 +291,29 @@ class Bridge(anyio.AsyncContextManagerMixin):
         `tenant`: the tenant whose token the connection carries (see the package docstring);
         None without tenants. Never raises for what the peer does; its frames are closed on
         return (1001 when the child it depended on died or the bridge stops, 1008 when it read
-        too slowly)."""
-        remote = Remote(frames, name, self._queue, self._stall_timeout, tenant)
+        too slowly). A connection whose first message is an `initialize` asking for v1 is
+        served through the agent side's v1 face (`acp_once.bridge.v1`)."""
+        try:
+            first = await frames.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+            with anyio.CancelScope(shield=True), anyio.move_on_after(_SHIELDED_WRITE):
+                await frames.aclose()
+            return
+        if asks_for_v1(first):
+            await serve_v1(self._serve_v2, first, frames, name, tenant)
+        else:
+            await self._serve_v2(frames, name, tenant, first)
+
+    async def _serve_v2(
+        self,
+        frames: FrameStream,
+        name: str,
+        tenant: str | None = None,
+        first: FrameEvent | None = None,
+    ) -> None:
+        """`serve` for a v2 connection; `first`: its first frame, read already."""
+        reading = PutBack(first, frames) if first is not None else frames
+        remote = Remote(reading, name, self._queue, self._stall_timeout, tenant)
         self._router.remotes[remote] = None
         try:
             with remote.scope:

@@ -29,12 +29,20 @@ def run_upgrade(
     from acp_once.agent.serve import serve_stdio
     from acp_once.storage import open_store
     from acp_once.upgrade import ChildError, UpgradedAgent
+    from acp_once.upgrade.containment import group_file_for
+
+    # a memory store lives and dies with this process: no later runtime shares it
+    group_file = None if url.startswith("memory") else group_file_for(url)
 
     async def run() -> None:
         async with (
             open_store(url) as store,
             UpgradedAgent(
-                store, command, policy=policy, compare_prompts=compare_prompts
+                store,
+                command,
+                policy=policy,
+                compare_prompts=compare_prompts,
+                group_file=group_file,
             ) as upgraded,
         ):
             await serve_stdio(upgraded)

@@ -13,7 +13,10 @@ never raises: an error answer can always be written, whatever the request held.
 
 from __future__ import annotations
 
+import datetime
+import enum
 import json
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -222,13 +225,31 @@ def _dumps(message: dict[str, Any]) -> bytes:
         return _dumps_escaped(message)
 
 
+def _as_orjson_writes(value: Any) -> Any:
+    """The types orjson writes natively that the stdlib does not (a model dumped without JSON
+    mode holds datetimes), written as orjson writes them."""
+    if isinstance(value, datetime.datetime | datetime.date | datetime.time):
+        return value.isoformat()
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, enum.Enum):
+        return value.value
+    raise TypeError(f"{type(value).__name__} is not JSON")
+
+
 def _dumps_escaped(message: dict[str, Any]) -> bytes:
     """`_dumps` of what orjson refuses. The hot encoders try orjson inline and call this only
     when it raises: a function call less per frame (~5 a prompt turn)."""
     # a lone surrogate ("\ud800", valid JSON that `decode` accepts), an integer beyond 64 bits
     # or nesting deeper than orjson writes (254 levels): the stdlib writes them, escaped
     try:
-        text = json.dumps(message, ensure_ascii=True, separators=(",", ":"), allow_nan=False)
+        text = json.dumps(
+            message,
+            ensure_ascii=True,
+            separators=(",", ":"),
+            allow_nan=False,
+            default=_as_orjson_writes,
+        )
     except (TypeError, ValueError, RecursionError) as exc:
         raise Unencodable(f"Cannot encode as JSON: {type(exc).__name__}") from None
     return text.encode("ascii")

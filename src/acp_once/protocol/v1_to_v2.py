@@ -134,10 +134,11 @@ def _other(session_id: str, update: dict[str, Any]) -> s.UpdateSessionNotificati
 
 
 def answer_version(result: Any) -> Literal[1, 2] | None:
-    """Which protocol an agent's answer to a v2 `initialize` speaks: 2 (a valid v2
-    `InitializeResponse`), 1 (a valid v1 one, with `protocolVersion: 1`, or with a higher
-    version copied from the request but in v1's shape: no `info`, and v1's `agentCapabilities`
-    or `agentInfo`), or None (neither, or a version this code does not know)."""
+    """Which protocol an agent's answer to a v2 `initialize` speaks, by its shape as well as its
+    number: 2 (a valid v2 `InitializeResponse`), 1 (a valid v1 one: with `protocolVersion: 1`,
+    or with a higher version copied from the request but without v2's required `info`, as the
+    official Python SDK's echo agents answer `{"protocolVersion": 2}`), or None (neither: a
+    malformed `info`, or a version this code does not know)."""
     if not isinstance(result, dict):
         return None
     version = result.get("protocolVersion")
@@ -147,8 +148,8 @@ def answer_version(result: Any) -> Literal[1, 2] | None:
         try:
             s.InitializeResponse.model_validate(result)
         except ValidationError:
-            if "info" in result or not {"agentCapabilities", "agentInfo"} & result.keys():
-                return None  # a broken v2 answer: nothing in it is v1's
+            if "info" in result:
+                return None  # a broken v2 answer
         else:
             return 2 if version == 2 else None
     try:

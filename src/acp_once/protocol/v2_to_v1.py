@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 __all__ = [
@@ -135,21 +136,37 @@ def _tool_fields(update: Mapping[str, Any]) -> dict[str, Any]:
     return fields
 
 
+@dataclass(slots=True)
+class _Tool:
+    """A tool call's content as v2 built it, and how much of it the v1 client was sent."""
+
+    content: list[Any] = field(default_factory=list)
+    sent: int = 0  # items of `content` in the last v1 update that carried it
+
+
 class V2ToV1Updates:
     """Translates the v2 updates of one session, in order, for one v1 client.
 
     v1 and v2 differ in ways that need memory: a v2 `tool_call_update` for an unseen id
-    creates the tool call (v1: `tool_call` first, then `tool_call_update`); v2
-    `tool_call_content_chunk` appends to a tool call's content (v1 replaces it: the
-    accumulated list is sent); a whole v2 message (`agent_message`) may replace the chunks
-    streamed under its id, which v1 cannot express (the streamed chunks stand, the whole is not
-    sent again). It remembers the last 1,024 tool calls and messages.
+    creates the tool call (v1: `tool_call` first, then `tool_call_update`); a whole v2 message
+    (`agent_message`) may replace the chunks streamed under its id, which v1 cannot express (the
+    streamed chunks stand, the whole is not sent again). It remembers the last 1,024 tool calls
+    and messages.
+
+    v2 `tool_call_content_chunk` appends to a tool call's content, while a v1 update's
+    `content` replaces the whole (v1 has no append, so a delta alone would erase what came
+    before it). Sending the whole at every chunk costs the square of the output on the wire;
+    instead the whole goes out when it has doubled (in items) since it was last sent, and
+    whatever is held back goes out with the tool call's next `tool_call_update` and at the
+    next `state_update` (the turn's end): the v1 client sees all of the content, at most twice
+    the output in bytes plus the final whole, and never more than half of it late.
     """
 
-    __slots__ = ("_streamed", "_tools")
+    __slots__ = ("_behind", "_streamed", "_tools")
 
     def __init__(self) -> None:
-        self._tools: OrderedDict[str, list[Any]] = OrderedDict()  # id -> content so far
+        self._tools: OrderedDict[str, _Tool] = OrderedDict()
+        self._behind: dict[str, None] = {}  # tools whose content went out only in part
         self._streamed: OrderedDict[str, None] = OrderedDict()  # message ids sent as chunks
 
     def translate(self, update: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -175,9 +192,28 @@ class V2ToV1Updates:
             return [{"sessionUpdate": "plan", "entries": list(plan.get("entries") or [])}]
         if kind in _SAME_SHAPE:
             return [dict(update)]
-        # state_update, terminals, plan_removed, notices, compaction, subagents, inter-session
-        # messages, extensions: nothing a v1 client would understand
+        if kind == "state_update":
+            return self.flush()
+        # terminals, plan_removed, notices, compaction, subagents, inter-session messages,
+        # extensions: nothing a v1 client would understand
         return []
+
+    def flush(self) -> list[dict[str, Any]]:
+        """A `tool_call_update` with the whole content of each tool call whose content went
+        out only in part (none: [])."""
+        behind, self._behind = self._behind, {}
+        out = []
+        for tool_call_id in behind:
+            tool = self._tools.get(tool_call_id)
+            if tool is not None and tool.sent < len(tool.content):
+                out.append(
+                    {
+                        "sessionUpdate": "tool_call_update",
+                        "toolCallId": tool_call_id,
+                        "content": self._send(tool_call_id, tool),
+                    }
+                )
+        return out
 
     def _message(self, chunk_kind: str, update: Mapping[str, Any]) -> list[dict[str, Any]]:
         message_id = update.get("messageId")
@@ -186,14 +222,26 @@ class V2ToV1Updates:
         content = update.get("content") or []
         return [_chunk(chunk_kind, block, message_id, update.get("_meta")) for block in content]
 
+    def _send(self, tool_call_id: str, tool: _Tool) -> list[Any]:
+        """The whole content to send now (a copy: the list grows on)."""
+        tool.sent = len(tool.content)
+        self._behind.pop(tool_call_id, None)
+        return list(tool.content)
+
     def _tool_call(self, update: Mapping[str, Any]) -> dict[str, Any]:
         tool_call_id = update.get("toolCallId")
         fields = _tool_fields(update)
         known = tool_call_id in self._tools
         if isinstance(tool_call_id, str):
+            tool = self._tools.get(tool_call_id) or _Tool()
             content = fields.get("content")
-            previous = self._tools.get(tool_call_id, [])
-            _remember(self._tools, tool_call_id, list(content) if content else previous)
+            if content:
+                tool.content = list(content)
+                tool.sent = len(tool.content)
+                self._behind.pop(tool_call_id, None)
+            elif tool.sent < len(tool.content):
+                fields["content"] = self._send(tool_call_id, tool)
+            _remember(self._tools, tool_call_id, tool)
         if known:
             return {"sessionUpdate": "tool_call_update", "toolCallId": tool_call_id, **fields}
         fields.setdefault("title", "")
@@ -203,9 +251,16 @@ class V2ToV1Updates:
         tool_call_id = update.get("toolCallId")
         if not isinstance(tool_call_id, str) or "content" not in update:
             return []
-        known = tool_call_id in self._tools
-        content = [*self._tools.get(tool_call_id, []), update["content"]]
-        _remember(self._tools, tool_call_id, content)
+        tool = self._tools.get(tool_call_id)
+        known = tool is not None
+        if tool is None:
+            tool = _Tool()
+        tool.content.append(update["content"])
+        _remember(self._tools, tool_call_id, tool)
+        if known and len(tool.content) < 2 * tool.sent:
+            self._behind[tool_call_id] = None  # held back: see the class docstring
+            return []
+        content = self._send(tool_call_id, tool)
         if known:
             return [
                 {

@@ -18,6 +18,7 @@ import asyncio
 import collections
 import contextlib
 import os
+import signal
 import stat
 import sys
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -343,12 +344,17 @@ async def spawn(
     max_frame: int = DEFAULT_MAX_FRAME,
     stderr: int | None = None,
     shutdown_timeout: float = 5.0,
+    process_group: bool = False,
 ) -> AsyncIterator[AgentProcess]:
     """Start `command` with pipes on stdin/stdout and yield its frame stream.
 
     `stderr` None lets the agent's logs through to ours; pass `subprocess.DEVNULL` to drop them.
     On exit: close the agent's stdin (its cue to finish), wait up to `shutdown_timeout`, then
     SIGTERM, wait again, then SIGKILL.
+
+    With `process_group`, the agent is started in a new session, so a new process group it
+    leads, and the signals go to the whole group; once the agent has exited, whatever is left
+    of its group is SIGKILLed.
 
     Raises:
         OSError: the command could not be started.
@@ -366,6 +372,7 @@ async def spawn(
             stderr=stderr,
             env=dict(env) if env is not None else None,
             cwd=cwd,
+            start_new_session=process_group,
         )
     except BaseException:
         for fd in (ours_w, ours_r):
@@ -380,28 +387,43 @@ async def spawn(
         yield AgentProcess(frames, process)
     finally:
         with anyio.CancelScope(shield=True):
-            await _shutdown(process, tx, ours_w, ours_r, shutdown_timeout)
+            await _shutdown(process, tx, ours_w, ours_r, shutdown_timeout, process_group)
 
 
 async def _shutdown(
-    process: Process, tx: FdSendStream, write_fd: int, read_fd: int, timeout: float
+    process: Process,
+    tx: FdSendStream,
+    write_fd: int,
+    read_fd: int,
+    timeout: float,
+    group: bool,
 ) -> None:
     await tx.aclose()
     os.close(write_fd)  # the agent's stdin ends: its cue to finish
     try:
-        await _stop(process, timeout)
+        await _stop(process, timeout, group)
     finally:
         os.close(read_fd)
+        if group:
+            # what the agent started and left behind; its group id cannot have been reused
+            # while any of them lives
+            _signal(process, signal.SIGKILL, group)
 
 
-async def _stop(process: Process, timeout: float) -> None:
+def _signal(process: Process, signum: signal.Signals, group: bool) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        if group:
+            os.killpg(process.pid, signum)
+        else:
+            process.send_signal(signum)
+
+
+async def _stop(process: Process, timeout: float, group: bool) -> None:
     for step in ("wait", "terminate", "kill"):
         if step == "terminate":
-            with contextlib.suppress(ProcessLookupError):
-                process.terminate()
+            _signal(process, signal.SIGTERM, group)
         elif step == "kill":
-            with contextlib.suppress(ProcessLookupError):
-                process.kill()
+            _signal(process, signal.SIGKILL, group)
         with anyio.move_on_after(timeout):
             await process.wait()
         if process.returncode is not None:

@@ -20,9 +20,11 @@ What crosses between the two sides:
 - the child is told its client has no `fs` or `terminal` capabilities (v2 has nothing to
   forward them to), and requests for them are answered -32601.
 
-Sessions: each v2 session has one v1 session in the child, created with it. The v1 session id
-is kept in the v2 session's timeline as a private marker (never replayed), so it survives a
-restart. A v2 session used after the child was restarted (the whole agent SIGKILLed and
+Sessions: each v2 session has one v1 session in the child, created with it, under an id no
+other v2 session has in that child: a child that answers `session/new` (or a load) with an id
+it gave another session gets an error for that session (-32603), never a shared route. The v1
+session id is kept in the v2 session's timeline as a private marker (never replayed), so it
+survives a restart. A v2 session used after the child was restarted (the whole agent SIGKILLed and
 started again, or the child alone died) is attached again on its next turn: with v1
 `session/load` where the child advertises `loadSession` (the history it replays is dropped:
 the store has it already), otherwise with a new v1 session, which has lost the earlier
@@ -41,6 +43,7 @@ import logging
 import os
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
+from pathlib import Path
 from typing import Any, Self
 
 import anyio
@@ -49,6 +52,7 @@ import orjson
 from acp_once.agent.connection import CallContext
 from acp_once.agent.coordinator import Coordinator
 from acp_once.agent.runtime import HeldPolicy, SessionAgent, Turn, TurnContext
+from acp_once.agent.session import Session
 from acp_once.agent.state import TURN_MARKER
 from acp_once.protocol import schema as s
 from acp_once.protocol.errors import AcpError, InternalError, InvalidParams, MethodNotFound
@@ -115,9 +119,13 @@ class UpgradedAgent(SessionAgent):
         ready_timeout: seconds allowed for the child to start and answer `initialize`.
         coordinator: as for `SessionAgent`.
         strict_updates: as for `SessionAgent`.
+        group_file: where the child's process group is recorded, so that the next runtime on
+            the same store kills it if this one dies without stopping it (see
+            `acp_once.upgrade.containment`); None: not recorded.
 
     Raises:
         ChildError: (on entering) the child could not be started or initialized.
+        OSError: (on entering) the group file cannot be opened.
     """
 
     def __init__(
@@ -132,6 +140,7 @@ class UpgradedAgent(SessionAgent):
         ready_timeout: float = 30.0,
         coordinator: Coordinator | None = None,
         strict_updates: bool | None = None,
+        group_file: Path | None = None,
     ) -> None:
         super().__init__(
             store,
@@ -149,6 +158,7 @@ class UpgradedAgent(SessionAgent):
             env=env,
             cwd=cwd,
             ready_timeout=ready_timeout,
+            group_file=group_file,
         )
         self.forwarded = 0
         """Prompts forwarded to the child by this process."""
@@ -200,6 +210,7 @@ class UpgradedAgent(SessionAgent):
         mcp_servers = _mcp_servers(params)
         child = await self._child()
         child_session = await self._child_new_session(child, params.cwd, mcp_servers)
+        self._check_distinct(child, child_session, None)
         response = await super().new_session(params, ctx)
         session_id = response.session_id
         self._mcp_servers[session_id] = mcp_servers
@@ -214,6 +225,15 @@ class UpgradedAgent(SessionAgent):
         self._mcp_servers[params.session_id] = _mcp_servers(params)
         return response
 
+    async def close_session(
+        self, params: s.CloseSessionRequest, ctx: CallContext
+    ) -> s.CloseSessionResponse:
+        response = await super().close_session(params, ctx)
+        session = self._sessions.get(params.session_id)
+        if session is None or not session.conns:
+            self._drop_session_state(params.session_id)
+        return response
+
     async def delete_session(
         self, params: s.DeleteSessionRequest, ctx: CallContext
     ) -> s.DeleteSessionResponse:
@@ -221,9 +241,26 @@ class UpgradedAgent(SessionAgent):
         bound = self._bound.pop(params.session_id, None)
         if bound is not None:
             self._routes.pop(bound, None)
-        self._translators.pop(params.session_id, None)
-        self._mcp_servers.pop(params.session_id, None)
+        self._drop_session_state(params.session_id)
         return response
+
+    def _evict_if_idle(self, session: Session) -> None:
+        super()._evict_if_idle(session)
+        if session.id not in self._sessions:
+            self._drop_session_state(session.id)
+
+    def _drop_session_state(self, session_id: str) -> None:
+        """Forget what this side keeps of a session no connection is active on: its
+        `mcpServers` (a resume gives them again before its next turn) and its translator. Its
+        binding to the child's session stays (two small strings), so that its next turn goes on
+        in the same v1 session, even in a child that cannot load one."""
+        self._mcp_servers.pop(session_id, None)
+        translator = self._translators.get(session_id)
+        if translator is not None and not translator.streaming:
+            del self._translators[session_id]
+        lock = self._attach_locks.get(session_id)
+        if lock is not None and not lock.locked():
+            del self._attach_locks[session_id]
 
     async def fork_session(
         self, params: s.ForkSessionRequest, ctx: CallContext
@@ -294,7 +331,24 @@ class UpgradedAgent(SessionAgent):
             raise InternalError("The v1 agent's session/new answer has no sessionId")
         return child_session
 
+    def _check_distinct(self, child: V1Child, child_session: str, session_id: str | None) -> None:
+        """Refuse a v1 session id the child gave another v2 session: the child's updates are
+        routed by it, so sharing it would send one session's work into the other's history.
+
+        Raises:
+            InternalError: `child_session` is bound to a session other than `session_id`.
+        """
+        owner = self._routes.get((child.generation, child_session))
+        if owner is not None and owner != session_id:
+            logger.error(
+                "the v1 agent gave session %s the session id it gave %s; refused",
+                session_id or "(new)",
+                owner,
+            )
+            raise InternalError("The v1 agent answered with the session id of another session")
+
     def _bind(self, session_id: str, child: V1Child, child_session: str) -> None:
+        self._check_distinct(child, child_session, session_id)
         old = self._bound.get(session_id)
         if old is not None:
             self._routes.pop(old, None)
@@ -314,6 +368,7 @@ class UpgradedAgent(SessionAgent):
             cwd = session.record.cwd if session is not None else "/"
             mcp_servers = self._mcp_servers.get(session_id, [])
             if recorded is not None:
+                self._check_distinct(child, recorded, session_id)
                 if child.can_load and await self._load_child_session(
                     child, recorded, cwd, mcp_servers
                 ):
@@ -326,7 +381,7 @@ class UpgradedAgent(SessionAgent):
                     "could not load its session" if child.can_load else "cannot load sessions",
                 )
             child_session = await self._child_new_session(child, cwd, mcp_servers)
-            self._bind(session_id, child, child_session)
+            self._bind(session_id, child, child_session)  # refused when not distinct
             await self.store.append_update(
                 session_id, _child_session_marker(session_id, child_session)
             )

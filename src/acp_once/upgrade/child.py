@@ -1,7 +1,9 @@
 """The v1 child process of the upgrade runtime: spawned, initialized, and started again after it
 dies.
 
-`V1Children` keeps at most one live child. `current()` returns it, starting a new one when the
+`V1Children` keeps at most one live child, contained in a process group of its own
+(`acp_once.upgrade.containment`): a new child is started only once the last one's group is
+stopped. `current()` returns it, starting a new one when the
 last one died (after a jittered backoff when children keep dying young). Each child is one
 `V1Child`: a process on pipes, a JSON-RPC `Connection` to it, the answer to its `initialize`,
 and a generation number, so that whatever was attached to a dead child (its sessions) is known
@@ -12,8 +14,10 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any, Self
 
 import anyio
@@ -26,6 +30,7 @@ from acp_once.rpc.errors import ConnectionClosed, RequestTimeout
 from acp_once.support.backoff import Backoff
 from acp_once.support.environment import child_environment
 from acp_once.transports.stdio import spawn
+from acp_once.upgrade.containment import GROUP_TOKEN_VARIABLE, GroupFile, launcher_command
 from acp_once.upgrade.translate import CLIENT_CAPABILITIES
 
 __all__ = ["ChildError", "V1Child", "V1Children"]
@@ -60,6 +65,8 @@ class V1Child:
         self.rpc = rpc
         self.pid = pid
         self.init_result: dict[str, Any] = {}
+        self.stopped = anyio.Event()
+        """Set once its process group is stopped."""
 
     @property
     def alive(self) -> bool:
@@ -88,6 +95,13 @@ class V1Children(anyio.AsyncContextManagerMixin):
         cwd: its working directory (None: ours).
         ready_timeout: seconds allowed for starting it and for its `initialize` answer.
         client_name: the name the child is told its client has.
+        group_file: where the child's process group is recorded for the next runtime on the
+            same store, which kills it if it is still running (None: not recorded).
+        stop_timeout: seconds each step of stopping a child may take (stdin closed, SIGTERM,
+            SIGKILL, to its whole process group).
+
+    Raises:
+        OSError: (on entering) the group file cannot be opened.
     """
 
     def __init__(
@@ -100,6 +114,8 @@ class V1Children(anyio.AsyncContextManagerMixin):
         cwd: str | os.PathLike[str] | None = None,
         ready_timeout: float = 30.0,
         client_name: str = "acp-once-upgrade",
+        group_file: Path | None = None,
+        stop_timeout: float = 2.0,
     ) -> None:
         self.command = list(command)
         self.on_request = on_request
@@ -108,6 +124,8 @@ class V1Children(anyio.AsyncContextManagerMixin):
         self.cwd = cwd
         self.ready_timeout = ready_timeout
         self.client_name = client_name
+        self.stop_timeout = stop_timeout
+        self._group_file = GroupFile(group_file) if group_file is not None else None
         self.generations = 0
         """Children started so far."""
         self._child: V1Child | None = None
@@ -118,13 +136,21 @@ class V1Children(anyio.AsyncContextManagerMixin):
 
     @asynccontextmanager
     async def __asynccontextmanager__(self) -> AsyncGenerator[Self]:
-        with unwrap_single_exception():
-            async with anyio.create_task_group() as tg:
-                self._tg = tg
-                try:
-                    yield self
-                finally:
-                    tg.cancel_scope.cancel()
+        group_file = self._group_file
+        if group_file is not None:
+            # kills what a runtime that died on this store left running (bounded)
+            await anyio.to_thread.run_sync(group_file.acquire)
+        try:
+            with unwrap_single_exception():
+                async with anyio.create_task_group() as tg:
+                    self._tg = tg
+                    try:
+                        yield self
+                    finally:
+                        tg.cancel_scope.cancel()
+        finally:
+            if group_file is not None:
+                group_file.release()
 
     @property
     def latest(self) -> V1Child | None:
@@ -144,6 +170,10 @@ class V1Children(anyio.AsyncContextManagerMixin):
             child = self._child
             if child is not None and child.alive:
                 return child
+            if child is not None:
+                # never two children at once: the last one's group is stopped first
+                with anyio.fail_after(3 * self.stop_timeout + 5):
+                    await child.stopped.wait()
             if self._failures or self.generations:
                 delay = 0.0 if self._failures == 0 else _BACKOFF.next_delay(self._failures - 1)
                 if anyio.current_time() - self._last_start < _STABLE_AFTER:
@@ -185,9 +215,17 @@ class V1Children(anyio.AsyncContextManagerMixin):
                 await self.on_notification(holder[0], method, params)
 
         started = False
+        token = secrets.token_hex(16)
+        env = child_environment(self.env) | {GROUP_TOKEN_VARIABLE: token}
         try:
             async with (
-                spawn(self.command, env=child_environment(self.env), cwd=self.cwd) as proc,
+                spawn(
+                    launcher_command(self.command),
+                    env=env,
+                    cwd=self.cwd,
+                    process_group=True,
+                    shutdown_timeout=self.stop_timeout,
+                ) as proc,
                 Connection(
                     proc.frames,
                     on_request=requests,
@@ -195,6 +233,8 @@ class V1Children(anyio.AsyncContextManagerMixin):
                     name="v1-child",
                 ) as rpc,
             ):
+                if self._group_file is not None:
+                    self._group_file.record(proc.pid, token)
                 child = V1Child(generation, rpc, proc.pid)
                 holder.append(child)
                 child.init_result = await self._initialize(rpc)
@@ -206,6 +246,11 @@ class V1Children(anyio.AsyncContextManagerMixin):
             if not started:
                 raise ChildError(f"the v1 agent could not be started: {exc}") from None
             logger.warning("the v1 agent's pipes failed (%s)", type(exc).__name__)
+        finally:
+            if self._group_file is not None:
+                self._group_file.clear()
+            if holder:
+                holder[0].stopped.set()
 
     async def _initialize(self, rpc: Connection) -> dict[str, Any]:
         params = {

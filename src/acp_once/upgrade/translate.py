@@ -6,9 +6,12 @@
   for v1's id-less chunks, tool calls, plans); this adds what to store. Chunks are sent live,
   and each message is stored whole once it ends (a tool call, a plan, a permission request or
   the end of the turn ends the messages in progress), so a replay shows what was streamed, in
-  the same order. Tool calls and plans are sent and stored; the other kinds are live only. A
-  v1 update that has no v2 counterpart (`current_mode_update`, the child's echo of the user's
-  message, a kind v2 does not know) is dropped.
+  the same order: as one update, or, when its text is over `STORED_PART_BYTES`, as chunks of
+  at most that much under its id, so that no replayed frame nears the frame limit. A message's
+  text is gathered in one buffer: linear time and memory, however many chunks it came in.
+  Tool calls and plans are sent and stored; the other kinds are live only. A v1 update that
+  has no v2 counterpart (`current_mode_update`, the child's echo of the user's message, a kind
+  v2 does not know) is dropped.
 - `prompt_to_v1`, `permission_to_v2`, `permission_to_v1`: the prompt's content blocks
   (the same shapes in both versions), and a permission request and its answer. The stop
   reason of the child's answer is `acp_once.protocol.v1_to_v2.v2_stop_reason_from_v1`.
@@ -29,6 +32,7 @@ from acp_once.protocol.v1_to_v2 import V1ToV2Updates
 
 __all__ = [
     "CLIENT_CAPABILITIES",
+    "STORED_PART_BYTES",
     "Out",
     "StoredV1ToV2Updates",
     "permission_to_v1",
@@ -43,8 +47,15 @@ CLIENT_CAPABILITIES: dict[str, Any] = {
 """What the child is told the client can do: nothing beyond the protocol itself. v2 has no
 file system or terminal methods to forward them to, so the child uses its own."""
 
-# v2 chunk kind -> the whole-message kind stored when the message ends
+# v2 chunk kind -> the whole-message kind stored when the message ends, and back
 _WHOLE = {"agent_message_chunk": "agent_message", "agent_thought_chunk": "agent_thought"}
+_CHUNK_OF = {whole: chunk for chunk, whole in _WHOLE.items()}
+_PLAIN_TEXT = frozenset({"type", "text"})
+
+STORED_PART_BYTES = 1024 * 1024
+"""The most text (UTF-8 bytes) one stored update of a message holds: a longer message is
+stored as several chunks under its id. JSON escaping at most sextuples it (a control character
+is written `\\u001f`), so a replayed update stays far below the 64 MiB frame limit."""
 _TOOL_FIELDS = ("title", "kind", "status", "content", "locations", "rawInput", "rawOutput")
 _RETAINED = frozenset({"tool_call_update", "plan_update"})
 # the child's echo of the user's message (the store has it already) and v1 modes (v2 has none)
@@ -64,8 +75,56 @@ class Out:
 
 @dataclass(slots=True)
 class _Message:
+    """A message in progress: its finished blocks, and the text run being streamed, as UTF-8
+    in one growing buffer (appending to a `str` would copy the whole run at every chunk)."""
+
     whole_kind: str
     blocks: list[dict[str, Any]] = field(default_factory=list)
+    text: bytearray | None = None
+
+    def append(self, block: dict[str, Any]) -> None:
+        """Add a chunk's block: adjacent plain text joins into one text block."""
+        text = block.get("text")
+        if block.get("type") == "text" and isinstance(text, str) and set(block) <= _PLAIN_TEXT:
+            if self.text is None:
+                self.text = bytearray()
+            self.text += text.encode("utf-8", "surrogatepass")
+            return
+        self._close_text()
+        self.blocks.append(dict(block))
+
+    def _close_text(self) -> None:
+        if self.text is not None:
+            self.blocks.append({"type": "text", "text": _decode(self.text)})
+            self.text = None
+
+    def stored(self, message_id: str) -> list[dict[str, Any]]:
+        """The updates that store it: one whole message, or, when its text is longer than
+        `STORED_PART_BYTES`, its blocks as chunks of at most that much text each, under its
+        id, so that no stored update (replayed as one frame) nears the frame limit."""
+        run = self.text
+        if run is None or len(run) <= STORED_PART_BYTES:
+            self._close_text()
+            whole = {"sessionUpdate": self.whole_kind, "messageId": message_id}
+            return [{**whole, "content": self.blocks}] if self.blocks else []
+        chunk_kind = _CHUNK_OF[self.whole_kind]
+        blocks: list[dict[str, Any]] = list(self.blocks)
+        self.text = None
+        start = 0
+        while start < len(run):
+            end = min(start + STORED_PART_BYTES, len(run))
+            while end < len(run) and run[end] & 0xC0 == 0x80:  # not inside a character
+                end -= 1
+            blocks.append({"type": "text", "text": _decode(run[start:end])})
+            start = end
+        return [
+            {"sessionUpdate": chunk_kind, "messageId": message_id, "content": block}
+            for block in blocks
+        ]
+
+
+def _decode(data: bytes | bytearray) -> str:
+    return data.decode("utf-8", "surrogatepass")
 
 
 class StoredV1ToV2Updates:
@@ -81,6 +140,11 @@ class StoredV1ToV2Updates:
         """v1 updates that had no valid v2 counterpart."""
         self._updates = V1ToV2Updates("", new_id=lambda: new_id("msg_agent"), plan_id=plan_id)
         self._open: dict[str, _Message] = {}  # message id -> streamed so far, in start order
+
+    @property
+    def streaming(self) -> bool:
+        """Whether a message is in progress (its chunks sent, the whole not yet stored)."""
+        return bool(self._open)
 
     @property
     def plan_id(self) -> str:
@@ -109,7 +173,7 @@ class StoredV1ToV2Updates:
             if whole_kind is not None:
                 message = self._open.setdefault(v2["messageId"], _Message(whole_kind))
                 if isinstance(v2.get("content"), dict):
-                    _append_block(message.blocks, v2["content"])
+                    message.append(v2["content"])
                 out.append(Out(v2, "live"))
             elif v2["sessionUpdate"] in _RETAINED:
                 # the messages streamed so far are stored before what ends them
@@ -125,12 +189,9 @@ class StoredV1ToV2Updates:
         opened, self._open = self._open, {}
         self._updates.end_messages()
         wholes = [
-            Out(
-                {"sessionUpdate": m.whole_kind, "messageId": message_id, "content": m.blocks},
-                "store",
-            )
+            Out(update, "store")
             for message_id, m in opened.items()
-            if m.blocks
+            for update in m.stored(message_id)
         ]
         return self._valid(wholes)
 
@@ -152,21 +213,6 @@ class StoredV1ToV2Updates:
                 continue
             kept.append(out)
         return kept
-
-
-def _append_block(blocks: list[dict[str, Any]], block: dict[str, Any]) -> None:
-    """Add a chunk's block to a whole message: adjacent text joins into one text block."""
-    if (
-        blocks
-        and block.get("type") == "text"
-        and blocks[-1].get("type") == "text"
-        and isinstance(block.get("text"), str)
-        and set(block) <= {"type", "text"}
-        and set(blocks[-1]) <= {"type", "text"}
-    ):
-        blocks[-1] = {"type": "text", "text": blocks[-1]["text"] + block["text"]}
-    else:
-        blocks.append(dict(block))
 
 
 def _tool_call_update(update: dict[str, Any]) -> dict[str, Any] | None:
