@@ -63,7 +63,7 @@ class ModelServer:
         base_url: `http://127.0.0.1:PORT/v1`, for Codex's `base_url`.
     """
 
-    def __init__(self, log_path: Path | None = None) -> None:
+    def __init__(self, log_path: Path | None = None, *, port: int = 0) -> None:
         self.requests: list[dict[str, Any]] = []
         self.log_path = log_path
         self._ids = itertools.count(1)
@@ -99,7 +99,7 @@ class ModelServer:
                 except (BrokenPipeError, ConnectionResetError):
                     pass  # the client went away (a cancelled turn)
 
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self._httpd.daemon_threads = True
         self.base_url = f"http://127.0.0.1:{self._httpd.server_address[1]}/v1"
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
@@ -226,3 +226,33 @@ enabled = false
         encoding="utf-8",
     )
     return {"CODEX_HOME": str(root), API_KEY_ENV: "dummy-key"}
+
+
+def main() -> None:
+    """`python -m tests.codex.model_server --codex-home DIR [--port N]`: write a Codex home in
+    DIR that uses this model, print the variables to start codex-acp with, serve until
+    interrupted."""
+    import argparse
+    import contextlib
+    import signal
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--codex-home", type=Path, required=True)
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--approval-policy", default="never")
+    parser.add_argument("--log", type=Path, default=None, help="append each request here")
+    args = parser.parse_args()
+    with ModelServer(args.log, port=args.port) as server:
+        home = args.codex_home.resolve()
+        env = codex_home(home, server.base_url, approval_policy=args.approval_policy)
+        for name, value in env.items():
+            print(f"export {name}={value}", flush=True)
+        print(f"# the model listens on {server.base_url}; Ctrl-C stops it", flush=True)
+        stop = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        with contextlib.suppress(KeyboardInterrupt):
+            stop.wait()
+
+
+if __name__ == "__main__":
+    main()
