@@ -87,6 +87,8 @@ class DemoResult:
     interrupted_turns: int = 0
     """Submissions whose turn stored no agent message: a kill or a cut ended it first (it was
     reported with `stopReason: error`, or run again under `--interrupted continue`)."""
+    session_ids: tuple[str, ...] = ()
+    """The run's sessions, in the agent's store (`agent.sqlite3` in its working directory)."""
     side_effects_counted: bool = True
     """False for an agent whose side effects the demo cannot see (`agent_cmd` without
     `effects`): the side-effect counts are then 0 and mean nothing."""
@@ -563,4 +565,5 @@ async def _count(demo: _Demo, elapsed: float, cuts: int) -> DemoResult:
         client_restarts=restarts,
         interrupted_turns=interrupted,
         side_effects_counted=demo.effects,
+        session_ids=tuple(demo.session_ids),
     )
