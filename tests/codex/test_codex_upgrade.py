@@ -298,3 +298,19 @@ async def test_codex_connects_to_the_loopback_model_only(env: Env) -> None:
     assert any(f"htons({port})" in line for line in ip)
     others = {re.sub(r"^\d+ ", "", line).split("{")[1].split(",")[0] for line in calls}
     assert others <= {"sa_family=AF_INET", "sa_family=AF_UNIX"}, others
+
+
+async def test_a_permission_request_rejected_through_the_v2_face_runs_nothing(
+    tmp_path: Path, model: ModelServer, codex_bin: str
+) -> None:
+    env = Env(tmp_path, model, codex_bin, f"sqlite:{tmp_path / 'sessions.sqlite3'}")
+    env.env = codex_env(env.home, model.base_url, approval_policy="untrusted")
+    client = PermissionClient("abort")
+    with anyio.fail_after(TIMEOUT):
+        async with upgraded(env, client=client) as (conn, rec, _):
+            sid = await new_session(conn, env)
+            await prompt(conn, sid, "run: echo refused >> log.txt", KEY)
+            (idle,) = await wait_idle(rec)
+    assert len(client.asked) == 1
+    assert env.lines() == []  # the command never ran
+    assert idle["stopReason"] == "cancelled"  # Codex's "abort" ends its turn
