@@ -13,6 +13,12 @@ small supervisor restarts whenever it dies, the client connecting with `WebSocke
 - over WebSocket also drops the client's connection without killing the server (a network
   failure: the answers in flight are lost, the server lives on).
 
+With `agent_cmd` the agent is any ACP v1 stdio agent behind the upgrade runtime (`acp-once
+agent --runtime v1 -- CMD`): each prompt is a template with the submission's number, the
+sessions work in a directory of the run, and with `effects` the agent's side effects are the
+lines of `effects.log` there (a line `N` for submission N). Agent kills and cut answers then end
+the whole upgraded agent, the v1 agent with it.
+
 It runs twice. With keys, the client resends with the same key and the agent inserts each
 submission once. Without keys, the client does what a keyless client can: it resends after a
 lost answer while it runs (duplicates, when the first attempt was inserted) and, after its own
@@ -22,16 +28,19 @@ store, every submission's user messages and side effects.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import random
+import re
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -40,16 +49,19 @@ import anyio
 import anyio.abc
 import orjson
 
+from acp_once.agent.state import TURN_MARKER
 from acp_once.client import AcpClient, ClientSession, HttpLauncher, StdioLauncher, WebSocketLauncher
 from acp_once.client.outbox import Submission
 from acp_once.protocol.errors import AcpError
 from acp_once.rpc.errors import TransportError
 from acp_once.storage import open_store
 from acp_once.support.backoff import Backoff
+from acp_once.support.proctree import kill_tree, with_environment
 
 __all__ = ["DemoResult", "drain", "prompt_text", "run_demo"]
 
 SESSIONS = 4
+_RUN_MARKER = "ACP_ONCE_DEMO_RUN"  # in the environment of every process a v1 run starts
 
 Transport = Literal["stdio", "ws", "http"]
 
@@ -72,6 +84,14 @@ class DemoResult:
     dropped_connections: int = 0
     """WebSocket connections dropped with the server still running (ws only)."""
     transport: Transport = "stdio"
+    interrupted_turns: int = 0
+    """Submissions whose turn stored no agent message: a kill or a cut ended it first (it was
+    reported with `stopReason: error`, or run again under `--interrupted continue`)."""
+    session_ids: tuple[str, ...] = ()
+    """The run's sessions, in the agent's store (`agent.sqlite3` in its working directory)."""
+    side_effects_counted: bool = True
+    """False for an agent whose side effects the demo cannot see (`agent_cmd` without
+    `effects`): the side-effect counts are then 0 and mean nothing."""
 
 
 def prompt_text(i: int) -> str:
@@ -93,23 +113,50 @@ async def run_demo(
     on_progress: Callable[[int], None] | None = None,
     cut_rate: float = 0.03,
     transport: Transport = "stdio",
+    agent_cmd: Sequence[str] | None = None,
+    prompt: str = "submission #{i}",
+    effects: bool = False,
+    env: dict[str, str] | None = None,
 ) -> DemoResult:
     """Run the demo once; see the module docstring.
 
     `cut_rate` is the share of insertions after which the agent dies before answering.
     `transport`: "stdio" (the agent is the client's subprocess), "ws" or "http" (`acp-once
     serve` as a supervised subprocess, the client over WebSocket or Streamable HTTP).
+    `agent_cmd`: a v1 agent's command, run behind the upgrade runtime instead of the reference
+    agent (stdio only); `prompt` is then each submission's text, `{i}` its number; `effects`:
+    count the lines `N` of `effects.log` in the sessions' directory as submission N's side
+    effects. `env`: variables added to the agent's environment.
+
+    Raises:
+        ValueError: an unknown transport, `agent_cmd` with another transport than stdio, or
+            a `prompt` without `{i}`.
     """
     if transport not in ("stdio", "ws", "http"):
         raise ValueError(f"unknown transport {transport!r}: stdio, ws or http")
+    if agent_cmd is not None and transport != "stdio":
+        raise ValueError("a v1 agent command (agent_cmd) runs over stdio only")
+    if agent_cmd is not None and "{i}" not in prompt:
+        raise ValueError("the prompt template needs {i}, the submission's number")
     with tempfile.TemporaryDirectory(prefix="acp-once-demo-") as tmp:
         demo = _Demo(Path(workdir or tmp), keys, submissions, seed, on_progress, cut_rate)
+        if env:
+            demo.env.update(env)
         if transport != "stdio":
             return await _run_remote(demo, transport)
+        if agent_cmd is not None:
+            demo.use_v1_agent(list(agent_cmd), prompt, effects)
         launcher = StdioLauncher(
             demo.agent_command("agent"), env=demo.env, stderr=subprocess.DEVNULL
         )
-        return await _run(demo, launcher)
+        try:
+            return await _run(demo, launcher)
+        finally:
+            # a v1 agent may outlive its runtime (one that ignores its stdin's end, killed
+            # while being started): whatever this run started is marked, and ended here
+            for pid in with_environment(_RUN_MARKER, str(demo.run_id)):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
 
 
 async def _run(
@@ -123,9 +170,7 @@ async def _run(
     if demo.server is not None:
         await demo.server.stop()
     cuts = len(demo.cut_log.read_text().split()) if demo.cut_log.exists() else 0
-    result = await _count(
-        demo.workdir, demo.session_ids, demo.n, demo.keys, elapsed, demo.kills, cuts, demo.restarts
-    )
+    result = await _count(demo, elapsed, cuts)
     if demo.server is None:
         return result
     transport: Transport = "http" if isinstance(launcher, HttpLauncher) else "ws"
@@ -255,9 +300,42 @@ class _Demo:
         self.restart_points = (
             sorted(self.rng.sample(range(n // 5, n - n // 5), 2)) if n >= 20 else []
         )
+        self.v1_agent: list[str] | None = None
+        self.store = f"sqlite:{workdir / 'agent.sqlite3'}"
+        self.template = "submission #{i}"
+        self.effects = True
+        self.cwd = "/tmp/demo"
+
+    def use_v1_agent(self, command: list[str], template: str, effects: bool) -> None:
+        """Run the v1 agent `command` behind the upgrade runtime (see `run_demo`)."""
+        self.v1_agent, self.template, self.effects = command, template, effects
+        self.env[_RUN_MARKER] = str(self.run_id)
+        work = self.workdir / "work"
+        work.mkdir(exist_ok=True)
+        self.cwd = str(work)
+
+    def text(self, i: int) -> str:
+        """Submission `i`'s prompt text."""
+        return prompt_text(i) if self.v1_agent is None else self.template.replace("{i}", str(i))
+
+    def index(self, text: str) -> int | None:
+        """The submission number in a prompt's text (None: not one of the submissions)."""
+        if self.v1_agent is None:
+            if not text.startswith("submission #"):
+                return None
+            return int(text.split("#", 1)[1].split()[0])
+        head, _, tail = self.template.partition("{i}")
+        found = re.fullmatch(re.escape(head) + r"(\d+)" + re.escape(tail), text)
+        return int(found.group(1)) if found else None
 
     def agent_command(self, command: Literal["agent", "serve"]) -> list[str]:
-        """`acp-once agent` (stdio) or `acp-once serve` (WebSocket) on the demo's store."""
+        """`acp-once agent` (stdio) or `acp-once serve` (WebSocket) on the demo's store; with
+        a v1 agent, `acp-once agent --runtime v1 -- CMD`."""
+        if self.v1_agent is not None:
+            return [
+                sys.executable, "-m", "acp_once", "agent", "--runtime", "v1", "--store", self.store,
+                "--", *self.v1_agent,
+            ]  # fmt: skip
         return [
             sys.executable, "-m", "acp_once", command,
             "--store", f"sqlite:{self.workdir / 'agent.sqlite3'}",
@@ -272,7 +350,13 @@ class _Demo:
                 self.on_progress(1)
 
     async def on_recovered(self, submission: Submission, message_id: str) -> None:
-        self.record(_index(submission), message_id)
+        self.record(self._submission_index(submission), message_id)
+
+    def _submission_index(self, submission: Submission) -> int:
+        blocks = orjson.loads(submission.prompt)
+        index = self.index(str(blocks[0]["text"]))
+        assert index is not None, "the outbox holds the demo's submissions only"
+        return index
 
     async def client_run(self) -> None:
         """One life of the client process: until it is "restarted" or everything is done."""
@@ -291,12 +375,12 @@ class _Demo:
             if not self.keys:
                 # a keyless client cannot tell what its pending input became: it drops it
                 for submission in await client.outbox.pending():
-                    self.record(_index(submission), "")
+                    self.record(self._submission_index(submission), "")
                     await client.outbox.complete(submission.submission_id)
             if not self.session_ids:
                 for _ in range(SESSIONS):
-                    self.session_ids.append((await client.new_session("/tmp/demo")).session_id)
-            sessions = [await client.resume_session(sid, "/tmp/demo") for sid in self.session_ids]
+                    self.session_ids.append((await client.new_session(self.cwd)).session_id)
+            sessions = [await client.resume_session(sid, self.cwd) for sid in self.session_ids]
             restart_at = next((p for p in self.restart_points if p > len(self.done)), None)
             restart = anyio.CancelScope()
             async with anyio.create_task_group() as tg:
@@ -310,7 +394,20 @@ class _Demo:
                 self.restarts += 1
                 self.restart_points = [p for p in self.restart_points if p > len(self.done)]
             else:
-                await drain(client, self.session_ids)
+                if self.v1_agent is None:
+                    await drain(client, self.session_ids)
+                else:
+                    await drain(client, self.session_ids, echoes=False, store=self.store)
+            self._stop_v1_agent()
+
+    def _stop_v1_agent(self) -> None:
+        """End the v1 agent before its runtime stops: an agent that outlives its stdin (Codex
+        does) would hold the runtime's exit for its shutdown timeout."""
+        launcher = self.launcher
+        if self.v1_agent is not None and isinstance(launcher, StdioLauncher):
+            proc = launcher.current
+            if proc is not None:
+                kill_tree(proc.process.pid, include_root=False)
 
     async def submitter(
         self, k: int, session: ClientSession, restart: anyio.CancelScope, restart_at: int | None
@@ -320,7 +417,7 @@ class _Demo:
                 continue
             key = str(uuid.uuid5(self.run_id, str(i))) if self.keys else None
             try:
-                message_id = await session.prompt(prompt_text(i), idempotency_key=key)
+                message_id = await session.prompt(self.text(i), idempotency_key=key)
             except (AcpError, TransportError):
                 message_id = ""  # refused or unknown: the store says what happened
             self.record(i, message_id)
@@ -335,7 +432,8 @@ class _Demo:
             if isinstance(launcher, StdioLauncher):
                 proc = launcher.current
                 if proc is not None:
-                    proc.process.kill()
+                    # the agent and what it started (a v1 agent and its tools): a host crash
+                    kill_tree(proc.process.pid)
                     self.kills += 1
                     await proc.process.wait()
             elif isinstance(launcher, HttpLauncher) and self.server is not None:
@@ -356,66 +454,103 @@ class _Demo:
                     self.kills += 1
 
 
-def _index(submission: Submission) -> int:
-    blocks = orjson.loads(submission.prompt)
-    text = str(blocks[0]["text"])
-    return int(text.split("#", 1)[1].split()[0])
-
-
-async def drain(client: AcpClient, session_ids: list[str]) -> None:
+async def drain(
+    client: AcpClient, session_ids: list[str], *, echoes: bool = True, store: str | None = None
+) -> None:
     """Wait until every session's earlier turns have run: a last prompt per session
-    ("drain <session id>") whose echo comes after all of them, since a session's turns run in
-    order. Works with agents that echo the prompt (the reference agent)."""
+    ("drain <session id>") whose turn comes after all of them, since a session's turns run in
+    order. `echoes`: the agent echoes the prompt (the reference agent), and its echo ends the
+    wait. Otherwise give the agent's `store` URL: each turn's end (an update with a stop
+    reason, or a resume's) makes the wait look there for the drain turn's closing marker, which
+    a turn interrupted by a crash also gets."""
+    if not echoes and store is None:
+        raise ValueError("drain needs the agent's store for an agent that does not echo")
     for sid in session_ids:
         session = client.session(sid)
         assert session is not None
         marker = f"drain {sid}"
         async with session.updates() as stream:
-            await session.prompt(marker)
-            async for n in stream:
-                update = n.update.model_dump(by_alias=True, exclude_unset=True)
-                content = update.get("content") or [{}]
-                if (
-                    update.get("sessionUpdate") == "agent_message"
-                    and content[0].get("text") == marker
-                ):
-                    break
+            message_id = await session.prompt(marker)
+            if echoes:
+                async for n in stream:
+                    update = n.update.model_dump(by_alias=True, exclude_unset=True)
+                    content = update.get("content") or [{}]
+                    kind = update.get("sessionUpdate")
+                    if kind == "agent_message" and content[0].get("text") == marker:
+                        break
+                continue
+            while not await _turn_closed(store, sid, message_id):
+                # woken by the next idle, or after a second: the marker may be written after
+                # the idle that announced it was sent
+                with anyio.move_on_after(1.0):
+                    async for n in stream:
+                        if getattr(n.update, "state", None) == "idle":
+                            break
 
 
-async def _count(
-    workdir: Path,
-    session_ids: list[str],
-    n: int,
-    keys: bool,
-    elapsed: float,
-    kills: int,
-    cuts: int,
-    restarts: int,
-) -> DemoResult:
+async def _turn_closed(store: str | None, session_id: str, message_id: str) -> bool:
+    """Whether the store holds the closing marker of `message_id`'s turn."""
+    assert store is not None
+    async with open_store(store) as opened:
+        tail = await opened.read_timeline_tail(session_id, limit=64)
+    for entry in tail:
+        update = orjson.loads(entry.update)
+        if update.get("sessionUpdate") == TURN_MARKER and update.get("messageId") == message_id:
+            return True
+    return False
+
+
+async def _count(demo: _Demo, elapsed: float, cuts: int) -> DemoResult:
+    n, workdir = demo.n, demo.workdir
     copies: dict[int, list[str]] = {i: [] for i in range(n)}
+    interrupted = 0
+    turns: set[str] = set()  # the message ids of the submissions
+    answered = True
     async with open_store(f"sqlite:{workdir / 'agent.sqlite3'}") as store:
-        for sid in session_ids:
+        for sid in demo.session_ids:
             after = 0
             while page := await store.read_timeline(sid, after_seq=after):
                 for entry in page:
                     update = orjson.loads(entry.update)
-                    if update.get("sessionUpdate") != "user_message" or entry.message_id is None:
+                    kind = update.get("sessionUpdate")
+                    if kind == "agent_message":
+                        answered = True
+                    elif kind == TURN_MARKER and update.get("state") == "idle":
+                        # a submission's turn that ended without a stored answer: interrupted
+                        interrupted += int(not answered and update.get("messageId") in turns)
+                    if kind != "user_message" or entry.message_id is None:
                         continue
-                    text = str((update.get("content") or [{}])[0].get("text", ""))
-                    if text.startswith("submission #"):
-                        copies[int(text.split("#", 1)[1].split()[0])].append(entry.message_id)
+                    answered = True  # until this turn's marker is seen
+                    index = demo.index(str((update.get("content") or [{}])[0].get("text", "")))
+                    if index is not None:
+                        copies[index].append(entry.message_id)
+                        turns.add(entry.message_id)
+                        answered = False
                 after = page[-1].seq
     effects: dict[str, int] = {}
-    for log in (workdir / "effects").glob("*.log"):
+    logs = (
+        list((workdir / "effects").glob("*.log"))
+        if demo.v1_agent is None
+        else [Path(demo.cwd) / "effects.log"]
+    )
+    for log in logs:
+        if not log.exists():
+            continue
         for line in log.read_text(encoding="utf-8").split():
             effects[line] = effects.get(line, 0) + 1
     duplicate_effects = missing_effects = 0
     for i, ids in copies.items():
-        if "[tool]" not in prompt_text(i) or not ids:
+        if not ids or not demo.effects:
             continue
-        total = sum(effects.get(m, 0) for m in ids)
+        if demo.v1_agent is None:
+            if "[tool]" not in prompt_text(i):
+                continue
+            total = sum(effects.get(m, 0) for m in ids)
+        else:
+            total = effects.get(str(i), 0)
         duplicate_effects += max(0, total - 1)
         missing_effects += int(total == 0)
+    kills, restarts, keys = demo.kills, demo.restarts, demo.keys
     return DemoResult(
         keys=keys,
         submissions=n,
@@ -428,4 +563,7 @@ async def _count(
         agent_kills=kills,
         cut_answers=cuts,
         client_restarts=restarts,
+        interrupted_turns=interrupted,
+        side_effects_counted=demo.effects,
+        session_ids=tuple(demo.session_ids),
     )

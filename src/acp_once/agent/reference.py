@@ -10,11 +10,8 @@ The turn, for each inserted user message:
   in memory while the session is active.
 
 Fault injection for tests: with `ACP_ONCE_CRASH=after-insert` in the environment the process
-kills itself with SIGKILL right after committing a user message, before anyone is answered. With
-`ACP_ONCE_CRASH_MARKER=PATH` as well it does so once: only while PATH does not exist (it creates
-PATH first), so the restarted agent runs normally. `ACP_ONCE_CRASH_RATE=P` makes each insertion
-crash with probability P instead (seeded by `ACP_ONCE_CRASH_SEED`): the answer is "cut".
-`ACP_ONCE_CRASH_LOG=FILE` appends the message id to FILE before each such exit.
+kills itself with SIGKILL right after committing a user message, before anyone is answered
+(`acp_once.agent.faults` reads the variables that say how often).
 
 Interrupted work after a restart (the agent died after inserting a message and before its turn
 finished): by default reported once, when the session is resumed, as `idle` with
@@ -25,14 +22,13 @@ finished): by default reported once, when the session is resumed, as `idle` with
 from __future__ import annotations
 
 import os
-import random
 import re
-import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from acp_once.agent.faults import CRASH_ENV, CRASH_MARKER_ENV, CRASH_RATE_ENV, CrashAfterInsert
 from acp_once.agent.runtime import HeldPolicy, SessionAgent, Turn
 from acp_once.agent.state import new_id
 
@@ -42,10 +38,6 @@ if TYPE_CHECKING:
 
 __all__ = ["CRASH_ENV", "CRASH_MARKER_ENV", "CRASH_RATE_ENV", "ReferenceAgent"]
 
-CRASH_ENV = "ACP_ONCE_CRASH"
-CRASH_MARKER_ENV = "ACP_ONCE_CRASH_MARKER"
-CRASH_RATE_ENV = "ACP_ONCE_CRASH_RATE"
-CRASH_LOG_ENV = "ACP_ONCE_CRASH_LOG"
 _WORK = re.compile(r"\[work:(\d+(?:\.\d+)?)\]")
 
 
@@ -69,12 +61,7 @@ class ReferenceAgent(SessionAgent):
             name="acp-once-reference",
         )
         self.side_effects = side_effects
-        self._crash = os.environ.get(CRASH_ENV, "")
-        self._crash_marker = os.environ.get(CRASH_MARKER_ENV)
-        self._crash_rate = float(os.environ.get(CRASH_RATE_ENV, "1"))
-        # a new draw per process: with one seed for every launch, a restarted agent would cut
-        # the same insertions again and again
-        self._random = random.Random(f"{os.environ.get('ACP_ONCE_CRASH_SEED')}-{os.getpid()}")
+        self._crash = CrashAfterInsert.from_env()
 
     def agent_capabilities(self) -> dict[str, Any]:
         # every content block kind of the schema: the reference agent stores and echoes them all
@@ -86,17 +73,8 @@ class ReferenceAgent(SessionAgent):
         return capabilities
 
     async def after_insert(self, session_id: str, message_id: str) -> None:
-        if self._crash != "after-insert":
-            return
-        if self._random.random() >= self._crash_rate:
-            return
-        if self._crash_marker is not None and not _claim(self._crash_marker):
-            return  # crashed once already
-        log = os.environ.get(CRASH_LOG_ENV)
-        if log:
-            _append_line(log, message_id)
-        os.kill(os.getpid(), signal.SIGKILL)  # no cleanup, no flush: as a real SIGKILL
-        os._exit(9)  # not reached
+        if self._crash is not None:
+            self._crash.maybe_crash(message_id)
 
     async def run_turn(self, turn: Turn, emit: TurnContext) -> str:
         text = turn.text
@@ -149,19 +127,3 @@ class ReferenceAgent(SessionAgent):
             log.write(f"{message_id}\n")
             log.flush()
             os.fsync(log.fileno())
-
-
-def _claim(path: str) -> bool:
-    """Create `path`; False if it already existed (an atomic test-and-set on the file system)."""
-    try:
-        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-    except FileExistsError:
-        return False
-    return True
-
-
-def _append_line(path: str, line: str) -> None:
-    with open(path, "a", encoding="utf-8") as out:
-        out.write(line + "\n")
-        out.flush()
-        os.fsync(out.fileno())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import importlib.util
 import logging
+import shlex
 from pathlib import Path
 from typing import Annotated
 
@@ -199,6 +200,25 @@ def demo(
         Transport,
         typer.Option(help="stdio, or ws or http: a supervised `acp-once serve` process"),
     ] = Transport.stdio,
+    agent_cmd: Annotated[
+        str | None,
+        typer.Option(
+            help="an ACP v1 stdio agent's command line (one string, split as a shell would):"
+            " run behind the upgrade runtime instead of the reference agent (stdio only)"
+        ),
+    ] = None,
+    prompt: Annotated[
+        str,
+        typer.Option(help="with --agent-cmd: each prompt's text, {i} the submission's number"),
+    ] = "submission #{i}",
+    effects: Annotated[
+        bool,
+        typer.Option(
+            "--effects/--no-effects",
+            help="with --agent-cmd: count the lines N of effects.log in the sessions' directory"
+            " as submission N's side effects (the prompt makes the agent write them)",
+        ),
+    ] = False,
     verbose: _VerboseOption = 0,
     log_level: _LogLevelOption = None,
 ) -> None:
@@ -209,11 +229,22 @@ def demo(
     message, before answering) and restarts the client. Then every submission is counted in
     the agent's store. With --transport ws the agent is `acp-once serve` in a subprocess that a
     supervisor restarts, the client connects over WebSocket, and connections are also dropped
-    with the server running.
+    with the server running. With --agent-cmd CMD any ACP v1 agent runs behind `acp-once agent
+    --runtime v1` instead (docs/guide/upgrade.md has Codex as the worked example).
     """
     _configure_logging(verbose, log_level)
-    from acp_once.cli.demo_view import show_demo
+    from acp_once.cli.demo_view import V1Agent, show_demo
 
+    if agent_cmd is not None:
+        if transport is not Transport.stdio:
+            raise typer.BadParameter("--agent-cmd runs over stdio only", param_hint="--transport")
+        if "{i}" not in prompt:
+            raise typer.BadParameter("needs {i}, the submission's number", param_hint="--prompt")
+        command = shlex.split(agent_cmd)
+        if not command:
+            raise typer.BadParameter("give the v1 agent's command", param_hint="--agent-cmd")
+        v1 = V1Agent(command, prompt, effects)
+        raise typer.Exit(show_demo(submissions=submissions, seed=seed, v1=v1))
     if transport is Transport.stdio:
         raise typer.Exit(show_demo(submissions=submissions, seed=seed))
     _require("server", f"demo --transport {transport.value}")

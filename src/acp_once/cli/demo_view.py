@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import anyio
 from rich.console import Console
@@ -20,7 +21,7 @@ from rich.table import Table
 
 from acp_once.demo import DemoResult, Transport, run_demo
 
-__all__ = ["results_table", "show_demo"]
+__all__ = ["V1Agent", "results_table", "show_demo"]
 
 
 def results_table(results: list[DemoResult]) -> Table:
@@ -33,6 +34,8 @@ def results_table(results: list[DemoResult]) -> Table:
         "2+ times",
         "lost",
         "dup. side effects",
+        "missing side effects",
+        "interrupted turns",
         "agent kills",
         "cut answers",
         "client restarts",
@@ -47,7 +50,9 @@ def results_table(results: list[DemoResult]) -> Table:
             str(r.inserted_once),
             f"[{bad}]{r.inserted_twice_or_more}[/]",
             f"[{bad}]{r.lost}[/]",
-            f"[{bad}]{r.duplicate_side_effects}[/]",
+            f"[{bad}]{r.duplicate_side_effects}[/]" if r.side_effects_counted else "-",
+            str(r.missing_side_effects) if r.side_effects_counted else "-",
+            str(r.interrupted_turns),
             str(r.agent_kills),
             str(r.cut_answers),
             str(r.client_restarts),
@@ -62,10 +67,30 @@ async def _one_run(
     seed: int,
     advance: Callable[[int], None],
     transport: Transport,
+    v1: V1Agent | None,
 ) -> DemoResult:
+    if v1 is None:
+        return await run_demo(
+            keys=keys, submissions=submissions, seed=seed, on_progress=advance, transport=transport
+        )
     return await run_demo(
-        keys=keys, submissions=submissions, seed=seed, on_progress=advance, transport=transport
+        keys=keys,
+        submissions=submissions,
+        seed=seed,
+        on_progress=advance,
+        agent_cmd=v1.command,
+        prompt=v1.prompt,
+        effects=v1.effects,
     )
+
+
+@dataclass(frozen=True)
+class V1Agent:
+    """A v1 agent for the demo, behind the upgrade runtime (see `run_demo`'s `agent_cmd`)."""
+
+    command: list[str]
+    prompt: str
+    effects: bool
 
 
 @contextlib.contextmanager
@@ -81,8 +106,11 @@ def _expected_faults_unlogged() -> Iterator[None]:
         client.setLevel(level)
 
 
-def show_demo(*, submissions: int, seed: int, transport: Transport = "stdio") -> int:
-    """Run both demos with a progress bar, print the table; 0 when keys kept the promise."""
+def show_demo(
+    *, submissions: int, seed: int, transport: Transport = "stdio", v1: V1Agent | None = None
+) -> int:
+    """Run both demos with a progress bar, print the table; 0 when keys kept the promise
+    (with a v1 agent `v1`, behind the upgrade runtime over stdio)."""
     console = Console(width=None if Console().is_terminal else 120)
     results: list[DemoResult] = []
     with (
@@ -101,7 +129,7 @@ def show_demo(*, submissions: int, seed: int, transport: Transport = "stdio") ->
             def advance(count: int, task: TaskID = task) -> None:
                 progress.advance(task, count)
 
-            results.append(anyio.run(_one_run, keys, submissions, seed, advance, transport))
+            results.append(anyio.run(_one_run, keys, submissions, seed, advance, transport, v1))
     console.print(results_table(results))
     if transport == "ws":
         drops = ", ".join(
@@ -116,6 +144,12 @@ def show_demo(*, submissions: int, seed: int, transport: Transport = "stdio") ->
         console.print(
             "Over Streamable HTTP to a supervised `acp-once serve` process: agent kills and cut "
             "answers end the server process."
+        )
+    if v1 is not None:
+        console.print(
+            f"The v1 agent `{' '.join(v1.command)}` behind `acp-once agent --runtime v1`: agent "
+            "kills and cut answers end the runtime and the agent together; a turn they "
+            "interrupt is reported with stopReason error and not run again."
         )
     keyed = results[0]
     ok = keyed.inserted_twice_or_more == 0 and keyed.lost == 0 and keyed.duplicate_side_effects == 0
