@@ -172,3 +172,37 @@ def test_killed_prompt_rerun_with_outbox_inserts_once(tmp_path: Path) -> None:
             return await store.count_user_messages(sessions[0].session_id)
 
     assert anyio.run(count) == 1
+
+
+def test_a_streamed_message_is_printed_once() -> None:
+    """The agent guide's streaming pattern: chunks live, then the whole message (same
+    messageId) retained. The whole message is not printed again; one that replaces what its
+    chunks said is."""
+    from acp_once.protocol.updates import validate_update_notification
+
+    def update(**fields: object) -> SessionUpdate:
+        return validate_update_notification({"sessionId": "s", "update": fields}).update
+
+    out = io.StringIO()
+    renderer = Renderer(Console(file=out, width=80, highlight=False, color_system=None))
+    for text in ("Let me ", "look."):
+        renderer.update(
+            update(
+                sessionUpdate="agent_message_chunk",
+                messageId="m1",
+                content={"type": "text", "text": text},
+            )
+        )
+    whole = {"sessionUpdate": "agent_message", "messageId": "m1"}
+    renderer.update(update(**whole, content=[{"type": "text", "text": "Let me look."}]))
+    renderer.update(update(**{**whole, "messageId": "m2"}, content=[{"type": "text", "text": "x"}]))
+    renderer.update(
+        update(
+            sessionUpdate="agent_message_chunk",
+            messageId="m3",
+            content={"type": "text", "text": "a"},
+        )
+    )
+    renderer.update(update(**{**whole, "messageId": "m3"}, content=[{"type": "text", "text": "b"}]))
+    renderer.finish()
+    assert out.getvalue().splitlines() == ["agent Let me look.", "agent x", "agent a", "agent b"]

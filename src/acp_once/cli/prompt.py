@@ -51,11 +51,15 @@ def launcher_for(agent: str, token: str | None = None) -> Launcher:
     return StdioLauncher(shlex.split(agent), env=dict(os.environ))
 
 
-def _text(update: dict[str, Any]) -> str:
+def _plain(update: dict[str, Any]) -> str:
     content = update.get("content") or []
     if isinstance(content, dict):
         content = [content]
-    return escape("".join(b.get("text", "") for b in content if isinstance(b, dict)))
+    return "".join(str(b.get("text", "")) for b in content if isinstance(b, dict))
+
+
+def _text(update: dict[str, Any]) -> str:
+    return escape(_plain(update))
 
 
 class Renderer:
@@ -66,6 +70,9 @@ class Renderer:
         self.console = console
         self._open: str | None = None  # the message whose chunks are being printed on a line
         self._tools: dict[str, str] = {}  # toolCallId -> the title (or kind) seen for it
+        # messageId -> the text its chunks printed: the whole message that follows them (the
+        # streaming pattern of the agent guide) is not printed again
+        self._streamed: dict[str, str] = {}
 
     def _end_line(self) -> None:
         if self._open is not None:
@@ -82,13 +89,18 @@ class Renderer:
                 self._end_line()
                 self.console.print("[bold green]agent[/] ", end="")
                 self._open = message
+            if message:
+                self._streamed[message] = self._streamed.get(message, "") + _plain(data)
             self.console.print(_text(data), end="", soft_wrap=True)
             return
         self._end_line()
         if kind == "user_message":
             self.console.print(f"[bold cyan]you[/] [dim]({data.get('messageId')})[/] {_text(data)}")
         elif kind == "agent_message":
-            self.console.print(f"[bold green]agent[/] {_text(data)}", soft_wrap=True)
+            streamed = self._streamed.pop(str(data.get("messageId") or ""), None)
+            if streamed is None or streamed != _plain(data):
+                # new, or it replaces what its chunks said (the schema's upsert rule)
+                self.console.print(f"[bold green]agent[/] {_text(data)}", soft_wrap=True)
         elif kind == "tool_call_update":
             tool = str(data.get("toolCallId"))
             # a later update names only the id: show what the first one called it

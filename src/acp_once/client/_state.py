@@ -3,11 +3,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import anyio
 from anyio.streams.memory import MemoryObjectSendStream
 
+from acp_once.client.history import TurnLedger
 from acp_once.client.outbox import Submission
 from acp_once.client.turns import PromptHandle, UpdateCallback
 from acp_once.protocol import schema as s
@@ -47,6 +50,54 @@ class SessionState:
     added: anyio.Event = field(default_factory=anyio.Event)
     # v1: a session/load runs; the history it replays was seen live and is not passed on
     replaying: bool = False
+    # the turns this client knows of, and how they ended (`acp_once.client.history`)
+    ledger: TurnLedger = field(default_factory=TurnLedger)
 
     def __post_init__(self) -> None:
         self.added.set()
+
+    def needs_history(self) -> bool:
+        """Whether a resume must replay the history: a prompt of this session may have been
+        inserted on a connection that is gone, and its turn may have ended since."""
+        return bool(self.handles) or any(job.attempts > 0 for job in self.queue)
+
+    async def resume(
+        self, request: Callable[[str, dict[str, Any]], Awaitable[Any]], *, replay: bool
+    ) -> None:
+        """Send `session/resume` for this session through `request`.
+
+        With `replay`, the agent replays the history from the start: it goes to the ledger,
+        not to the application (which saw it live), and every handle whose turn the ledger
+        knows ended ends now. Without, the handles take the state the agent reports next as
+        the end of a turn it may have missed.
+
+        Raises:
+            AcpError: the agent's answer (e.g. `SessionNotFound`).
+            TransportError: the connection was lost.
+        """
+        params: dict[str, Any] = {"sessionId": self.session_id, "cwd": self.cwd}
+        if not replay:
+            for handle in list(self.handles):
+                handle._reconnected()  # before the resume's state report, which may end a turn
+            await request("session/resume", params)
+            return
+        params["replayFrom"] = {"type": "start"}
+        self.ledger.begin_replay()
+        try:
+            await request("session/resume", params)
+        finally:
+            self.ledger.end_replay()
+        for handle in list(self.handles):
+            self.settle(handle)
+
+    def settle(self, handle: PromptHandle) -> None:
+        """End `handle` if the ledger knows its turn ended; begin it with the history the
+        ledger holds if it saw its message inserted."""
+        message_id = handle.message_id
+        if message_id is None or handle.done:
+            return
+        end = self.ledger.ended(message_id)
+        if end is not None:
+            handle._end_known(end.stop_reason, end.error, self.ledger.replayed(message_id))
+        elif self.ledger.known(message_id):
+            handle._begin_known(self.ledger.replayed(message_id))

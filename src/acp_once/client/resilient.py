@@ -319,8 +319,16 @@ class AcpClient(anyio.AsyncContextManagerMixin):
         state = self._track(str(result["sessionId"]), cwd)
         return ClientSession(self, state)
 
-    async def resume_session(self, session_id: str, cwd: str) -> ClientSession:
+    async def resume_session(
+        self, session_id: str, cwd: str, *, history: bool = False
+    ) -> ClientSession:
         """Resume an existing session on this client (Idempotent).
+
+        With `history`, the agent replays the session's history from the start and the
+        client learns from it which user messages were inserted and how their turns ended
+        (the replay is not passed to the application): a prompt sent afterwards under a key
+        an earlier run used (`prompt(..., idempotency_key=)`) then ends at once when its turn
+        is over, with the outcome the history says (`acp_once.client.history`).
 
         A v1 agent's session is loaded with `session/load` instead; the history v1 replays
         then is not passed on (a v2 resume without replay sends none either).
@@ -330,7 +338,7 @@ class AcpClient(anyio.AsyncContextManagerMixin):
             AcpError: the agent's answer (e.g. `SessionNotFound`).
         """
         face = await self._ready_face()
-        return ClientSession(self, await face.resume(self, session_id, cwd))
+        return ClientSession(self, await face.resume(self, session_id, cwd, history=history))
 
     def session(self, session_id: str) -> ClientSession | None:
         state = self._sessions.get(session_id)
@@ -445,6 +453,7 @@ class AcpClient(anyio.AsyncContextManagerMixin):
         if self._tg is None or self._closing:
             raise RuntimeError("the client is not running: use it inside `async with AcpClient`")
         handle = PromptHandle(state.session_id)
+        handle._tagged = state.ledger.tagged
         # registered now, so it sees every update from here on (the turn's start among them)
         state.handles.append(handle)
         handle._on_end = lambda h: state.handles.remove(h) if h in state.handles else None
@@ -479,8 +488,12 @@ class AcpClient(anyio.AsyncContextManagerMixin):
         if job.error is not None:
             handle._set_failed(job.error)
         else:
-            assert job.message_id is not None
-            handle._set_inserted(job.message_id, retried=job.attempts > 1)
+            message_id = job.message_id
+            assert message_id is not None
+            # a message the ledger knows was inserted before: its turn is what the ledger says
+            known = state.ledger.known(message_id)
+            handle._set_inserted(message_id, retried=job.attempts > 1 and not known)
+            state.settle(handle)
 
     def _abandon_turns(self, reason: str = "The client closed before the turn ended") -> None:
         error = OutcomeUnknown(reason)
@@ -555,9 +568,13 @@ class AcpClient(anyio.AsyncContextManagerMixin):
                 listed = await conn.agent.list_sessions(s.ListSessionsRequest())
                 cwd = next((x.cwd for x in listed.sessions if x.session_id == session_id), cwd)
             known = self._sessions.get(session_id)
+            # one that was sent may be inserted and its turn over: the history says
+            history = any(sub.attempts > 0 for sub in subs)
             try:
                 # re-attached as the face does it: session/resume, or a v1 agent's session/load
-                state = await face.resume(self, session_id, known.cwd if known else cwd)
+                state = await face.resume(
+                    self, session_id, known.cwd if known else cwd, history=history
+                )
             except (SessionNotFound, MethodNotFound):
                 # gone, or an agent that cannot re-attach it: the application decides
                 self._sessions.pop(session_id, None)
@@ -589,6 +606,10 @@ class AcpClient(anyio.AsyncContextManagerMixin):
         if state is None or state.replaying:
             return
         update = params.update
+        if state.ledger.replaying:
+            state.ledger.take(update)  # the history: seen live already, or learned from
+            return
+        state.ledger.feed(update)
         for handle in list(state.handles):
             handle._feed(update)
         for callback in state.callbacks:
