@@ -183,6 +183,7 @@ class PromptHandle:
         self._assume_begun = False  # the user message may have gone with a lost connection
         self._other_inserted = False
         self._tagged = False  # the agent names the turn each end belongs to
+        self._from_history = False
         self._updates: list[SessionUpdate] = []
         self._result: TurnResult | None = None
         self._on_end: Callable[[PromptHandle], None] | None = None
@@ -195,6 +196,13 @@ class PromptHandle:
         """The inserted message's id; None until insertion (against a v1 agent: the local id,
         from the moment the prompt is sent)."""
         return self._message_id
+
+    @property
+    def from_history(self) -> bool:
+        """True when the message was inserted before this client followed it (an earlier run,
+        or a connection that is gone): the session's replayed history says so, and its turn
+        is followed (or ended) from what the history holds."""
+        return self._from_history
 
     @property
     def done(self) -> bool:
@@ -269,6 +277,7 @@ class PromptHandle:
         snapshot said it is over): `replayed` is what the history holds of the turn."""
         if self._ended.is_set() or self._message_id is None:
             return
+        self._from_history = True
         if not self._begun:
             self._begun = True
             self._started.set()
@@ -282,6 +291,7 @@ class PromptHandle:
         so far) and its turn has not ended: it is followed from here."""
         if self._begun or self._ended.is_set() or self._message_id is None:
             return
+        self._from_history = True
         self._begun = True
         self._started.set()
         self._early.clear()  # what came before was seen by the ledger: none of it ended the turn

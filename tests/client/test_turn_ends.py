@@ -1,0 +1,54 @@
+"""How a pending turn ends for `PromptHandle`: by the end that names its message (tagged,
+against a scripted agent), and from a replayed history for a submission an earlier run made
+(a caller-named key)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import anyio
+import pytest
+
+from acp_once.client import AcpClient, StdioLauncher
+
+pytestmark = pytest.mark.anyio
+
+TIMEOUT = 30
+AGENT = Path(__file__).with_name("tagged_agent.py")
+OLD_KEY = "11111111-1111-4111-8111-111111111111"
+
+
+def launcher() -> StdioLauncher:
+    return StdioLauncher([sys.executable, str(AGENT)], env=dict(os.environ))
+
+
+async def test_tagged_ends_end_the_turn_they_name_not_the_first_open_one() -> None:
+    """user A, user B, end(B), end(A): B ends "cancelled", A ends with its own "end_turn"."""
+    with anyio.fail_after(TIMEOUT):
+        async with AcpClient(launcher()) as client:
+            session = await client.new_session("/tmp/p")
+            first = session.prompt("first")
+            assert await first == "msg_A"
+            second = session.prompt("second")
+            b = await second.finished()
+            a = await first.finished()
+    assert (b.message_id, b.stop_reason) == ("msg_B", "cancelled")
+    assert (a.message_id, a.stop_reason) == ("msg_A", "end_turn")
+    # A's turn holds B's user message (it came during A's turn), never B's end
+    assert [getattr(u, "message_id", None) for u in a.updates][:1] == ["msg_A"]
+    assert all(getattr(u, "stop_reason", None) != "cancelled" for u in a.updates)
+
+
+async def test_a_named_submission_of_an_earlier_run_ends_from_the_replayed_history() -> None:
+    """The key was used before: the agent answers the recorded message, which the replay
+    shows with its tagged end; the handle ends at once with that end and the turn's text."""
+    with anyio.fail_after(TIMEOUT):
+        async with AcpClient(launcher()) as client:
+            session = await client.resume_session("sess_1", "/tmp/p", history=True)
+            turn = session.prompt("old", idempotency_key=OLD_KEY)
+            result = await turn.finished()
+    assert (result.message_id, result.stop_reason) == ("msg_old", "end_turn")
+    assert turn.from_history
+    assert result.text == "done before"
