@@ -52,3 +52,33 @@ async def test_a_named_submission_of_an_earlier_run_ends_from_the_replayed_histo
     assert (result.message_id, result.stop_reason) == ("msg_old", "end_turn")
     assert turn.from_history
     assert result.text == "done before"
+
+
+async def test_a_prompt_lost_before_insertion_is_followed_after_the_resend(
+    tmp_path: Path,
+) -> None:
+    """The first POST of the prompt never reaches the server: the client reconnects and
+    resumes (the idle snapshot comes before the resend), then the resend is inserted. The
+    turn is the one that runs after the resend, not the idle the resume reported."""
+    from acp_once.client import HttpLauncher
+    from acp_once.faultproxy import FaultProxy, request_with_method
+    from acp_once.support.backoff import Backoff
+    from tests.remote.harness import ServeProcess
+
+    with anyio.fail_after(TIMEOUT):
+        async with (
+            ServeProcess(tmp_path) as server,
+            FaultProxy(("127.0.0.1", server.port)) as proxy,
+        ):
+            url = f"http://127.0.0.1:{proxy.port}/acp"
+            backoff = Backoff(base=0.05, factor=2.0, cap=0.5)
+            async with AcpClient(HttpLauncher(url), backoff=backoff) as client:
+                session = await client.new_session("/tmp/p")
+                rule = proxy.fail_post(request_with_method("session/prompt"))
+                turn = session.prompt("fresh [work:1]")
+                result = await turn.finished()
+                await rule.wait()
+                assert client.reconnects >= 1
+            assert await server.count(session.session_id) == 1
+    assert (result.stop_reason, result.text) == ("end_turn", "fresh [work:1]")
+    assert not turn.from_history

@@ -52,6 +52,9 @@ class SessionState:
     replaying: bool = False
     # the turns this client knows of, and how they ended (`acp_once.client.history`)
     ledger: TurnLedger = field(default_factory=TurnLedger)
+    # the last resume replayed the history into the ledger
+    history_resumed: bool = False
+    sending: Job | None = None  # the submission the session's sender is sending
 
     def __post_init__(self) -> None:
         self.added.set()
@@ -59,7 +62,8 @@ class SessionState:
     def needs_history(self) -> bool:
         """Whether a resume must replay the history: a prompt of this session may have been
         inserted on a connection that is gone, and its turn may have ended since."""
-        return bool(self.handles) or any(job.attempts > 0 for job in self.queue)
+        jobs = [*self.queue, *([self.sending] if self.sending is not None else [])]
+        return bool(self.handles) or any(job.attempts > 0 for job in jobs)
 
     async def resume(
         self, request: Callable[[str, dict[str, Any]], Awaitable[Any]], *, replay: bool
@@ -77,6 +81,7 @@ class SessionState:
         """
         params: dict[str, Any] = {"sessionId": self.session_id, "cwd": self.cwd}
         if not replay:
+            self.history_resumed = False
             for handle in list(self.handles):
                 handle._reconnected()  # before the resume's state report, which may end a turn
             await request("session/resume", params)
@@ -87,7 +92,9 @@ class SessionState:
             await request("session/resume", params)
         finally:
             self.ledger.end_replay()
+        self.history_resumed = True
         for handle in list(self.handles):
+            handle._history_learned()
             self.settle(handle)
 
     def settle(self, handle: PromptHandle) -> None:

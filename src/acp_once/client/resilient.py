@@ -490,9 +490,11 @@ class AcpClient(anyio.AsyncContextManagerMixin):
         else:
             message_id = job.message_id
             assert message_id is not None
-            # a message the ledger knows was inserted before: its turn is what the ledger says
-            known = state.ledger.known(message_id)
-            handle._set_inserted(message_id, retried=job.attempts > 1 and not known)
+            # A message the ledger knows was inserted before: its turn is what the ledger says.
+            # One it does not know after a resume with the history was inserted since: its
+            # user message comes on this connection.
+            retried = job.attempts > 1 and not state.history_resumed
+            handle._set_inserted(message_id, retried=retried and not state.ledger.known(message_id))
             state.settle(handle)
 
     def _abandon_turns(self, reason: str = "The client closed before the turn ended") -> None:
@@ -526,11 +528,13 @@ class AcpClient(anyio.AsyncContextManagerMixin):
                 await state.wake.wait()
                 state.wake = anyio.Event()
             job = state.queue.pop(0)
+            state.sending = job
             try:
                 job.message_id = await self._send_until_definite(state, job)
             except Exception as exc:
                 job.error = exc
             finally:
+                state.sending = None
                 state.jobs.pop(job.submission.submission_id, None)
                 job.done.set()
 

@@ -179,6 +179,7 @@ class PromptHandle:
         self._error: BaseException | None = None
         self._early: list[SessionUpdate] = []
         self._early_mark: int | None = None  # where the latest connection's updates begin
+        self._history_mark: int | None = None  # where the updates after the last replay begin
         self._begun = False
         self._assume_begun = False  # the user message may have gone with a lost connection
         self._other_inserted = False
@@ -294,9 +295,21 @@ class PromptHandle:
         self._from_history = True
         self._begun = True
         self._started.set()
-        self._early.clear()  # what came before was seen by the ledger: none of it ended the turn
+        # what came after the replay belongs to this turn or later ones (the ledger saw it
+        # all: none of it ended this turn); what came before is in the replay
+        mark = self._history_mark if self._history_mark is not None else len(self._early)
+        later = self._early[mark:]
+        self._early.clear()
         self._updates.extend(replayed)
         self._notify()
+        for update in later:
+            if self._ended.is_set():
+                break
+            self._add(update)
+
+    def _history_learned(self) -> None:
+        """A resume replayed the history into the ledger: later updates are live ones."""
+        self._history_mark = len(self._early)
 
     def _expect(self, message_id: str) -> None:
         """v1: the turn's user message will carry `message_id` (a local id); its turn is
@@ -329,6 +342,8 @@ class PromptHandle:
                 del self._early[:drop]
                 if self._early_mark is not None:
                     self._early_mark = max(0, self._early_mark - drop)
+                if self._history_mark is not None:
+                    self._history_mark = max(0, self._history_mark - drop)
             self._try_begin()
         else:
             self._add(update)
