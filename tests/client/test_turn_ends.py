@@ -82,3 +82,42 @@ async def test_a_prompt_lost_before_insertion_is_followed_after_the_resend(
             assert await server.count(session.session_id) == 1
     assert (result.stop_reason, result.text) == ("end_turn", "fresh [work:1]")
     assert not turn.from_history
+
+
+async def test_an_update_made_while_the_client_was_away_reaches_it_once(tmp_path: Path) -> None:
+    """The agent dies while a turn runs and runs it again after the restart
+    (`--interrupted continue`): the turn's answer is stored while the client reconnects
+    and replays the history (then it comes in the replay) or after (then it comes live).
+    Either way `on_update` and the handle get it exactly once."""
+    from acp_once.client import SessionUpdate
+    from acp_once.support.backoff import Backoff
+
+    command = [
+        sys.executable, "-m", "acp_once", "agent", "--interrupted", "continue",
+        "--store", f"sqlite:{tmp_path / 'agent.db'}", "--side-effects", str(tmp_path / "fx"),
+    ]  # fmt: skip
+    agent = StdioLauncher(command, env=dict(os.environ))
+    seen: list[SessionUpdate] = []
+    with anyio.fail_after(TIMEOUT):
+        async with AcpClient(agent, backoff=Backoff(base=0.05, factor=2.0, cap=0.5)) as client:
+            session = await client.new_session("/tmp/p")
+            session.on_update(seen.append)
+            earlier = await session.prompt("earlier").finished()
+            turn = session.prompt("again [work:1]")
+            async for update in turn.updates():
+                if getattr(update, "state", None) == "running":
+                    break
+            process = agent.current
+            assert process is not None
+            process.process.kill()
+            result = await turn.finished()
+    answers = [
+        u
+        for u in seen
+        if getattr(u, "session_update", None) == "agent_message"
+        and "again" in str(getattr(u, "content", ""))
+    ]
+    assert earlier.stop_reason == "end_turn"
+    assert len(answers) == 1
+    assert result.text == "again [work:1]"
+    assert len([u for u in seen if getattr(u, "message_id", None) == earlier.message_id]) == 1

@@ -73,6 +73,8 @@ class FaceHost(Protocol):
 
     async def _dispatch_update(self, params: s.UpdateSessionNotification) -> None: ...
 
+    async def _deliver_missed(self, params: s.UpdateSessionNotification) -> None: ...
+
 
 class Face(Protocol):
     """What differs between the protocol versions, for one connection."""
@@ -140,7 +142,9 @@ class V2Face:
             )
         for state in list(host._sessions.values()):
             try:
-                await state.resume(conn.rpc.request, replay=state.needs_history())
+                await state.resume(
+                    conn.rpc.request, replay=state.needs_history(), deliver=host._deliver_missed
+                )
             except SessionNotFound:
                 logger.warning("session %s is gone from the agent", state.session_id)
         return face
@@ -155,7 +159,7 @@ class V2Face:
         while True:
             conn = await host._ready()
             try:
-                await state.resume(conn.rpc.request, replay=history)
+                await state.resume(conn.rpc.request, replay=history, deliver=host._deliver_missed)
             except TransportError:
                 continue  # Idempotent: sent again on the next connection
             return state

@@ -15,6 +15,10 @@ Its turn may have ended meanwhile: no update will ever say so again. `TurnLedger
   replayed history is over. With `stopReason: "error"` they were interrupted (the agent
   restarted before they finished); without one, their stop reason is not known.
 
+A replay also tells the client what it missed while it was away: the ledger remembers the
+message ids it saw live (`seen`), and `take` says when a replayed update is one of them, so
+that the client passes on only what follows the last one it saw.
+
 It is pure bookkeeping (no I/O): the client feeds it, and asks it when a message id arrives.
 """
 
@@ -34,6 +38,9 @@ MAX_TURNS = 4096
 
 _MAX_UPDATES = 20_000
 """Replayed updates kept in all, so a long history costs bounded memory."""
+
+MAX_SEEN = 4096
+"""Message ids seen live that a ledger remembers."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +77,8 @@ class TurnLedger:
     """A `session/resume` with replay runs: updates are its replay, then its snapshot."""
     tagged: bool = False
     """The agent names the turn each end belongs to (an end with the tag was seen)."""
+    seen: OrderedDict[str, None] = field(default_factory=OrderedDict)
+    """Message ids of the updates the application saw live (the most recent `MAX_SEEN`)."""
 
     def ended(self, message_id: str) -> TurnEnd | None:
         """How the turn of `message_id` ended, if the ledger knows it ended."""
@@ -85,6 +94,12 @@ class TurnLedger:
 
     def feed(self, update: SessionUpdate, *, replay: bool = False) -> None:
         """Take one update of the session, live or (`replay`) from a replay of its history."""
+        seen_id = getattr(update, "message_id", None)
+        if not replay and isinstance(seen_id, str):
+            self.seen[seen_id] = None
+            self.seen.move_to_end(seen_id)
+            if len(self.seen) > MAX_SEEN:
+                self.seen.popitem(last=False)
         if isinstance(update, s.SessionUpdateUserMessage):
             message_id = update.message_id
             if message_id not in self.ends and message_id not in self.open:
@@ -112,9 +127,10 @@ class TurnLedger:
         self.replaying = True
         self._held = None
 
-    def take(self, update: SessionUpdate) -> None:
-        """One update of the replay under way. The latest state report is held back: it is
-        the snapshot when nothing follows it before the answer."""
+    def take(self, update: SessionUpdate) -> bool:
+        """One update of the replay under way; True when it carries a message id seen live
+        (what follows it in the replay was missed). The latest state report is held back: it
+        is the snapshot when nothing follows it before the answer."""
         if self._held is not None:
             self.feed(self._held, replay=True)
             self._held = None
@@ -122,6 +138,8 @@ class TurnLedger:
             self._held = update
         else:
             self.feed(update, replay=True)
+        seen_id = getattr(update, "message_id", None)
+        return isinstance(seen_id, str) and seen_id in self.seen
 
     def end_replay(self) -> None:
         """The resume was answered: the update held back is its snapshot. An idle snapshot

@@ -609,11 +609,19 @@ class AcpClient(anyio.AsyncContextManagerMixin):
         state = self._sessions.get(params.session_id)
         if state is None or state.replaying:
             return
-        update = params.update
         if state.ledger.replaying:
-            state.ledger.take(update)  # the history: seen live already, or learned from
+            state.take_replayed(params)  # the history: to the ledger, and what was missed
             return
-        state.ledger.feed(update)
+        state.ledger.feed(params.update)
+        await self._deliver(state, params)
+
+    async def _deliver_missed(self, params: s.UpdateSessionNotification) -> None:
+        state = self._sessions.get(params.session_id)
+        if state is not None:
+            await self._deliver(state, params)
+
+    async def _deliver(self, state: SessionState, params: s.UpdateSessionNotification) -> None:
+        update = params.update
         for handle in list(state.handles):
             handle._feed(update)
         for callback in state.callbacks:
