@@ -31,21 +31,27 @@ def agent_command(tmp: Path) -> str:
     )
 
 
-async def run_killed(agent: str, outbox: Path, env: dict[str, str]) -> str:
-    """Run the command until it reports the lost agent, then SIGKILL it; its stdout so far."""
+async def run_killed(
+    agent: str, outbox: Path, env: dict[str, str], died: ServeProcess | None = None
+) -> None:
+    """Run the command until its agent is lost (it says so; or the server `died`), then
+    SIGKILL it."""
     args = [*PROMPT, "--agent", agent, "--outbox", str(outbox), "--wait", WAIT, TEXT]
     async with await anyio.open_process(args, env={**os.environ, **env}) as proc:
-        assert proc.stderr is not None and proc.stdout is not None
-        seen = b""
-        async for chunk in proc.stderr:
-            seen += chunk
-            if b"connection to the agent failed" in seen:
-                break
+        assert proc.stderr is not None
+        if died is not None:
+            assert died.process is not None
+            await died.process.wait()  # it killed itself right after the insert
         else:
-            raise AssertionError("the command ended without losing its agent")
+            seen = b""
+            async for chunk in proc.stderr:
+                seen += chunk
+                if b"connection to the agent failed" in seen:
+                    break
+            else:
+                raise AssertionError("the command ended without losing its agent")
         proc.kill()
         await proc.wait()
-        return (await proc.stdout.receive()).decode()
 
 
 async def rerun(agent: str, outbox: Path) -> tuple[int, str, float]:
@@ -100,7 +106,7 @@ async def test_rerun_after_a_lost_answer_and_a_dead_server(
         async with ServeProcess(tmp_path) as server:
             monkeypatch.delenv("ACP_ONCE_CRASH")
             url = f"{scheme}://127.0.0.1:{server.port}/acp"
-            await run_killed(url, outbox, {})
+            await run_killed(url, outbox, {}, died=server)
             await server.restart()  # the same store and port, without the crash
             status, out, _ = await rerun(url, outbox)
             session_id = check_interrupted(status, out)
