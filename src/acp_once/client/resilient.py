@@ -20,6 +20,10 @@ What it does for you (the RFD's "shiny future"):
   broke), it reconnects with backoff and jitter, initializes, resumes every session it had,
   then resends: keyed prompts with their key, Idempotent requests as they are, Duplicating
   requests only when allowed, Not-retried messages never (`acp_once.protocol.retry`).
+- **Every submission's turn ends.** A session with prompts in flight is resumed with its
+  history replayed into a ledger of its turns (`acp_once.client.history`): a prompt inserted
+  before the reconnect (or by an earlier run) ends with the outcome the history or the
+  resume's snapshot gives (interrupted, when the agent restarted before the turn finished).
 
 **ACP v1 agents.** The client offers v2 at `initialize`. An agent that answers as v1 (its
 `protocolVersion` is 1, or its answer has v1's shape: no `info`) gets a v1 connection, whose
@@ -127,7 +131,10 @@ class ClientSession:
 
         A new call is a new submission with a new key (unless `idempotency_key` is given: pass
         the key you stored with your own pending input). Retries after lost answers happen
-        inside, with the same key.
+        inside, with the same key. A named submission that an earlier run may have made is
+        the same submission: the agent answers the recorded `messageId`; resume the session
+        with `resume_session(..., history=True)` first, and the handle ends at once when the
+        history says its turn is over (`PromptHandle.from_history`).
 
         Against an ACP v1 agent no key is sent (v1 has none), the handle's `message_id` is a
         local id, and awaiting it returns at the end of the turn (`acp_once.client.turns`); a
