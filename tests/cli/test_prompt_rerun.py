@@ -147,3 +147,22 @@ def test_a_key_without_a_session_is_a_usage_error() -> None:
     )
     assert done.returncode == 2
     assert "--session" in done.stderr
+
+
+async def test_no_end_within_wait_is_status_4_and_a_key_too_long_is_status_2(
+    tmp_path: Path,
+) -> None:
+    agent = agent_command(tmp_path)
+    with anyio.fail_after(90):
+        slow = await anyio.run_process(
+            [*PROMPT, "--agent", agent, "--wait", "0.5", "slow [work:5]"], check=False
+        )
+        bad = await anyio.run_process(
+            [*PROMPT, "--agent", agent, "--session", "sess_x", "--key", "k" * 300, "x"],
+            check=False,
+        )
+    assert slow.returncode == 4, slow.stdout.decode()
+    assert "the turn did not end within 0.5 s" in slow.stdout.decode()
+    assert bad.returncode == 2, bad.stdout.decode()
+    assert bad.stdout.decode().startswith("bad --key:")
+    assert "k" * 300 not in bad.stdout.decode()  # a key never appears in a message
