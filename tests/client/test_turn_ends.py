@@ -13,7 +13,7 @@ import pytest
 
 from acp_once.client import AcpClient, StdioLauncher
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
 TIMEOUT = 30
 AGENT = Path(__file__).with_name("tagged_agent.py")
