@@ -166,3 +166,22 @@ async def test_no_end_within_wait_is_status_4_and_a_key_too_long_is_status_2(
     assert bad.returncode == 2, bad.stdout.decode()
     assert bad.stdout.decode().startswith("bad --key:")
     assert "k" * 300 not in bad.stdout.decode()  # a key never appears in a message
+
+
+async def test_a_run_whose_agent_restarts_ends_with_the_interrupted_turn(tmp_path: Path) -> None:
+    """Not killed: the command starts the agent again itself, resends, and ends at once with
+    the interrupted outcome (status 3), the prompt stored once."""
+    crash = {"ACP_ONCE_CRASH": "after-insert", "ACP_ONCE_CRASH_MARKER": str(tmp_path / "once")}
+    with anyio.fail_after(90):
+        done = await anyio.run_process(
+            [*PROMPT, "--agent", agent_command(tmp_path), "--wait", WAIT, TEXT],
+            check=False,
+            env={**os.environ, **crash},
+        )
+    out = done.stdout.decode()
+    assert done.returncode == 3, out
+    assert "(answered after a reconnect)" in out
+    assert "its turn was interrupted: The agent restarted before the turn finished" in out
+    found = re.search(r"session (sess_\w+)", out)
+    assert found is not None
+    assert await count(tmp_path / "agent.db", found.group(1)) == 1

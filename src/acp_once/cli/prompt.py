@@ -363,8 +363,15 @@ async def run_prompt(
             message_id = await turn
             if pending is not None:
                 console.print(f"[bold]finished a pending submission:[/] {message_id}")
-            elif turn.from_history:
-                console.print(f"[bold]inserted earlier as[/] {message_id} (the same key)")
+            elif turn.from_history and key is not None:
+                console.print(
+                    f"[bold]inserted earlier as[/] {message_id} (the same key)", soft_wrap=True
+                )
+            elif turn.from_history:  # its answer was lost: the resend got the recorded id
+                console.print(
+                    f"[bold]inserted as[/] {message_id} (answered after a reconnect)",
+                    soft_wrap=True,
+                )
             else:
                 console.print(f"[bold]inserted as[/] {message_id}")
             if wait > 0:
