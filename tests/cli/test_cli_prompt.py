@@ -21,6 +21,8 @@ from tests.remote.harness import ServeProcess
 
 pytestmark = pytest.mark.slow
 
+_PROMPT = [sys.executable, "-m", "acp_once", "prompt"]
+
 
 def agent_command(tmp: Path, *extra: str) -> str:
     return (
@@ -172,3 +174,92 @@ def test_killed_prompt_rerun_with_outbox_inserts_once(tmp_path: Path) -> None:
             return await store.count_user_messages(sessions[0].session_id)
 
     assert anyio.run(count) == 1
+
+
+def test_a_streamed_message_is_printed_once() -> None:
+    """The agent guide's streaming pattern: chunks live, then the whole message (same
+    messageId) retained. The whole message is not printed again; one that replaces what its
+    chunks said is."""
+    from acp_once.protocol.updates import validate_update_notification
+
+    def update(**fields: object) -> SessionUpdate:
+        return validate_update_notification({"sessionId": "s", "update": fields}).update
+
+    out = io.StringIO()
+    renderer = Renderer(Console(file=out, width=80, highlight=False, color_system=None))
+    for text in ("Let me ", "look."):
+        renderer.update(
+            update(
+                sessionUpdate="agent_message_chunk",
+                messageId="m1",
+                content={"type": "text", "text": text},
+            )
+        )
+    whole = {"sessionUpdate": "agent_message", "messageId": "m1"}
+    renderer.update(update(**whole, content=[{"type": "text", "text": "Let me look."}]))
+    renderer.update(update(**{**whole, "messageId": "m2"}, content=[{"type": "text", "text": "x"}]))
+    renderer.update(
+        update(
+            sessionUpdate="agent_message_chunk",
+            messageId="m3",
+            content={"type": "text", "text": "a"},
+        )
+    )
+    renderer.update(update(**{**whole, "messageId": "m3"}, content=[{"type": "text", "text": "b"}]))
+    renderer.finish()
+    assert out.getvalue().splitlines() == ["agent Let me look.", "agent x", "agent a", "agent b"]
+
+
+STREAMING_AGENT = Path(__file__).parents[2] / "examples" / "streaming_agent.py"
+
+
+@pytest.mark.parametrize("allow", ["once", "deny", None])
+def test_streamed_answer_printed_once_and_permission_answered(allow: str | None) -> None:
+    """The example streaming agent: its chunked message is printed once; its permission
+    request is answered by --allow, or denied (said on stderr) when stdin is no terminal."""
+    flags = ["--allow", allow] if allow else []
+    done = subprocess.run(
+        [*_PROMPT, "--agent", f"{sys.executable} {STREAMING_AGENT}", *flags, "read it"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert out.count("Let me look at that file.") == 1
+    assert "permission requested: Read notes.txt?" in out
+    if allow == "once":
+        assert "permission: Allow (--allow once)" in out
+        assert "tool Read notes.txt: completed" in out
+        assert "denied" not in done.stderr
+    else:
+        assert "tool Read notes.txt: cancelled" in out
+        if allow is None:
+            assert "denied: stdin is not a terminal" in done.stderr
+
+
+def test_permission_asked_on_a_terminal() -> None:
+    """stdin a terminal (a pty): the request's options are listed and the typed number
+    chosen."""
+    import pty
+
+    leader, follower = pty.openpty()
+    try:
+        os.write(leader, b"1\n")  # waits in the terminal until the question reads it
+        done = subprocess.run(
+            [*_PROMPT, "--agent", f"{sys.executable} {STREAMING_AGENT}", "read it"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            stdin=follower,
+        )
+    finally:
+        os.close(leader)
+        os.close(follower)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "  1. Allow" in done.stdout
+    assert "permission: Allow (on the terminal)" in done.stdout
+    assert "tool Read notes.txt: completed" in done.stdout

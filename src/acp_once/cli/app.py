@@ -78,6 +78,14 @@ class Policy(enum.StrEnum):
     steer = "steer"
 
 
+class PermissionAnswer(enum.StrEnum):
+    """How `prompt` answers the agent's permission requests."""
+
+    once = "once"
+    always = "always"
+    deny = "deny"
+
+
 class Unaware(enum.StrEnum):
     """What the client does with an agent that may not honour keys (e.g. an ACP v1 agent)."""
 
@@ -708,6 +716,20 @@ def prompt(
         typer.Option(envvar="ACP_ONCE_TOKEN", help="bearer token for a served agent"),
     ] = None,
     session: Annotated[str | None, typer.Option(help="resume this session id")] = None,
+    key: Annotated[
+        str | None,
+        typer.Option(
+            envvar="ACP_ONCE_KEY",
+            help="name the submission (with --session): a rerun with the same key is the same "
+            "submission, inserted once, and prints its outcome",
+        ),
+    ] = None,
+    allow: Annotated[
+        PermissionAnswer | None,
+        typer.Option(
+            help="answer the agent's permission requests (default: ask on a terminal, else deny)"
+        ),
+    ] = None,
     cwd: Annotated[str, typer.Option(help="the session's working directory")] = ".",
     outbox: Annotated[
         Path | None,
@@ -730,9 +752,19 @@ def prompt(
 
     With --outbox, the submission (and its idempotency key) is written to the outbox before it
     is sent. If the command is killed and run again with the same outbox and text, it finishes
-    that submission instead of starting a new one: the agent inserts it once.
+    that submission instead of starting a new one: the agent inserts it once. With --session
+    and --key (or ACP_ONCE_KEY), a rerun of the same command is the same submission, outbox or
+    not: inserted once, and its outcome printed.
+
+    Exit status: 0 the turn ended; 1 refused or unreachable; 2 a usage error; 3 the prompt was
+    inserted but its turn did not finish (interrupted by an agent restart, or failed); 4 no end
+    of the turn within --wait.
     """
     _configure_logging(verbose, log_level)
+    if key is not None and session is None:
+        raise typer.BadParameter(
+            "a key names a submission within a session: give --session too", param_hint="--key"
+        )
     if agent.startswith(_URL_SCHEMES):
         _require("server", "a served agent (prompt --agent URL)")
     from acp_once.cli.prompt import run_prompt
@@ -748,6 +780,8 @@ def prompt(
                 outbox=f"sqlite:{outbox}" if outbox else "memory:",
                 wait=wait,
                 on_unaware=on_unaware.value,
+                key=key,
+                allow=allow.value if allow is not None else None,
             )
         )
     )

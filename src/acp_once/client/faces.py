@@ -73,6 +73,8 @@ class FaceHost(Protocol):
 
     async def _dispatch_update(self, params: s.UpdateSessionNotification) -> None: ...
 
+    async def _deliver_missed(self, params: s.UpdateSessionNotification) -> None: ...
+
 
 class Face(Protocol):
     """What differs between the protocol versions, for one connection."""
@@ -96,8 +98,11 @@ class Face(Protocol):
         """The `session/new` params for the caller's `params`."""
         ...
 
-    async def resume(self, host: FaceHost, session_id: str, cwd: str) -> SessionState:
-        """Attach an existing session to the client (raises the agent's `AcpError`)."""
+    async def resume(
+        self, host: FaceHost, session_id: str, cwd: str, *, history: bool = False
+    ) -> SessionState:
+        """Attach an existing session to the client (raises the agent's `AcpError`); with
+        `history`, learn its turns from a replay (`SessionState.resume`)."""
         ...
 
     async def send(self, host: FaceHost, job: Job) -> str | None:
@@ -136,11 +141,9 @@ class V2Face:
                 init.info.name,
             )
         for state in list(host._sessions.values()):
-            for handle in list(state.handles):
-                handle._reconnected()  # before the resume's state report, which may end a turn
             try:
-                await conn.agent.resume_session(
-                    s.ResumeSessionRequest(session_id=state.session_id, cwd=state.cwd)
+                await state.resume(
+                    conn.rpc.request, replay=state.needs_history(), deliver=host._deliver_missed
                 )
             except SessionNotFound:
                 logger.warning("session %s is gone from the agent", state.session_id)
@@ -149,10 +152,17 @@ class V2Face:
     def new_session_params(self, params: dict[str, Any]) -> dict[str, Any]:
         return params
 
-    async def resume(self, host: FaceHost, session_id: str, cwd: str) -> SessionState:
+    async def resume(
+        self, host: FaceHost, session_id: str, cwd: str, *, history: bool = False
+    ) -> SessionState:
         state = host._track(session_id, cwd)
-        await host._call("session/resume", {"sessionId": session_id, "cwd": cwd})
-        return state
+        while True:
+            conn = await host._ready()
+            try:
+                await state.resume(conn.rpc.request, replay=history, deliver=host._deliver_missed)
+            except TransportError:
+                continue  # Idempotent: sent again on the next connection
+            return state
 
     async def send(self, host: FaceHost, job: Job) -> str | None:
         submission = job.submission
@@ -245,8 +255,11 @@ class V1Face:
     def new_session_params(self, params: dict[str, Any]) -> dict[str, Any]:
         return {"mcpServers": [], **params}  # v1 requires `mcpServers`
 
-    async def resume(self, host: FaceHost, session_id: str, cwd: str) -> SessionState:
-        """v1's `session/load`; the history it replays is not passed on.
+    async def resume(
+        self, host: FaceHost, session_id: str, cwd: str, *, history: bool = False
+    ) -> SessionState:
+        """v1's `session/load`; the history it replays is not passed on (`history` changes
+        nothing: v1 prompts are answered at the end of their turn).
 
         Raises:
             MethodNotFound: the agent does not advertise `loadSession`.

@@ -20,6 +20,10 @@ What it does for you (the RFD's "shiny future"):
   broke), it reconnects with backoff and jitter, initializes, resumes every session it had,
   then resends: keyed prompts with their key, Idempotent requests as they are, Duplicating
   requests only when allowed, Not-retried messages never (`acp_once.protocol.retry`).
+- **Every submission's turn ends.** A session with prompts in flight is resumed with its
+  history replayed into a ledger of its turns (`acp_once.client.history`): a prompt inserted
+  before the reconnect (or by an earlier run) ends with the outcome the history or the
+  resume's snapshot gives (interrupted, when the agent restarted before the turn finished).
 
 **ACP v1 agents.** The client offers v2 at `initialize`. An agent that answers as v1 (its
 `protocolVersion` is 1, or its answer has v1's shape: no `info`) gets a v1 connection, whose
@@ -127,7 +131,10 @@ class ClientSession:
 
         A new call is a new submission with a new key (unless `idempotency_key` is given: pass
         the key you stored with your own pending input). Retries after lost answers happen
-        inside, with the same key.
+        inside, with the same key. A named submission that an earlier run may have made is
+        the same submission: the agent answers the recorded `messageId`; resume the session
+        with `resume_session(..., history=True)` first, and the handle ends at once when the
+        history says its turn is over (`PromptHandle.from_history`).
 
         Against an ACP v1 agent no key is sent (v1 has none), the handle's `message_id` is a
         local id, and awaiting it returns at the end of the turn (`acp_once.client.turns`); a
@@ -319,8 +326,16 @@ class AcpClient(anyio.AsyncContextManagerMixin):
         state = self._track(str(result["sessionId"]), cwd)
         return ClientSession(self, state)
 
-    async def resume_session(self, session_id: str, cwd: str) -> ClientSession:
+    async def resume_session(
+        self, session_id: str, cwd: str, *, history: bool = False
+    ) -> ClientSession:
         """Resume an existing session on this client (Idempotent).
+
+        With `history`, the agent replays the session's history from the start and the
+        client learns from it which user messages were inserted and how their turns ended
+        (the replay is not passed to the application): a prompt sent afterwards under a key
+        an earlier run used (`prompt(..., idempotency_key=)`) then ends at once when its turn
+        is over, with the outcome the history says (`acp_once.client.history`).
 
         A v1 agent's session is loaded with `session/load` instead; the history v1 replays
         then is not passed on (a v2 resume without replay sends none either).
@@ -330,7 +345,7 @@ class AcpClient(anyio.AsyncContextManagerMixin):
             AcpError: the agent's answer (e.g. `SessionNotFound`).
         """
         face = await self._ready_face()
-        return ClientSession(self, await face.resume(self, session_id, cwd))
+        return ClientSession(self, await face.resume(self, session_id, cwd, history=history))
 
     def session(self, session_id: str) -> ClientSession | None:
         state = self._sessions.get(session_id)
@@ -445,6 +460,7 @@ class AcpClient(anyio.AsyncContextManagerMixin):
         if self._tg is None or self._closing:
             raise RuntimeError("the client is not running: use it inside `async with AcpClient`")
         handle = PromptHandle(state.session_id)
+        handle._tagged = state.ledger.tagged
         # registered now, so it sees every update from here on (the turn's start among them)
         state.handles.append(handle)
         handle._on_end = lambda h: state.handles.remove(h) if h in state.handles else None
@@ -479,8 +495,14 @@ class AcpClient(anyio.AsyncContextManagerMixin):
         if job.error is not None:
             handle._set_failed(job.error)
         else:
-            assert job.message_id is not None
-            handle._set_inserted(job.message_id, retried=job.attempts > 1)
+            message_id = job.message_id
+            assert message_id is not None
+            # A message the ledger knows was inserted before: its turn is what the ledger says.
+            # One it does not know after a resume with the history was inserted since: its
+            # user message comes on this connection.
+            retried = job.attempts > 1 and not state.history_resumed
+            handle._set_inserted(message_id, retried=retried and not state.ledger.known(message_id))
+            state.settle(handle)
 
     def _abandon_turns(self, reason: str = "The client closed before the turn ended") -> None:
         error = OutcomeUnknown(reason)
@@ -513,11 +535,13 @@ class AcpClient(anyio.AsyncContextManagerMixin):
                 await state.wake.wait()
                 state.wake = anyio.Event()
             job = state.queue.pop(0)
+            state.sending = job
             try:
                 job.message_id = await self._send_until_definite(state, job)
             except Exception as exc:
                 job.error = exc
             finally:
+                state.sending = None
                 state.jobs.pop(job.submission.submission_id, None)
                 job.done.set()
 
@@ -555,9 +579,13 @@ class AcpClient(anyio.AsyncContextManagerMixin):
                 listed = await conn.agent.list_sessions(s.ListSessionsRequest())
                 cwd = next((x.cwd for x in listed.sessions if x.session_id == session_id), cwd)
             known = self._sessions.get(session_id)
+            # one that was sent may be inserted and its turn over: the history says
+            history = any(sub.attempts > 0 for sub in subs)
             try:
                 # re-attached as the face does it: session/resume, or a v1 agent's session/load
-                state = await face.resume(self, session_id, known.cwd if known else cwd)
+                state = await face.resume(
+                    self, session_id, known.cwd if known else cwd, history=history
+                )
             except (SessionNotFound, MethodNotFound):
                 # gone, or an agent that cannot re-attach it: the application decides
                 self._sessions.pop(session_id, None)
@@ -588,6 +616,18 @@ class AcpClient(anyio.AsyncContextManagerMixin):
         state = self._sessions.get(params.session_id)
         if state is None or state.replaying:
             return
+        if state.ledger.replaying:
+            state.take_replayed(params)  # the history: to the ledger, and what was missed
+            return
+        state.ledger.feed(params.update)
+        await self._deliver(state, params)
+
+    async def _deliver_missed(self, params: s.UpdateSessionNotification) -> None:
+        state = self._sessions.get(params.session_id)
+        if state is not None:
+            await self._deliver(state, params)
+
+    async def _deliver(self, state: SessionState, params: s.UpdateSessionNotification) -> None:
         update = params.update
         for handle in list(state.handles):
             handle._feed(update)

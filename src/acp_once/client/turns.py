@@ -35,7 +35,18 @@ import anyio
 
 from acp_once.protocol import schema as s
 
-__all__ = ["PromptHandle", "SessionUpdate", "TurnResult", "UpdateCallback"]
+__all__ = [
+    "INTERRUPTED_MESSAGE",
+    "PromptHandle",
+    "SessionUpdate",
+    "TurnResult",
+    "UpdateCallback",
+    "end_tag",
+    "state_report",
+]
+
+INTERRUPTED_MESSAGE = "The agent restarted before the turn finished"
+"""The `error.message` with which acp-once agents end a turn a restart interrupted."""
 
 SessionUpdate: TypeAlias = (
     s.SessionUpdateUserMessageChunk
@@ -73,6 +84,22 @@ _EARLY_LIMIT = 10_000
 """Updates kept while the message id is not known yet (the turn's start is among them)."""
 
 
+def state_report(update: SessionUpdate) -> dict[str, Any] | None:
+    """The wire form of a `state_update` (None for any other kind)."""
+    if getattr(update, "session_update", None) != "state_update":
+        return None
+    return update.model_dump(by_alias=True, exclude_unset=True, mode="json")
+
+
+def end_tag(report: dict[str, Any]) -> str | None:
+    """The message id an idle report names as the turn it ends (`_meta.acpOnce.messageId`,
+    as acp-once agents tag each turn's end), or None."""
+    meta = report.get("_meta")
+    ours = meta.get("acpOnce") if isinstance(meta, dict) else None
+    tag = ours.get("messageId") if isinstance(ours, dict) else None
+    return tag if isinstance(tag, str) else None
+
+
 def _content_text(content: Any) -> str:
     if content is None:
         return ""
@@ -97,6 +124,12 @@ class TurnResult:
     stop_reason: str | None
     error: dict[str, Any] | None
     updates: tuple[SessionUpdate, ...]
+
+    @property
+    def interrupted(self) -> bool:
+        """Whether the turn did not finish: it ended with `stop_reason` "error" (the agent
+        restarted before it finished, or the turn failed)."""
+        return self.stop_reason == "error"
 
     @property
     def messages(self) -> list[s.SessionUpdateAgentMessage | s.SessionUpdateAgentMessageChunk]:
@@ -146,9 +179,12 @@ class PromptHandle:
         self._error: BaseException | None = None
         self._early: list[SessionUpdate] = []
         self._early_mark: int | None = None  # where the latest connection's updates begin
+        self._history_mark: int | None = None  # where the updates after the last replay begin
         self._begun = False
         self._assume_begun = False  # the user message may have gone with a lost connection
         self._other_inserted = False
+        self._tagged = False  # the agent names the turn each end belongs to
+        self._from_history = False
         self._updates: list[SessionUpdate] = []
         self._result: TurnResult | None = None
         self._on_end: Callable[[PromptHandle], None] | None = None
@@ -161,6 +197,13 @@ class PromptHandle:
         """The inserted message's id; None until insertion (against a v1 agent: the local id,
         from the moment the prompt is sent)."""
         return self._message_id
+
+    @property
+    def from_history(self) -> bool:
+        """True when the message was inserted before this client followed it (an earlier run,
+        or a connection that is gone): the session's replayed history says so, and its turn
+        is followed (or ended) from what the history holds."""
+        return self._from_history
 
     @property
     def done(self) -> bool:
@@ -228,6 +271,46 @@ class PromptHandle:
         self._started.set()
         self._try_begin()
 
+    def _end_known(
+        self, stop_reason: str | None, error: dict[str, Any] | None, replayed: tuple[Any, ...]
+    ) -> None:
+        """The turn ended before this handle saw it (its end was replayed, or the resume's
+        snapshot said it is over): `replayed` is what the history holds of the turn."""
+        if self._ended.is_set() or self._message_id is None:
+            return
+        self._from_history = True
+        if not self._begun:
+            self._begun = True
+            self._started.set()
+            self._early.clear()
+            self._updates.extend(replayed)
+        self._result = TurnResult(self._message_id, stop_reason, error, tuple(self._updates))
+        self._finish()
+
+    def _begin_known(self, replayed: tuple[Any, ...]) -> None:
+        """The message was inserted before the resume that replayed `replayed` (its turn
+        so far) and its turn has not ended: it is followed from here."""
+        if self._begun or self._ended.is_set() or self._message_id is None:
+            return
+        self._from_history = True
+        self._begun = True
+        self._started.set()
+        # what came after the replay belongs to this turn or later ones (the ledger saw it
+        # all: none of it ended this turn); what came before is in the replay
+        mark = self._history_mark if self._history_mark is not None else len(self._early)
+        later = self._early[mark:]
+        self._early.clear()
+        self._updates.extend(replayed)
+        self._notify()
+        for update in later:
+            if self._ended.is_set():
+                break
+            self._add(update)
+
+    def _history_learned(self) -> None:
+        """A resume replayed the history into the ledger: later updates are live ones."""
+        self._history_mark = len(self._early)
+
     def _expect(self, message_id: str) -> None:
         """v1: the turn's user message will carry `message_id` (a local id); its turn is
         followed from there, before the end-of-turn answer says it was accepted."""
@@ -259,6 +342,8 @@ class PromptHandle:
                 del self._early[:drop]
                 if self._early_mark is not None:
                     self._early_mark = max(0, self._early_mark - drop)
+                if self._history_mark is not None:
+                    self._history_mark = max(0, self._history_mark - drop)
             self._try_begin()
         else:
             self._add(update)
@@ -295,16 +380,19 @@ class PromptHandle:
         if isinstance(update, s.SessionUpdateUserMessage):
             if update.message_id != self._message_id:
                 self._other_inserted = True  # a later message: its turn follows this one
-        elif getattr(update, "session_update", None) == "state_update":
-            state = update.model_dump(by_alias=True, exclude_unset=True, mode="json")
-            if state.get("state") == "idle":
+        elif (state := state_report(update)) is not None:
+            tag = end_tag(state) if state.get("state") == "idle" else None
+            if tag is not None and tag != self._message_id:
+                self._tagged = True  # another turn's end: this one ends with its own
+                self._updates.pop()
+            elif state.get("state") == "idle":
                 reason = state.get("stopReason")
                 error = state.get("error")
                 stop = (
                     str(reason) if reason is not None else None,
                     error if isinstance(error, dict) else None,
                 )
-            elif state.get("state") == "running" and self._other_inserted:
+            elif state.get("state") == "running" and self._other_inserted and not self._tagged:
                 self._updates.pop()  # the next turn's start, not this turn's
                 stop = (None, None)
         if stop is not None:
