@@ -5,8 +5,9 @@ from __future__ import annotations
 import enum
 import importlib.util
 import logging
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import anyio
 import typer
@@ -18,6 +19,10 @@ from acp_once.support.server_options import (
     DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
     DEFAULT_TIMEOUTS,
 )
+
+if TYPE_CHECKING:
+    from acp_once.agent.factory import AgentFactory
+    from acp_once.storage.base import SessionStore
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -51,6 +56,38 @@ def _require(extra: str, what: str) -> None:
     missing = [name for name in _EXTRAS[extra] if importlib.util.find_spec(name) is None]
     if missing:
         raise _missing_extra(extra, missing, what)
+
+
+_TargetArgument = Annotated[
+    str | None,
+    typer.Argument(
+        metavar="MODULE:FACTORY",
+        show_default=False,
+        help="your agent: MODULE:NAME or FILE.py:NAME, a SessionAgent subclass or a function "
+        "taking the store (default: the reference agent)",
+    ),
+]
+
+
+def _reference_only(ctx: typer.Context, *names: str) -> None:
+    """Exit 2 when one of the reference agent's own options is given with MODULE:FACTORY."""
+    for name in names:
+        source = ctx.get_parameter_source(name)
+        if source is not None and source.name != "DEFAULT":
+            flag = "--" + name.replace("_", "-")
+            raise typer.BadParameter(
+                "an option of the reference agent, not of MODULE:FACTORY", param_hint=flag
+            )
+
+
+def _load(target: str, loader: Callable[[str], AgentFactory]) -> AgentFactory:
+    """The factory `target` names, or exit 2 with the loader's one line."""
+    from acp_once.agent.factory import FactoryError
+
+    try:
+        return loader(target)
+    except FactoryError as exc:
+        raise typer.BadParameter(str(exc), param_hint="MODULE:FACTORY") from None
 
 
 def _show_version(value: bool) -> None:
@@ -225,6 +262,7 @@ def demo(
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def agent(
     ctx: typer.Context,
+    target: _TargetArgument = None,
     store: Annotated[
         str | None,
         typer.Option(
@@ -276,8 +314,12 @@ def agent(
     With --runtime v1 -- CMD ARGS, the turns are run by the ACP v1 stdio agent CMD (a child
     process): it is served as v2 with idempotency keys kept in the store (see
     docs/guide/upgrade.md).
+
+    With MODULE:FACTORY (or FILE.py:FACTORY), your agent runs instead: a SessionAgent
+    subclass, or a function taking the opened store and returning an Agent.
     """
     if runtime is Runtime.v1:
+        command = [target, *ctx.args] if target is not None else list(ctx.args)
         from acp_once.cli.upgrade import run_upgrade
 
         if interrupted is Interrupted.continue_:
@@ -288,7 +330,7 @@ def agent(
         _configure_logging(verbose, log_level)
         raise typer.Exit(
             run_upgrade(
-                list(ctx.args),
+                command,
                 url,
                 policy="steer" if policy is Policy.steer else "hold",
                 compare_prompts=compare_prompts,
@@ -298,6 +340,21 @@ def agent(
         raise typer.BadParameter(
             f"unexpected arguments: {' '.join(ctx.args)} (-- CMD needs --runtime v1)"
         )
+    if target is not None:
+        _reference_only(ctx, "side_effects", "policy", "interrupted", "compare_prompts", "runtime")
+        from acp_once.cli.stdio_agent import load_agent_factory, run_factory
+
+        factory = _load(target, load_agent_factory)
+        url = _store_url(store, "sessions.sqlite3")
+        _configure_logging(verbose, log_level)
+        from acp_once.agent.factory import FactoryError
+
+        try:
+            run_factory(factory, url)
+        except FactoryError as exc:
+            typer.echo(f"acp-once agent: {exc}", err=True)
+            raise typer.Exit(2) from None
+        return
     default_db = "langgraph.sqlite3" if runtime is Runtime.langgraph else "sessions.sqlite3"
     url = _store_url(store, default_db, langgraph=runtime is Runtime.langgraph)
     effects = side_effects or _data_dir() / "side-effects"
@@ -342,6 +399,8 @@ def agent(
 
 @app.command()
 def serve(
+    ctx: typer.Context,
+    target: _TargetArgument = None,
     host: Annotated[
         str, typer.Option(help="address to listen on (beyond loopback only with a token)")
     ] = "127.0.0.1",
@@ -458,10 +517,21 @@ def serve(
     addresses only. On a
     PostgreSQL store several nodes may serve the same sessions (--node-id, --lease-ttl);
     GET /ops/status shows them.
+
+    With MODULE:FACTORY (or FILE.py:FACTORY), your agent is served instead: a SessionAgent
+    subclass, or a function taking the opened store and returning an Agent.
     """
     _require("server", "serve")
+    from acp_once.agent.factory import FactoryError
+
+    factory = None
+    if target is not None:
+        _reference_only(ctx, "side_effects", "policy", "interrupted")
+        from acp_once.agent.factory import load_factory
+
+        factory = _load(target, load_factory)
     from acp_once.server.listen import InsecureListen, check_listen, listen
-    from acp_once.server.run import serve_reference
+    from acp_once.server.run import serve_agent
     from acp_once.server.tenants import TokensFileError, load_tokens
     from acp_once.storage import SchemaOutOfDate
 
@@ -508,16 +578,20 @@ def serve(
             )
             raise typer.Exit(1) from None
     apply = migrate or _new_store(url)
+    if factory is None:
+        factory = _reference_factory(
+            side_effects=side_effects or _data_dir() / "side-effects",
+            policy="steer" if policy is Policy.steer else "hold",
+            resume_interrupted=interrupted is Interrupted.continue_,
+        )
     try:
         _eventloop.run(
-            lambda: serve_reference(
+            lambda: serve_agent(
+                factory,
                 host=host,
                 port=port,
                 store=url,
                 token=token,
-                side_effects=side_effects or _data_dir() / "side-effects",
-                policy="steer" if policy is Policy.steer else "hold",
-                resume_interrupted=interrupted is Interrupted.continue_,
                 max_connections=max_connections,
                 max_connections_per_address=max_connections_per_address or None,
                 max_message_bytes=max_message_bytes,
@@ -533,6 +607,9 @@ def serve(
                 forwarded_allow_ips=proxies,
             )
         )
+    except FactoryError as exc:
+        logging.getLogger("acp_once.server").error("%s", exc)
+        raise typer.Exit(2) from None
     except SchemaOutOfDate as exc:
         # a PostgreSQL URL may hold a password: it is described, and not repeated
         where = _describe_store(url)
@@ -546,6 +623,19 @@ def serve(
             "postgresql://... (the same URL)" if _is_postgres(url) else url,
         )
         raise typer.Exit(1) from None
+
+
+def _reference_factory(
+    *, side_effects: Path, policy: Literal["hold", "steer"], resume_interrupted: bool
+) -> AgentFactory:
+    from acp_once.agent.reference import ReferenceAgent
+
+    def reference(opened: SessionStore) -> ReferenceAgent:
+        return ReferenceAgent(
+            opened, side_effects=side_effects, policy=policy, resume_interrupted=resume_interrupted
+        )
+
+    return reference
 
 
 def _proxies(values: list[str] | None) -> list[str]:

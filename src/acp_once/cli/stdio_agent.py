@@ -24,14 +24,20 @@ import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from acp_once.agent.factory import AgentFactory
 
 __all__ = [
     "LOG_FORMAT",
     "AgentArgs",
     "configure_logging",
     "data_dir",
+    "load_agent_factory",
     "make_store_dir",
     "parse_agent_args",
+    "run_factory",
     "run_reference",
     "try_fast_agent",
 ]
@@ -206,6 +212,40 @@ def run_reference(
             ) as reference,
         ):
             await serve_stdio(reference)
+
+    _eventloop.run(run)
+
+
+def load_agent_factory(spec: str) -> AgentFactory:
+    """The factory `spec` names (`acp_once.agent.factory.load_factory`), imported with its
+    module's import-time output sent to stderr: stdout is the ACP stream.
+
+    Raises:
+        FactoryError: `spec` cannot be loaded (one line naming it and the cause).
+    """
+    from acp_once.agent.factory import load_factory
+
+    with contextlib.redirect_stdout(sys.stderr):
+        return load_factory(spec)
+
+
+def run_factory(factory: AgentFactory, url: str) -> None:
+    """Serve the agent `factory` makes on the store `url` (checked, its directory made) on this
+    process's stdin and stdout until stdin closes, on the commands' event loop.
+
+    Raises:
+        FactoryError: the factory made something that is not an `Agent`.
+        StorageError: the store cannot be opened.
+    """
+    with _imports_frozen():
+        from acp_once.agent.factory import open_agent
+        from acp_once.agent.serve import serve_stdio
+        from acp_once.cli import _eventloop
+        from acp_once.storage import open_store
+
+    async def run() -> None:
+        async with open_store(url) as opened, open_agent(factory, opened) as agent:
+            await serve_stdio(agent)
 
     _eventloop.run(run)
 
