@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import importlib.util
 import logging
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
@@ -820,7 +821,12 @@ def check(
     target: Annotated[
         str | None, typer.Argument(help="ws:// or http:// URL (or -- CMD ARGS)")
     ] = None,
-    token: Annotated[str | None, typer.Option(help="bearer token for a URL target")] = None,
+    token: Annotated[
+        str | None,
+        typer.Option(
+            envvar="ACP_ONCE_TOKEN", show_envvar=True, help="bearer token for a URL target"
+        ),
+    ] = None,
     json_report: Annotated[Path | None, typer.Option("--json", help="write a JSON report")] = None,
     junit: Annotated[Path | None, typer.Option(help="write a JUnit XML report")] = None,
     slow_prompt: Annotated[
@@ -853,6 +859,10 @@ def check(
         raise typer.Exit(list_checks())
     if target is not None and target.startswith(_URL_SCHEMES):
         _require("server", "check URL")
+    else:
+        source = ctx.get_parameter_source("token")
+        if source is not None and source.name == "ENVIRONMENT":
+            token = None  # ACP_ONCE_TOKEN is for served agents: not worth a warning here
     command = list(ctx.args)
     raise typer.Exit(
         run_check(
@@ -1002,9 +1012,17 @@ def db_status(
 def main() -> None:
     """Run the `acp-once` command line. A module of an extra that is still missing when a
     command imports it (past the checks above) ends the command with exit status 2 and the
-    extra's name, not a traceback."""
+    extra's name, not a traceback; a store that cannot be opened, with status 1 and one line
+    naming its path and the cause (the traceback too at -v)."""
+    from acp_once.storage import StorageError
+
     try:
         app()
+    except StorageError as exc:
+        from acp_once.cli.stdio_agent import report_store_failure
+
+        command = next((a for a in sys.argv[1:] if not a.startswith("-")), "")
+        raise SystemExit(report_store_failure(exc, command)) from None
     except ModuleNotFoundError as exc:
         root = (exc.name or "").partition(".")[0]
         extra = next((e for e, names in _EXTRAS.items() if root in names), None)

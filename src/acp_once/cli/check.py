@@ -24,6 +24,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn
 from rich.table import Table
 
+from acp_once.cli.reasons import unreachable
 from acp_once.client import HttpLauncher, Launcher, StdioLauncher, WebSocketLauncher
 from acp_once.conformance import (
     CHECKS,
@@ -124,7 +125,10 @@ def run_check(
         except AgentSpeaksV1:
             return _speaks_v1(out, None)
         except (TargetUnavailable, OSError) as exc:
-            out.print(f"acp-once check: could not connect to and initialize {target}: {exc}")
+            why = unreachable(exc, getattr(remote, "last_failure", None), url=target)
+            out.print(
+                f"acp-once check: could not reach {target}: {why}", markup=False, soft_wrap=True
+            )
             return 2
         return _finish(out, report, json_report=json_report, junit=junit)
     if target is not None:

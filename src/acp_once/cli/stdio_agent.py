@@ -36,6 +36,7 @@ __all__ = [
     "data_dir",
     "load_agent_factory",
     "make_store_dir",
+    "report_store_failure",
     "parse_agent_args",
     "run_factory",
     "run_reference",
@@ -81,10 +82,47 @@ def data_dir() -> Path:
 
 def make_store_dir(url: str) -> None:
     """Create the directory of a `sqlite:PATH` store's file, private (0700), `~` expanded as
-    the store expands it; nothing for other stores."""
+    the store expands it; nothing for other stores.
+
+    Raises:
+        StorageError: the directory cannot be created (the message names it and the OS error).
+    """
     if url.startswith("sqlite:") and url != "sqlite::memory:":
         db_dir = Path(url.removeprefix("sqlite:")).expanduser().parent
-        db_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        try:
+            db_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as exc:
+            from acp_once.storage import StorageError
+
+            reason = exc.strerror or str(exc)
+            raise StorageError(f"{db_dir}: cannot create the store's directory: {reason}") from exc
+
+
+def _verbose_asked(argv: Sequence[str]) -> bool:
+    """Whether ARGV asks for -v or a level of info or below (the check runs where the failure
+    may come before logging is configured)."""
+    for arg, following in zip(argv, [*argv[1:], ""], strict=True):
+        if arg in ("-v", "-vv", "-vvv", "--verbose"):
+            return True
+        level = arg.removeprefix("--log-level=") if arg.startswith("--log-level=") else None
+        if arg == "--log-level":
+            level = following
+        if level is not None and level.lower() in ("debug", "info"):
+            return True
+    return False
+
+
+def report_store_failure(exc: BaseException, command: str) -> int:
+    """Say on stderr in one line why the store could not be opened (its message names the
+    path and the cause), after its traceback only when -v or a lower level was asked for;
+    returns the exit status, 1."""
+    if _verbose_asked(sys.argv[1:]) or logging.getLogger().isEnabledFor(logging.INFO):
+        import traceback
+
+        traceback.print_exception(exc, file=sys.stderr)
+    sys.stderr.write(f"acp-once {command}: {exc}\n")
+    sys.stderr.flush()
+    return 1
 
 
 def chosen_level(verbose: int, log_level: str | None) -> int | None:
