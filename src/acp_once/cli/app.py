@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import importlib.util
 import logging
@@ -79,6 +80,13 @@ def _reference_only(ctx: typer.Context, *names: str) -> None:
             raise typer.BadParameter(
                 "an option of the reference agent, not of MODULE:FACTORY", param_hint=flag
             )
+
+
+def _factory_db(target: str) -> str:
+    """The default SQLite file of MODULE:FACTORY's sessions, in the data directory: one per
+    factory (`my_pkg.agents.make_agent.sqlite3`), not the reference agent's."""
+    where, _, name = target.rpartition(":")
+    return f"{Path(where).stem if where.endswith('.py') else where}.{name}.sqlite3"
 
 
 def _load(target: str, loader: Callable[[str], AgentFactory]) -> AgentFactory:
@@ -346,7 +354,7 @@ def agent(
         from acp_once.cli.stdio_agent import load_agent_factory, run_factory
 
         factory = _load(target, load_agent_factory)
-        url = _store_url(store, "sessions.sqlite3")
+        url = _store_url(store, _factory_db(target))
         _configure_logging(verbose, log_level)
         from acp_once.agent.factory import FactoryError
 
@@ -557,7 +565,7 @@ def serve(
         check_listen(host, token if tokens is None else "")  # "": tenants' tokens protect it
     except InsecureListen as exc:
         raise typer.BadParameter(str(exc), param_hint="--host") from None
-    url = _store_url(store, "sessions.sqlite3")
+    url = _store_url(store, "sessions.sqlite3" if target is None else _factory_db(target))
     if lease_ttl <= 0:
         raise typer.BadParameter("must be positive", param_hint="--lease-ttl")
     if idle_timeout < 0:
@@ -876,6 +884,64 @@ def check(
             select=only,
         )
     )
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def zed(
+    ctx: typer.Context,
+    target: _TargetArgument = None,
+    store: Annotated[
+        str | None,
+        typer.Option(
+            help="memory, sqlite:PATH (made absolute) or postgresql://... (default: SQLite in "
+            "the user's data directory)"
+        ),
+    ] = None,
+    runtime: Annotated[
+        Runtime,
+        typer.Option(help="v1: the ACP v1 agent given after -- served as v2 with keys"),
+    ] = Runtime.reference,
+    name: Annotated[str | None, typer.Option(help="the agent's name in Zed's agent panel")] = None,
+) -> None:
+    """Print the `agent_servers` entry of Zed's settings.json that runs an agent with this
+    installation: `acp-once zed`, `acp-once zed my_module:make_agent`, or `acp-once zed
+    --runtime v1 -- CMD ARGS`.
+
+    The command is this installation's acp-once by its absolute path (Zed's PATH may find
+    another one, or none); paths are made absolute, as Zed starts the agent elsewhere.
+    """
+    from acp_once.cli.zed import zed_settings
+
+    if runtime is Runtime.langgraph:
+        raise typer.BadParameter("zed prints the reference, MODULE:FACTORY or v1 entries")
+    command = [target, *ctx.args] if runtime is Runtime.v1 and target else list(ctx.args)
+    if runtime is Runtime.v1:
+        if not command:
+            raise typer.BadParameter("give the v1 agent's command after --, e.g. -- CMD ARGS")
+        target = None
+    elif command:
+        raise typer.BadParameter(
+            f"unexpected arguments: {' '.join(command)} (-- CMD needs --runtime v1)"
+        )
+    if target is not None:
+        _load(target, _check_target)
+    db = "sessions.sqlite3" if target is None else _factory_db(target)
+    default = f"sqlite:{_data_dir() / db}"
+    typer.echo(zed_settings(store=store or default, target=target, v1_command=command, name=name))
+    if store is not None and store.startswith("memory"):
+        typer.echo(
+            "acp-once zed: a memory: store forgets every session when Zed stops the agent",
+            err=True,
+        )
+
+
+def _check_target(target: str) -> AgentFactory:
+    """`target` loaded as `acp-once agent` would load it (its output to stderr), so a typo is
+    reported now rather than when Zed starts the agent."""
+    from acp_once.cli.stdio_agent import load_agent_factory
+
+    with contextlib.redirect_stdout(sys.stderr):
+        return load_agent_factory(target)
 
 
 @app.command()
