@@ -7,13 +7,13 @@ import sys
 
 import anyio
 
-from acp_once.agent import SessionAgent, Turn, TurnContext
+from acp_once.agent import SessionAgent, StopReason, Turn, TurnContext
 from acp_once.agent.updates import agent_message
 from acp_once.server import serve_agent
 
 
 class EchoAgent(SessionAgent):
-    async def run_turn(self, turn: Turn, ctx: TurnContext) -> str:
+    async def run_turn(self, turn: Turn, ctx: TurnContext) -> StopReason:
         await ctx.emit(agent_message(f"you said: {turn.text}"), retain=True)
         return "end_turn"
 

@@ -35,6 +35,7 @@ import anyio
 
 from acp_once.agent.runtime import HeldPolicy, SessionAgent, Turn
 from acp_once.agent.state import new_id
+from acp_once.protocol.vocabulary import Extension, StopReason
 
 if TYPE_CHECKING:
     from acp_once.agent.runtime import TurnContext
@@ -98,7 +99,7 @@ class ReferenceAgent(SessionAgent):
         os.kill(os.getpid(), signal.SIGKILL)  # no cleanup, no flush: as a real SIGKILL
         os._exit(9)  # not reached
 
-    async def run_turn(self, turn: Turn, emit: TurnContext) -> str:
+    async def run_turn(self, turn: Turn, emit: TurnContext) -> StopReason | Extension:
         text = turn.text
         if turn.live_only:
             await emit.emit(
