@@ -106,6 +106,14 @@ def test_the_stdio_agent_takes_a_module_factory_and_keeps_stdout_clean(tmp_path:
     assert "noise at import time" in done.stderr
 
 
+def test_the_docs_quickstart_agent_runs_on_stdio(tmp_path: Path) -> None:
+    example = ROOT / "examples" / "my_agent.py"
+    agent = f"{sys.executable} -m acp_once agent {example}:EchoAgent --store sqlite:q.db"
+    done = acp_once("prompt", "quick", "--agent", agent, cwd=tmp_path, env=_env())
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "you said: quick" in done.stdout
+
+
 def test_the_serve_agent_example_serves_its_agent(tmp_path: Path) -> None:
     argv = [sys.executable, str(ROOT / "examples" / "serve_agent.py"), "0"]
     with running(argv, tmp_path, _env()) as url:
