@@ -13,7 +13,7 @@ script would write:
 - `<!-- code: PATH QUALNAME -->` ... `<!-- /code -->`: the source of a class or function
   (`Class.method` for a method) in PATH, as the file has it now;
 - `<!-- cli: acp-once -->` ... `<!-- /cli -->`: the `--help` of `acp-once` and of every command
-  and subcommand, at 76 columns;
+  and subcommand, at 80 columns;
 - `<!-- api: MODULE -->` (optionally with mkdocstrings options on the lines after, inside the
   comment) ... `<!-- /api -->`: a table of what MODULE's `__all__` exports, each name with
   the first line of its docstring; on the site the hook (docs/hooks.py) renders the full
@@ -79,12 +79,12 @@ def definition(path: str, qualname: str) -> str | None:
 
 
 def _help(args: list[str]) -> str:
-    """`acp-once ARGS --help` as typer prints it, 76 columns, no colour, `~` for home."""
+    """`acp-once ARGS --help` as typer prints it, 80 columns, no colour, `~` for home."""
     from typer.testing import CliRunner
 
     from acp_once.cli.app import app
 
-    env = {"COLUMNS": "76", "TERMINAL_WIDTH": "76", "NO_COLOR": "1", "TERM": "dumb"}
+    env = {"COLUMNS": "80", "TERMINAL_WIDTH": "80", "NO_COLOR": "1", "TERM": "dumb"}
     result = CliRunner().invoke(app, [*args, "--help"], env=env, prog_name="acp-once")
     if result.exit_code != 0:
         raise SystemExit(f"acp-once {' '.join(args)} --help failed: {result.output}")

@@ -9,7 +9,7 @@ import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import anyio
 import typer
@@ -25,6 +25,27 @@ from acp_once.support.server_options import (
 if TYPE_CHECKING:
     from acp_once.agent.factory import AgentFactory
     from acp_once.storage.base import SessionStore
+
+
+def _fold_help_cells() -> None:
+    """Fold, never cut, what does not fit a help table's cell (an option's name, a long
+    default): typer builds its tables with rich's default column overflow, an ellipsis, and at
+    80 columns `--max-connections-per-address` would end in "…"."""
+    from rich.table import Column, Table
+    from typer import rich_utils
+
+    class FoldingTable(Table):
+        def add_row(self, *renderables: Any, **kwargs: Any) -> None:
+            while len(self.columns) < len(renderables):
+                self.columns.append(Column(_index=len(self.columns), overflow="fold"))
+            for column in self.columns:
+                column.overflow = "fold"
+            super().add_row(*renderables, **kwargs)
+
+    rich_utils.Table = FoldingTable  # type: ignore[attr-defined]
+
+
+_fold_help_cells()
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -510,7 +531,7 @@ def serve(
         list[str] | None,
         typer.Option(
             help="reverse proxies (IP addresses or networks, comma-separated or repeated; *: "
-            "any peer) whose X-Forwarded-For/Forwarded headers name the client for the "
+            "any peer) whose X-Forwarded-For or Forwarded headers name the client for the "
             "per-address caps and the logs (default: none, the headers are ignored)"
         ),
     ] = None,
@@ -706,7 +727,7 @@ def bridge(
         list[str] | None,
         typer.Option(
             help="reverse proxies (IP addresses or networks, comma-separated or repeated; *: "
-            "any peer) whose X-Forwarded-For/Forwarded headers name the client for the "
+            "any peer) whose X-Forwarded-For or Forwarded headers name the client for the "
             "per-address caps and the logs (default: none, the headers are ignored)"
         ),
     ] = None,
