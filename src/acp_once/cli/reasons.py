@@ -10,7 +10,10 @@ from urllib.parse import urlsplit
 __all__ = ["unreachable"]
 
 _STATUS = re.compile(r"HTTP (\d{3})")
-_REFUSED = re.compile(r"Connection refused|Connect call failed|Errno 111|ECONNREFUSED")
+_REFUSED = re.compile(
+    r"Connection refused|Connect call failed|Errno 111|ECONNREFUSED|"
+    r"ConnectError: All connection attempts failed"
+)
 
 
 def _texts(exc: BaseException, noted: str | None) -> list[str]:

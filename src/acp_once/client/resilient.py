@@ -387,7 +387,7 @@ class AcpClient(anyio.AsyncContextManagerMixin):
                     noted = getattr(self.launcher, "last_failure", None)
                     if isinstance(exc, ConnectionClosed) and noted:
                         # the engine saw only a lost connection; the launcher knows the status
-                        refused = f"The server refused the connection: {noted}"
+                        refused = f"Could not connect: {noted}"
                         raise ConnectionClosed(refused) from exc
                     raise
                 logger.warning("connection to the agent failed: %s", type(exc).__name__)

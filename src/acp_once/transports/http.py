@@ -437,7 +437,8 @@ class ClientHttpFrames:
             return await self.client.post(self.url, content=frame, headers=headers)
         except httpx.HTTPError as exc:
             self._end()  # outcome unknown: this connection is done
-            raise anyio.BrokenResourceError from exc
+            # the class and httpx's text (no body, no header): why, for the caller's message
+            raise anyio.BrokenResourceError(f"{type(exc).__name__}: {exc}") from exc
 
     async def _open(self, session_id: str | None) -> None:
         await self._tg.start(self._read, session_id)
