@@ -4,6 +4,7 @@ one-line errors of a factory that cannot be loaded."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -104,6 +105,38 @@ def test_the_stdio_agent_takes_a_module_factory_and_keeps_stdout_clean(tmp_path:
     assert done.returncode == 0, done.stderr
     assert "HI THERE!" in done.stdout
     assert "noise at import time" in done.stderr
+
+
+def test_a_factory_agent_starts_without_the_cli_framework(tmp_path: Path) -> None:
+    (tmp_path / "shout.py").write_text(AGENT_FILE)
+    initialize = {
+        "jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": 2, "info": {"name": "t", "version": "1"}},
+    }  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "acp_once", "agent", "shout.py:ShoutAgent",
+         "--store", "memory:"],
+        cwd=tmp_path, input=json.dumps(initialize) + "\n", capture_output=True, text=True,
+        timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.splitlines()[0])["result"]["protocolVersion"] == 2
+    imported = {line.rpartition("|")[2].strip() for line in done.stderr.splitlines()}
+    assert "acp_once.agent.factory" in imported
+    assert "typer" not in imported and "acp_once.cli.app" not in imported
+
+
+def test_the_fast_path_reads_a_factory_and_leaves_reference_options_to_typer() -> None:
+    from acp_once.cli.stdio_agent import parse_agent_args
+
+    args = parse_agent_args(["my.py:make", "--store", "memory:", "-v"])
+    assert args is not None and (args.target, args.store, args.verbose) == (
+        "my.py:make",
+        "memory:",
+        1,
+    )
+    assert parse_agent_args(["my.py:make", "--policy", "steer"]) is None
+    assert parse_agent_args(["my.py:make", "other:make"]) is None
 
 
 def test_the_docs_quickstart_agent_runs_on_stdio(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ import anyio
 import typer
 
 from acp_once.cli import _eventloop
-from acp_once.cli.stdio_agent import configure_logging, data_dir, make_store_dir
+from acp_once.cli.stdio_agent import configure_logging, data_dir, factory_db, make_store_dir
 from acp_once.support.server_options import (
     DEFAULT_LIMITS,
     DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
@@ -101,13 +101,6 @@ def _reference_only(ctx: typer.Context, *names: str) -> None:
             raise typer.BadParameter(
                 "an option of the reference agent, not of MODULE:FACTORY", param_hint=flag
             )
-
-
-def _factory_db(target: str) -> str:
-    """The default SQLite file of MODULE:FACTORY's sessions, in the data directory: one per
-    factory (`my_pkg.agents.make_agent.sqlite3`), not the reference agent's."""
-    where, _, name = target.rpartition(":")
-    return f"{Path(where).stem if where.endswith('.py') else where}.{name}.sqlite3"
 
 
 def _load(target: str, loader: Callable[[str], AgentFactory]) -> AgentFactory:
@@ -375,7 +368,7 @@ def agent(
         from acp_once.cli.stdio_agent import load_agent_factory, run_factory
 
         factory = _load(target, load_agent_factory)
-        url = _store_url(store, _factory_db(target))
+        url = _store_url(store, factory_db(target))
         _configure_logging(verbose, log_level)
         from acp_once.agent.factory import FactoryError
 
@@ -586,7 +579,7 @@ def serve(
         check_listen(host, token if tokens is None else "")  # "": tenants' tokens protect it
     except InsecureListen as exc:
         raise typer.BadParameter(str(exc), param_hint="--host") from None
-    url = _store_url(store, "sessions.sqlite3" if target is None else _factory_db(target))
+    url = _store_url(store, "sessions.sqlite3" if target is None else factory_db(target))
     if lease_ttl <= 0:
         raise typer.BadParameter("must be positive", param_hint="--lease-ttl")
     if idle_timeout < 0:
@@ -946,7 +939,7 @@ def zed(
         )
     if target is not None:
         _load(target, _check_target)
-    db = "sessions.sqlite3" if target is None else _factory_db(target)
+    db = "sessions.sqlite3" if target is None else factory_db(target)
     default = f"sqlite:{_data_dir() / db}"
     typer.echo(zed_settings(store=store or default, target=target, v1_command=command, name=name))
     if store is not None and store.startswith("memory"):

@@ -6,7 +6,8 @@ instructions of that start (`benchmarks/README.md`, bench_coldstart.py). `parse_
 reads the forms the command takes with the reference runtime and a memory or SQLite store
 (`--store X` or `--store=X`, `--policy`, `--compare-prompts/--no-compare-prompts`,
 `--side-effects`, `--interrupted`, `--runtime reference`, `-v`/`-vv`/`--verbose`,
-`--log-level`) and gives up (None) on anything else: help, an unknown option or value, a
+`--log-level`), or your agent's (`MODULE:FACTORY` with `--store`, `-v`, `--log-level`), and
+gives up (None) on anything else: help, an unknown option or value, a
 repeated option, a store URL `check_store_url` refuses, a PostgreSQL store, another runtime.
 Then `acp_once.cli.entry` hands the whole command line to the typer application, which parses
 it (and reports its errors) as it always did. The two paths start the same agent through
@@ -34,6 +35,7 @@ __all__ = [
     "AgentArgs",
     "configure_logging",
     "data_dir",
+    "factory_db",
     "load_agent_factory",
     "make_store_dir",
     "report_store_failure",
@@ -69,6 +71,14 @@ class AgentArgs:
     interrupted: str = "report"
     verbose: int = 0
     log_level: str | None = None
+    target: str | None = None  # MODULE:FACTORY or FILE.py:FACTORY: your agent, not ours
+
+
+def factory_db(target: str) -> str:
+    """The default SQLite file of MODULE:FACTORY's sessions, in the data directory: one per
+    factory (`my_pkg.agents.make_agent.sqlite3`), not the reference agent's."""
+    where, _, name = target.rpartition(":")
+    return f"{Path(where).stem if where.endswith('.py') else where}.{name}.sqlite3"
 
 
 def data_dir() -> Path:
@@ -159,9 +169,13 @@ def parse_agent_args(argv: Sequence[str]) -> AgentArgs | None:
     values: dict[str, str] = {}
     flags: dict[str, bool] = {}
     verbose = 0
+    target: str | None = None
     args = list(argv)
     while args:
         arg = args.pop(0)
+        if not arg.startswith("-") and ":" in arg and target is None:
+            target = arg
+            continue
         if arg in ("-v", "-vv", "-vvv", "--verbose"):
             verbose += 1 if arg == "--verbose" else len(arg) - 1
             continue
@@ -185,7 +199,10 @@ def parse_agent_args(argv: Sequence[str]) -> AgentArgs | None:
             return None
         values[name] = value
     side_effects = values.get("--side-effects")
+    if target is not None and (flags or set(values) - {"--store", "--log-level"}):
+        return None  # an option of the reference agent: typer says so
     return AgentArgs(
+        target=target,
         store=values.get("--store"),
         policy=values.get("--policy", "hold"),
         compare_prompts=flags.get("compare", True),
@@ -300,15 +317,25 @@ def try_fast_agent(argv: Sequence[str]) -> bool:
     args = parse_agent_args(argv)
     if args is None:
         return False
+    default = "sessions.sqlite3" if args.target is None else factory_db(args.target)
     try:
-        url = check_store_url(args.store or f"sqlite:{data_dir() / 'sessions.sqlite3'}")
+        url = check_store_url(args.store or f"sqlite:{data_dir() / default}")
     except ValueError:
         return False
     if not url.startswith(("memory:", "sqlite:")):
         return False
     make_store_dir(url)
-    side_effects = args.side_effects or data_dir() / "side-effects"
     configure_logging(chosen_level(args.verbose, args.log_level))
+    if args.target is not None:
+        from acp_once.agent.factory import FactoryError
+
+        try:
+            run_factory(load_agent_factory(args.target), url)
+        except FactoryError as exc:  # one line, as the typer path says it
+            sys.stderr.write(f"acp-once agent: {exc}\n")
+            raise SystemExit(2) from None
+        return True
+    side_effects = args.side_effects or data_dir() / "side-effects"
     run_reference(
         url,
         side_effects=side_effects,
