@@ -42,11 +42,11 @@ ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 
 _SNIPPET = re.compile(r'^```(\w*)\n--8<-- "([^"]+)"\n```$', re.MULTILINE)
-_LONE_CODE = re.compile(r"^<!-- code: (\S+) ([\w.]+) -->$(?!\n```)", re.MULTILINE)
+_LONE_CODE = re.compile(r"^<!-- code: (\S+) ([\w.]+) -->$(?!\n```|\n<!-- /code -->)", re.M)
 _DIRECTIVE = re.compile(r"^::: (acp_once(?:\.\w+)*)\n((?:    .*\n)*)", re.MULTILINE)
 _FILE = re.compile(r"^<!-- file: (\S+) -->\n.*?^<!-- /file -->$", re.MULTILINE | re.DOTALL)
 _CODE = re.compile(r"^<!-- code: (\S+) ([\w.]+) -->\n.*?^<!-- /code -->$", re.MULTILINE | re.DOTALL)
-_LONE_CLI = re.compile(r"^<!-- cli: acp-once -->$(?!\n## )", re.MULTILINE)
+_LONE_CLI = re.compile(r"^<!-- cli: acp-once -->$(?!\n## |\n<!-- /cli -->)", re.MULTILINE)
 _CLI = re.compile(r"^<!-- cli: acp-once -->\n.*?^<!-- /cli -->$", re.MULTILINE | re.DOTALL)
 _API = re.compile(
     r"^<!-- api: (acp_once(?:\.\w+)*)((?:\n    [^\n]*)*)\n?-->\n.*?^<!-- /api -->$",
