@@ -157,6 +157,16 @@ def test_a_store_that_cannot_be_opened_is_one_line(tmp_path: Path, command: str)
         assert verbose.returncode == 1 and "Traceback" in verbose.stderr
 
 
+def test_an_outbox_that_cannot_be_opened_is_one_line() -> None:
+    agent = f"{sys.executable} -m acp_once agent --store memory:"
+    done = acp_once("prompt", "hi", "--agent", agent, "--outbox", "/proc/nope/outbox.db")
+    assert done.returncode == 1
+    assert done.stderr.splitlines() == [
+        "acp-once prompt: /proc/nope/outbox.db: cannot create the outbox: [Errno 2] No such "
+        "file or directory: '/proc/nope'"
+    ]
+
+
 def test_ctrl_c_ends_a_command_quietly_with_130() -> None:
     agent = f"{sys.executable} -m acp_once agent --store memory:"
     proc = subprocess.Popen(

@@ -1092,8 +1092,8 @@ def db_status(
 def main() -> None:
     """Run the `acp-once` command line. A module of an extra that is still missing when a
     command imports it (past the checks above) ends the command with exit status 2 and the
-    extra's name, not a traceback; a store that cannot be opened, with status 1 and one line
-    naming its path and the cause (the traceback too at -v)."""
+    extra's name, not a traceback; a store or an outbox that cannot be opened, with status 1
+    and one line naming its path and the cause (the traceback too at -v)."""
     from acp_once.storage import StorageError
 
     try:
@@ -1109,3 +1109,12 @@ def main() -> None:
         if extra is None:
             raise
         raise SystemExit(_missing_extra(extra, [root], "this command").exit_code) from None
+    except Exception as exc:
+        from acp_once.client.outbox import OutboxError
+
+        if not isinstance(exc, OutboxError):  # `prompt --outbox PATH` that cannot be opened
+            raise
+        from acp_once.cli.stdio_agent import report_store_failure
+
+        command = next((a for a in sys.argv[1:] if not a.startswith("-")), "")
+        raise SystemExit(report_store_failure(exc, command)) from None
