@@ -16,8 +16,8 @@ script would write:
   and subcommand, at 80 columns;
 - `<!-- api: MODULE -->` (optionally with mkdocstrings options on the lines after, inside the
   comment) ... `<!-- /api -->`: a table of what MODULE's `__all__` exports, each name with
-  the first line of its docstring; on the site the hook (docs/hooks.py) renders the full
-  reference there instead;
+  its kind and a link to the file defining it; on the site the hook (docs/hooks.py) renders
+  the full reference there instead;
 - `<!-- api-links -->` ... `<!-- /api-links -->` at the end of a page: a link definition for
   each `[text][acp_once.NAME]` API link of the page, to the API page documenting it, so the
   link works on a code host; the site's hook removes them and links to the exact entry.
@@ -113,26 +113,47 @@ def cli_reference() -> str:
     return "\n".join(out)
 
 
-def api_table(module_name: str) -> str:
-    """A table of the names MODULE exports (`__all__`), with their docstrings' first lines."""
+def api_table(module_name: str, page: Path) -> str:
+    """A table of the names MODULE exports (`__all__`): each one's kind and the file that
+    defines it, linked from `page`. Docstrings stay out: the site shows them, and a table that
+    changed with every docstring would make every docstring edit a docs edit."""
     module = importlib.import_module(module_name)
-    rows = [f"`{module_name}`: {_first_line(module)}", "", "| Name | What it is |", "| - | - |"]
-    rows += [
-        f"| `{name}` | {_first_line(getattr(module, name, None))} |"
-        for name in getattr(module, "__all__", [])
+    rows = [
+        f"`{module_name}` exports (the site shows each one's documentation):",
+        "",
+        "| Name | Kind | Defined in |",
+        "| - | - | - |",
     ]
+    for name in getattr(module, "__all__", []):
+        obj = getattr(module, name, None)
+        source = _source_of(obj) or _source_of(module)
+        where = ""
+        if source is not None:
+            rel = os.path.relpath(source, page.parent).replace(os.sep, "/")
+            where = f"[{Path(source).relative_to(ROOT / 'src').as_posix()}]({rel})"
+        rows.append(f"| `{name}` | {_kind(obj)} | {where} |")
     return "\n".join(rows)
 
 
-def _first_line(obj: object) -> str:
-    """The first paragraph of `obj`'s own docstring, on one line ("" without one: a class's
-    inherited docstring, or a value's type's, says nothing about it)."""
-    doc = getattr(obj, "__doc__", None)
-    if not isinstance(doc, str) or (not isinstance(obj, type) and doc == type(obj).__doc__):
-        return ""
-    doc = inspect.cleandoc(doc)
-    paragraph = doc.split("\n\n")[0]
-    return " ".join(paragraph.split()).replace("|", "\\|")
+def _kind(obj: object) -> str:
+    if inspect.isclass(obj):
+        return "class"
+    if inspect.isfunction(obj) or inspect.ismethod(obj) or inspect.isbuiltin(obj):
+        return "function"
+    if inspect.ismodule(obj):
+        return "module"
+    return "value"
+
+
+def _source_of(obj: object) -> str | None:
+    """The repository file defining `obj` (a class, function or module), or None."""
+    try:
+        found = inspect.getsourcefile(obj)  # type: ignore[arg-type]
+    except TypeError:
+        return None
+    if found is None or not Path(found).resolve().is_relative_to(ROOT / "src"):
+        return None
+    return str(Path(found).resolve())
 
 
 def _api_pages() -> dict[str, str]:
@@ -191,7 +212,7 @@ def render(text: str, page: Path, pages: dict[str, str]) -> str:
 
     def api_part(m: re.Match[str]) -> str:
         module, options = m.group(1), m.group(2)
-        return f"<!-- api: {module}{options}\n-->\n{api_table(module)}\n<!-- /api -->"
+        return f"<!-- api: {module}{options}\n-->\n{api_table(module, page)}\n<!-- /api -->"
 
     text = _FILE.sub(file_part, text)
     text = _CODE.sub(code_part, text)
