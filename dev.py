@@ -3,7 +3,10 @@
 
     python3 dev.py demo          # the main job: `acp-once demo`
     python3 dev.py test          # lint, format check, types, import layering, tests
-                                 # (extra arguments go to pytest, e.g. -k NAME -n 0)
+                                 # (extra arguments go to pytest, e.g. -k NAME -n 0); it
+                                 # model-checks with SPIN and a C compiler (gcc) first:
+                                 # installed with apt-get when run as root, else it stops
+                                 # at once with the command that installs them
     python3 dev.py run CMD ...   # any command inside the environment (e.g. `acp-once agent`)
     python3 dev.py docs          # the documentation site into build/site/ (mkdocs, warnings
                                  # are errors; `test` runs the same build)
@@ -158,6 +161,38 @@ def _need(tool: str, package: str) -> str:
         )
         raise SystemExit(2)
     return path
+
+
+TEST_TOOLS = {"spin": "spin", "gcc": "gcc"}
+"""What `test` needs beyond Python (the model check): command -> Debian package."""
+
+
+def test_tools() -> None:
+    """SPIN and gcc on PATH before `test` starts anything: installed with apt-get when this
+    runs as root with apt-get present (as `.ci/run` does), else a stop (exit 2) with the exact
+    install line."""
+    missing = [pkg for tool, pkg in TEST_TOOLS.items() if shutil.which(tool) is None]
+    if not missing:
+        return
+    apt = shutil.which("apt-get")
+    root = hasattr(os, "geteuid") and os.geteuid() == 0
+    if apt is not None and root:
+        print(f"dev.py: installing {' '.join(missing)} (apt-get)", file=sys.stderr, flush=True)
+        install = [apt, "install", "-y", *missing]
+        if subprocess.run(install).returncode != 0:
+            subprocess.run([apt, "update"], check=False)
+            subprocess.run(install, check=False)
+        missing = [pkg for tool, pkg in TEST_TOOLS.items() if shutil.which(tool) is None]
+        if not missing:
+            return
+    print(
+        f"dev.py test: the model check needs {' and '.join(missing)}, not found on PATH; "
+        f"install {'them' if len(missing) > 1 else 'it'} and run again: "
+        f"sudo apt-get install -y {' '.join(missing)}  (Debian, Ubuntu; elsewhere SPIN from "
+        "https://spinroot.com and any gcc)",
+        file=sys.stderr,
+    )
+    raise SystemExit(2)
 
 
 def _pan_flags(mode: str, depth: int) -> tuple[list[str], list[str]]:
@@ -317,6 +352,7 @@ def docs(uv: Path, site_dir: str | None = None) -> None:
 def main(argv: list[str]) -> None:
     job = argv[0] if argv else "help"
     if job == "test":
+        test_tools()  # before anything else: a missing tool stops the run at once
         # the models and the mutants first: a counterexample says more than a failing example
         verify(["--mutants"])
         uv = sync()

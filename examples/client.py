@@ -1,4 +1,5 @@
 """The raw connection: starts the echo agent, sends one prompt, retries nothing."""
+
 import sys
 
 import anyio
@@ -8,10 +9,19 @@ from acp_once.protocol import schema as s
 
 
 async def main() -> None:
-    async with StdioLauncher([sys.executable, "examples/echo_agent.py"]).connect() as frames, ClientSideConnection(Client(), frames) as conn:
-        await conn.agent.initialize(s.InitializeRequest.model_validate({"protocolVersion": 2, "info": {"name": "me", "version": "1"}}))
+    async with (
+        StdioLauncher([sys.executable, "examples/echo_agent.py"]).connect() as frames,
+        ClientSideConnection(Client(), frames) as conn,
+    ):
+        await conn.agent.initialize(
+            s.InitializeRequest.model_validate(
+                {"protocolVersion": 2, "info": {"name": "me", "version": "1"}}
+            )
+        )
         session = await conn.agent.new_session(s.NewSessionRequest(cwd="/tmp"))
-        prompt = s.PromptRequest.model_validate({"sessionId": session.session_id, "prompt": [{"type": "text", "text": "hi"}]})
+        prompt = s.PromptRequest.model_validate(
+            {"sessionId": session.session_id, "prompt": [{"type": "text", "text": "hi"}]}
+        )
         print("inserted as", (await conn.agent.prompt(prompt)).message_id)
 
 

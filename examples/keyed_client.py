@@ -17,13 +17,15 @@ async def main() -> None:
         async with AcpClient(agent, outbox=f"sqlite:{tmp}/outbox.db") as client:
             session = await client.new_session(tmp)
 
-            # The key is written to the outbox before the prompt is sent; a lost answer is resent with it.
+            # The key is written to the outbox before the prompt is sent; a lost answer is
+            # resent with it.
             turn = session.prompt("Summarise the release notes", idempotency_key="release-notes-1")
             print("inserted as", await turn)
             result = await turn.finished()
             print(f"turn ended: {result.stop_reason}: {result.text}")
 
-            # The agent dies in the middle of a turn: the client starts it again and resumes the session.
+            # The agent dies in the middle of a turn: the client starts it again and resumes
+            # the session.
             turn = session.prompt("A long job [work:30]")
             async for update in turn.updates():
                 if getattr(update, "state", None) == "running" and agent.current is not None:

@@ -2,13 +2,13 @@
 
 import anyio
 
-from acp_once.agent import SessionAgent, Turn, TurnContext, serve_stdio
+from acp_once.agent import SessionAgent, StopReason, Turn, TurnContext, serve_stdio
 from acp_once.agent.updates import agent_message
 from acp_once.storage import open_store
 
 
 class EchoAgent(SessionAgent):
-    async def run_turn(self, turn: Turn, ctx: TurnContext) -> str:
+    async def run_turn(self, turn: Turn, ctx: TurnContext) -> StopReason:
         await anyio.sleep(0.5)  # the work: a prompt sent meanwhile is held until it ends
         await ctx.emit(agent_message(f"you said: {turn.text}"), retain=True)
         return "end_turn"

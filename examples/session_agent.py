@@ -1,4 +1,5 @@
 """An agent with sessions, held prompts and idempotency keys: only the turn is yours."""
+
 import os
 import sys
 import tempfile
@@ -6,14 +7,17 @@ import uuid
 
 import anyio
 
-from acp_once.agent import SessionAgent, Turn, TurnContext, serve_stdio
+from acp_once.agent import SessionAgent, StopReason, Turn, TurnContext, serve_stdio
 from acp_once.storage import open_store
 
 
 class MyAgent(SessionAgent):
-    async def run_turn(self, turn: Turn, ctx: TurnContext) -> str:
+    async def run_turn(self, turn: Turn, ctx: TurnContext) -> StopReason:
         reply = {"type": "text", "text": f"you said: {turn.text}"}
-        await ctx.emit({"sessionUpdate": "agent_message", "messageId": uuid.uuid4().hex, "content": [reply]}, retain=True)
+        await ctx.emit(
+            {"sessionUpdate": "agent_message", "messageId": uuid.uuid4().hex, "content": [reply]},
+            retain=True,
+        )
         return "end_turn"
 
 

@@ -2,12 +2,12 @@
 
 import anyio
 
-from acp_once.agent import SessionAgent, Turn, TurnContext, serve_stdio, updates
+from acp_once.agent import SessionAgent, StopReason, Turn, TurnContext, serve_stdio, updates
 from acp_once.storage import open_store
 
 
 class StreamingAgent(SessionAgent):
-    async def run_turn(self, turn: Turn, ctx: TurnContext) -> str:
+    async def run_turn(self, turn: Turn, ctx: TurnContext) -> StopReason:
         # three live chunks of one message, then the whole of it, retained for replay
         message_id = updates.new_message_id()
         parts = ["Let me ", "look at ", "that file."]

@@ -39,7 +39,7 @@ def test_readme_examples_are_as_short_as_their_headings_say(example: str, most: 
 
 
 def test_readme_examples_are_formatted_and_lint_clean() -> None:
-    # examples/ as a whole is exempt from formatting; the README's two are not
+    # as the rest of the code (the README shows them verbatim)
     paths = [str(ROOT / "examples" / e) for e in README_EXAMPLES]
     for args in (["format", "--check", *paths], ["check", *paths]):
         ruff = [sys.executable, "-m", "ruff", *args]

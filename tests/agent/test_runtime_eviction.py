@@ -12,6 +12,7 @@ from pathlib import Path
 import anyio
 import pytest
 
+from acp_once.agent import Extension, StopReason
 from acp_once.agent.reference import ReferenceAgent
 from acp_once.agent.runtime import Turn, TurnContext
 from acp_once.storage import MemoryStore
@@ -79,7 +80,7 @@ class GatedAgent(ReferenceAgent):
 
     release: anyio.Event
 
-    async def run_turn(self, turn: Turn, emit: TurnContext) -> str:
+    async def run_turn(self, turn: Turn, emit: TurnContext) -> StopReason | Extension:
         await self.release.wait()
         return await super().run_turn(turn, emit)
 

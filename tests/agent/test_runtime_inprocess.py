@@ -16,6 +16,7 @@ from typing import Any
 import anyio
 import pytest
 
+from acp_once.agent import Extension, StopReason
 from acp_once.agent.reference import ReferenceAgent
 from acp_once.agent.runtime import Turn, TurnContext
 from acp_once.agent.state import unfinished_turns
@@ -211,7 +212,7 @@ async def test_a_stored_prompt_whose_connection_closes_before_its_answer_still_r
             self.stored.set()
             await self.release.wait()
 
-        async def run_turn(self, turn: Turn, emit: TurnContext) -> str:
+        async def run_turn(self, turn: Turn, emit: TurnContext) -> StopReason | Extension:
             self.ran.append(turn.message_id)
             try:
                 return await super().run_turn(turn, emit)
@@ -286,7 +287,7 @@ async def test_turns_dropped_by_a_close_whose_connection_closes_are_still_marked
 class FailingTurns(ReferenceAgent):
     """Every turn fails (no final emit: the worker ends it and marks it)."""
 
-    async def run_turn(self, turn: Any, emit: Any) -> str:
+    async def run_turn(self, turn: Any, emit: Any) -> StopReason:
         raise RuntimeError("model unavailable")
 
 
@@ -423,7 +424,7 @@ class HeldTurns(ReferenceAgent):
 
     release: anyio.Event
 
-    async def run_turn(self, turn: Turn, ctx: TurnContext) -> str:
+    async def run_turn(self, turn: Turn, ctx: TurnContext) -> StopReason | Extension:
         if "hold" in turn.text:
             await self.release.wait()
         return await super().run_turn(turn, ctx)

@@ -26,6 +26,7 @@ from anyio.abc import TaskGroup
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from acp_once.agent import StopReason
 from acp_once.agent.runtime import SessionAgent, Turn, TurnContext
 from acp_once.client import ClientSideConnection
 from acp_once.protocol import schema as s
@@ -67,7 +68,7 @@ class GatedAgent(SessionAgent):
         super().__init__(store, policy=policy)
         self.gates = gates
 
-    async def run_turn(self, turn: Turn, emit: TurnContext) -> str:
+    async def run_turn(self, turn: Turn, emit: TurnContext) -> StopReason:
         if not self.gates.all_open:
             await self.gates.event(turn.session_id).wait()
         return "end_turn"

@@ -13,7 +13,7 @@ import anyio.lowlevel
 import pytest
 from pydantic import BaseModel
 
-from acp_once.agent import STRICT_ENV, SessionAgent, Turn, TurnContext, updates
+from acp_once.agent import STRICT_ENV, SessionAgent, StopReason, Turn, TurnContext, updates
 from acp_once.agent import turns as runtime_module
 from acp_once.protocol import schema as s
 from acp_once.storage import MemoryStore
@@ -182,7 +182,7 @@ class ScriptedAgent(SessionAgent):
         self.script = script
         self.raised: list[BaseException] = []
 
-    async def run_turn(self, turn: Turn, ctx: TurnContext) -> str:
+    async def run_turn(self, turn: Turn, ctx: TurnContext) -> StopReason:
         try:
             await self.script(ctx)
         except ValueError as exc:

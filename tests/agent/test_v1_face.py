@@ -11,6 +11,7 @@ import anyio
 import orjson
 import pytest
 
+from acp_once.agent import StopReason
 from acp_once.agent.runtime import HeldPolicy, SessionAgent, Turn, TurnContext
 from acp_once.agent.updates import selected_option
 from acp_once.protocol import schema as s
@@ -35,7 +36,7 @@ class Scripted(SessionAgent):
         super().__init__(store, name="scripted", policy=policy)
         self.release = anyio.Event()
 
-    async def run_turn(self, turn: Turn, emit: TurnContext) -> str:
+    async def run_turn(self, turn: Turn, emit: TurnContext) -> StopReason:
         text = turn.text
         if "[permission]" in text:
             answer = await emit.request_permission(title="Write the file?", tool_call_id="c1")

@@ -174,7 +174,7 @@ def test_check_refuses_bad_url_targets_and_a_missing_command() -> None:
     assert check("ftp://localhost:1/acp") == 2
     assert "unsupported URL" in out.getvalue()
     assert check("http://localhost:1/acp") == 2  # nothing listens there: not run, exit 2
-    assert "could not connect" in out.getvalue()
+    assert "could not reach http://localhost:1/acp: connection refused" in out.getvalue()
     assert check(None) == 2
     assert "give the agent command" in out.getvalue()
 

@@ -64,7 +64,7 @@ def test_the_agent_guide_states_what_check_reports_for_the_echo_agent() -> None:
     assert block is not None, "the agent guide's echo-check block is gone"
     assert block.group(1) == line
     assert "acp-once check -- python examples/echo_agent.py" in guide
-    assert '--8<-- "examples/echo_agent.py"' in guide  # the agent the line is about
+    assert "<!-- file: examples/echo_agent.py -->" in guide  # the agent the line is about
     # the levels the wording relies on
     levels = {c.id: c.level for c in CHECKS}
     assert all(levels[id] is Level.MAY for id in NOT_IMPLEMENTED)

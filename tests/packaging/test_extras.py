@@ -18,6 +18,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 OPTIONAL = [
     "starlette", "uvicorn", "websockets", "httpx", "h11", "psycopg", "psycopg_pool", "uvloop",
@@ -170,6 +172,29 @@ def test_open_store_names_the_postgres_extra_when_psycopg_is_missing() -> None:
     )
     assert done.stdout.startswith("psycopg "), done.stdout + done.stderr
     assert "pip install 'acp-once[postgres]'" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("launcher", "url"),
+    [("WebSocketLauncher", "ws://127.0.0.1:9/acp"), ("HttpLauncher", "http://127.0.0.1:9/acp")],
+)
+def test_a_client_only_install_is_told_the_extra_a_network_launcher_needs(
+    launcher: str, url: str
+) -> None:
+    code = (
+        "import sys\n"
+        f"for name in {SERVER!r}: sys.modules[name] = None\n"
+        f"from acp_once.client import AcpClient, {launcher}\n"
+        "try:\n"
+        f"    {launcher}({url!r})\n"
+        "except ImportError as exc:\n"
+        "    print(exc)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.startswith(f"{launcher} needs the server extra (missing: "), done.stdout
+    assert done.stdout.strip().endswith("pip install 'acp-once[server]'"), done.stdout
 
 
 def test_version() -> None:

@@ -24,6 +24,7 @@ import httpx
 import pytest
 import uvicorn
 
+from acp_once.agent import StopReason
 from acp_once.agent.runtime import SessionAgent, Turn, TurnContext
 from acp_once.agent.serve import serve_stdio
 from acp_once.bridge import Bridge, BridgeError
@@ -604,7 +605,7 @@ async def test_an_agent_that_cannot_start_fails_the_bridge(tmp_path: Path) -> No
 class AskingAgent(SessionAgent):
     """Each turn asks a client of the session for permission, then says what it got."""
 
-    async def run_turn(self, turn: Turn, ctx: TurnContext) -> str:
+    async def run_turn(self, turn: Turn, ctx: TurnContext) -> StopReason:
         options = [{"optionId": "yes", "name": "Yes", "kind": "allow_once"}]
         request = {"sessionId": ctx.session_id, "title": "Go?", "options": options}
         answer = await ctx.request_permission(s.RequestPermissionRequest.model_validate(request))

@@ -15,6 +15,7 @@ from typing import Any
 import anyio
 import pytest
 
+from acp_once.agent import StopReason
 from acp_once.agent.runtime import SessionAgent, Turn, TurnContext
 from acp_once.client import ClientSideConnection
 from acp_once.protocol import schema as s
@@ -39,7 +40,7 @@ class GatedAgent(SessionAgent):
         super().__init__(store, **kw)
         self.gate = anyio.Event()
 
-    async def run_turn(self, turn: Turn, ctx: TurnContext) -> str:
+    async def run_turn(self, turn: Turn, ctx: TurnContext) -> StopReason:
         if "[block]" in turn.text:
             await self.gate.wait()
         return "end_turn"

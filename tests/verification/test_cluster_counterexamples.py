@@ -14,6 +14,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from acp_once.agent import StopReason
 from acp_once.agent.runtime import Turn, TurnContext
 from acp_once.cluster.sql import QueuedPrompt
 from acp_once.protocol.errors import AcpError
@@ -79,7 +80,7 @@ async def test_a_queued_retry_is_not_withdrawn_after_its_key_was_inserted_elsewh
                     await go.wait()
                 return await original(session_id, **fields)
 
-            async def run_turn(turn: Turn, ctx: TurnContext) -> str:
+            async def run_turn(turn: Turn, ctx: TurnContext) -> StopReason:
                 await turn_ends.wait()  # A's turn of K runs until the trace is played
                 return "end_turn"
 

@@ -14,6 +14,7 @@ from typing import Any
 import anyio
 import pytest
 
+from acp_once.agent import StopReason
 from acp_once.agent.runtime import Turn, TurnContext
 from acp_once.client.connection import ClientSideConnection
 from acp_once.cluster.sql import QueuedPrompt
@@ -43,7 +44,7 @@ def hold_turns(n: Node) -> anyio.Event:
     """Node `n`'s turns run until the returned event is set: a turn is running there."""
     gate = anyio.Event()
 
-    async def run_turn(turn: Turn, ctx: TurnContext) -> str:
+    async def run_turn(turn: Turn, ctx: TurnContext) -> StopReason:
         await gate.wait()
         return "end_turn"
 

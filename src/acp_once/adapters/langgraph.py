@@ -53,6 +53,7 @@ import orjson
 
 from acp_once.agent.adapter import AdapterKeys, derive_message_id
 from acp_once.agent.reference import ReferenceAgent
+from acp_once.protocol.vocabulary import Extension, StopReason
 from acp_once.storage.base import (
     ANY_TENANT,
     UNCHANGED,
@@ -637,7 +638,7 @@ class LangGraphAgent(ReferenceAgent):
         self.info = {"name": "acp-once-langgraph", "version": self.info["version"]}
         self.threads = store
 
-    async def run_turn(self, turn: Turn, emit: TurnContext) -> str:
+    async def run_turn(self, turn: Turn, emit: TurnContext) -> StopReason | Extension:
         if turn.live_only:  # a locally handled command never reaches the graph
             return await super().run_turn(turn, emit)
         text = turn.text

@@ -31,6 +31,7 @@ import anyio
 from acp_once.agent.faults import CRASH_ENV, CRASH_MARKER_ENV, CRASH_RATE_ENV, CrashAfterInsert
 from acp_once.agent.runtime import HeldPolicy, SessionAgent, Turn
 from acp_once.agent.state import new_id
+from acp_once.protocol.vocabulary import Extension, StopReason
 
 if TYPE_CHECKING:
     from acp_once.agent.runtime import TurnContext
@@ -76,7 +77,7 @@ class ReferenceAgent(SessionAgent):
         if self._crash is not None:
             self._crash.maybe_crash(message_id)
 
-    async def run_turn(self, turn: Turn, emit: TurnContext) -> str:
+    async def run_turn(self, turn: Turn, emit: TurnContext) -> StopReason | Extension:
         text = turn.text
         if turn.live_only:
             await emit.emit(

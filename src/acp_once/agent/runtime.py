@@ -65,6 +65,7 @@ from acp_once.protocol.errors import (
 )
 from acp_once.protocol.initialization import PROTOCOL_VERSION, negotiate_version
 from acp_once.protocol.limits import check_id, check_json_strings, check_path
+from acp_once.protocol.vocabulary import Extension, StopReason
 from acp_once.rpc.connection import unwrap_single_exception
 from acp_once.rpc.tasks import TaskPool, cancel_scope_factory
 from acp_once.storage.base import (
@@ -240,8 +241,10 @@ class SessionAgent(Agent, anyio.AsyncContextManagerMixin):
 
     # -- what subclasses provide -----------------------------------------------------------
 
-    async def run_turn(self, turn: Turn, emit: TurnContext) -> str:
-        """Work on one inserted message; return the stop reason ("end_turn", ...).
+    async def run_turn(self, turn: Turn, emit: TurnContext) -> StopReason | Extension:
+        """Work on one inserted message; return the stop reason ("end_turn", ...): a
+        `StopReason`, or an extension (`acp_once.protocol.vocabulary.extension("_mine")`).
+        In strict mode any other value ends the turn with "error".
 
         Runs in the agent's task group, so it may outlive the connection that sent the prompt.
         It is cancelled by `session/cancel` and `session/close` (report "cancelled" then).

@@ -32,6 +32,13 @@ from acp_once.agent.state import RECOVER_TIMEOUT, Turn, marker
 from acp_once.agent.updates import check_update, tool_call, tool_call_update
 from acp_once.protocol import schema as s
 from acp_once.protocol.errors import InternalError
+from acp_once.protocol.vocabulary import (
+    Extension,
+    StopReason,
+    ToolCallStatus,
+    ToolKind,
+    check_open_value,
+)
 from acp_once.rpc.errors import ConnectionClosed
 from acp_once.storage.base import FencingError, SessionMissing, SessionStore
 
@@ -47,7 +54,7 @@ _STOP_TIMEOUT = 10.0
 _DROPPED_IDLE = {"sessionUpdate": "state_update", "state": "idle", "stopReason": "cancelled"}
 """How a queued turn that a cancel dropped ended (it never ran)."""
 
-RunTurn = Callable[[Turn, "TurnContext"], Awaitable[str]]
+RunTurn = Callable[[Turn, "TurnContext"], Awaitable[StopReason | Extension]]
 """`SessionAgent.run_turn`: work on one inserted message; return the stop reason."""
 Publish = Callable[[dict[str, Any]], Awaitable[None]]
 """The session broadcast: send one update to the session's connections, here and elsewhere."""
@@ -201,7 +208,10 @@ class TurnRunner:
         with scope:
             await context.emit({"sessionUpdate": "state_update", "state": "running"})
             try:
-                idle["stopReason"] = await self.setup.run_turn(turn, context)
+                reason = await self.setup.run_turn(turn, context)
+                if self.setup.strict:
+                    check_open_value("stopReason", reason)
+                idle["stopReason"] = reason
             except Exception as exc:
                 logger.exception("session %s: turn failed", self.session_id)
                 idle["stopReason"] = "error"
@@ -326,6 +336,8 @@ class TurnContext:
         if not isinstance(update, dict):
             # JSON mode: URLs, datetimes and enums become strings orjson and clients accept
             update = update.model_dump(by_alias=True, exclude_unset=True, mode="json")
+            if self._strict:  # a builder takes any string the schema's open sets allow
+                check_update(update)
         elif self._strict:
             check_update(update)
         else:
@@ -350,8 +362,8 @@ class TurnContext:
         self,
         title: str,
         *,
-        kind: str = "other",
-        status: str = "pending",
+        kind: ToolKind | Extension = "other",
+        status: ToolCallStatus | Extension = "pending",
         tool_call_id: str | None = None,
         content: list[Any] | None = None,
         locations: list[Any] | None = None,

@@ -24,6 +24,15 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from acp_once.agent.state import new_id
 from acp_once.protocol import schema as s
+from acp_once.protocol.vocabulary import (
+    Extension,
+    NoticeSeverity,
+    PlanEntryPriority,
+    PlanEntryStatus,
+    ToolCallStatus,
+    ToolKind,
+    check_open_value,
+)
 
 __all__ = [
     "ContentLike",
@@ -198,8 +207,8 @@ def _tool_contents(content: Iterable[Any] | None) -> Any:
 def tool_call(
     title: str,
     *,
-    kind: str = "other",
-    status: str = "pending",
+    kind: ToolKind | Extension = "other",
+    status: ToolCallStatus | Extension = "pending",
     tool_call_id: str | None = None,
     name: str | None = None,
     content: Iterable[Any] | None = None,
@@ -236,9 +245,9 @@ def tool_call(
 def tool_call_update(
     tool_call_id: str,
     *,
-    status: str | None = _UNSET,
+    status: ToolCallStatus | Extension | None = _UNSET,
     title: str | None = _UNSET,
-    kind: str | None = _UNSET,
+    kind: ToolKind | Extension | None = _UNSET,
     name: str | None = _UNSET,
     content: Iterable[Any] | None = _UNSET,
     locations: Iterable[Mapping[str, Any] | str] | None = _UNSET,
@@ -301,7 +310,12 @@ def tool_call_content_chunk(
     )
 
 
-def plan_entry(content: str, *, status: str = "pending", priority: str = "medium") -> s.PlanEntry:
+def plan_entry(
+    content: str,
+    *,
+    status: PlanEntryStatus | Extension = "pending",
+    priority: PlanEntryPriority | Extension = "medium",
+) -> s.PlanEntry:
     """One task of a plan.
 
     Args:
@@ -381,7 +395,9 @@ def session_info(*, title: str | None = _UNSET) -> s.SessionUpdateSessionInfoUpd
     )
 
 
-def notice(title: str, *, severity: str = "info", description: str | None = None) -> Any:
+def notice(
+    title: str, *, severity: NoticeSeverity | Extension = "info", description: str | None = None
+) -> Any:
     """A fire-and-forget note for the user (not history: never retain it).
 
     Args:
@@ -447,8 +463,11 @@ def check_update(update: Mapping[str, Any]) -> None:
         update: the `update` object of a `session/update` notification.
 
     Raises:
-        ValueError: an unknown kind (the message lists the valid ones), or a field that does not
-            fit the kind (the message names the field and says why).
+        ValueError: an unknown kind (the message lists the valid ones), a field that does not
+            fit the kind (the message names the field and says why), or a value of an open set
+            (a tool call's kind or status, a stop reason, a plan entry's status or priority, a
+            notice's severity) that is neither known nor an extension starting with `_`
+            (`acp_once.protocol.vocabulary`).
     """
     kind = update.get("sessionUpdate")
     adapter = _kinds().get(kind) if isinstance(kind, str) else None
@@ -468,3 +487,24 @@ def check_update(update: Mapping[str, Any]) -> None:
             problems.setdefault(field, error["msg"])
         detail = "; ".join(f"field {field!r}: {msg}" for field, msg in problems.items())
         raise ValueError(f"invalid {kind} update: {detail}") from None
+    try:
+        _check_open_values(str(kind), update)
+    except ValueError as exc:
+        raise ValueError(f"invalid {kind} update: {exc}") from None
+
+
+def _check_open_values(kind: str, update: Mapping[str, Any]) -> None:
+    """The open string sets of `update` hold a known value or an extension (`_name`)."""
+    if kind == "tool_call_update":
+        for field in ("kind", "status"):
+            if update.get(field) is not None:
+                check_open_value(field, update[field])
+    elif kind == "state_update":
+        if update.get("stopReason") is not None:
+            check_open_value("stopReason", update["stopReason"])
+    elif kind == "plan_update":
+        for entry in update.get("plan", {}).get("entries", ()):
+            check_open_value("planStatus", entry.get("status"))
+            check_open_value("priority", entry.get("priority"))
+    elif kind == "notice":
+        check_open_value("severity", update.get("severity"))

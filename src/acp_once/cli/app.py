@@ -2,23 +2,51 @@
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import importlib.util
 import logging
 import shlex
+import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import anyio
 import typer
 
 from acp_once.cli import _eventloop
-from acp_once.cli.stdio_agent import configure_logging, data_dir, make_store_dir
+from acp_once.cli.stdio_agent import configure_logging, data_dir, factory_db, make_store_dir
 from acp_once.support.server_options import (
     DEFAULT_LIMITS,
     DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
     DEFAULT_TIMEOUTS,
 )
+
+if TYPE_CHECKING:
+    from acp_once.agent.factory import AgentFactory
+    from acp_once.storage.base import SessionStore
+
+
+def _fold_help_cells() -> None:
+    """Fold, never cut, what does not fit a help table's cell (an option's name, a long
+    default): typer builds its tables with rich's default column overflow, an ellipsis, and at
+    80 columns `--max-connections-per-address` would end in "…"."""
+    from rich.table import Column, Table
+    from typer import rich_utils
+
+    class FoldingTable(Table):
+        def add_row(self, *renderables: Any, **kwargs: Any) -> None:
+            while len(self.columns) < len(renderables):
+                self.columns.append(Column(_index=len(self.columns), overflow="fold"))
+            for column in self.columns:
+                column.overflow = "fold"
+            super().add_row(*renderables, **kwargs)
+
+    rich_utils.Table = FoldingTable  # type: ignore[attr-defined]
+
+
+_fold_help_cells()
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -52,6 +80,38 @@ def _require(extra: str, what: str) -> None:
     missing = [name for name in _EXTRAS[extra] if importlib.util.find_spec(name) is None]
     if missing:
         raise _missing_extra(extra, missing, what)
+
+
+_TargetArgument = Annotated[
+    str | None,
+    typer.Argument(
+        metavar="MODULE:FACTORY",
+        show_default=False,
+        help="your agent: MODULE:NAME or FILE.py:NAME, a SessionAgent subclass or a function "
+        "taking the store (default: the reference agent)",
+    ),
+]
+
+
+def _reference_only(ctx: typer.Context, *names: str) -> None:
+    """Exit 2 when one of the reference agent's own options is given with MODULE:FACTORY."""
+    for name in names:
+        source = ctx.get_parameter_source(name)
+        if source is not None and source.name != "DEFAULT":
+            flag = "--" + name.replace("_", "-")
+            raise typer.BadParameter(
+                "an option of the reference agent, not of MODULE:FACTORY", param_hint=flag
+            )
+
+
+def _load(target: str, loader: Callable[[str], AgentFactory]) -> AgentFactory:
+    """The factory `target` names, or exit 2 with the loader's one line."""
+    from acp_once.agent.factory import FactoryError
+
+    try:
+        return loader(target)
+    except FactoryError as exc:
+        raise typer.BadParameter(str(exc), param_hint="MODULE:FACTORY") from None
 
 
 def _show_version(value: bool) -> None:
@@ -264,6 +324,7 @@ def demo(
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def agent(
     ctx: typer.Context,
+    target: _TargetArgument = None,
     store: Annotated[
         str | None,
         typer.Option(
@@ -315,8 +376,12 @@ def agent(
     With --runtime v1 -- CMD ARGS, the turns are run by the ACP v1 stdio agent CMD (a child
     process): it is served as v2 with idempotency keys kept in the store (see
     docs/guide/upgrade.md).
+
+    With MODULE:FACTORY (or FILE.py:FACTORY), your agent runs instead: a SessionAgent
+    subclass, or a function taking the opened store and returning an Agent.
     """
     if runtime is Runtime.v1:
+        command = [target, *ctx.args] if target is not None else list(ctx.args)
         from acp_once.cli.upgrade import run_upgrade
 
         if interrupted is Interrupted.continue_:
@@ -327,7 +392,7 @@ def agent(
         _configure_logging(verbose, log_level)
         raise typer.Exit(
             run_upgrade(
-                list(ctx.args),
+                command,
                 url,
                 policy="steer" if policy is Policy.steer else "hold",
                 compare_prompts=compare_prompts,
@@ -337,6 +402,21 @@ def agent(
         raise typer.BadParameter(
             f"unexpected arguments: {' '.join(ctx.args)} (-- CMD needs --runtime v1)"
         )
+    if target is not None:
+        _reference_only(ctx, "side_effects", "policy", "interrupted", "compare_prompts", "runtime")
+        from acp_once.cli.stdio_agent import load_agent_factory, run_factory
+
+        factory = _load(target, load_agent_factory)
+        url = _store_url(store, factory_db(target))
+        _configure_logging(verbose, log_level)
+        from acp_once.agent.factory import FactoryError
+
+        try:
+            run_factory(factory, url)
+        except FactoryError as exc:
+            typer.echo(f"acp-once agent: {exc}", err=True)
+            raise typer.Exit(2) from None
+        return
     default_db = "langgraph.sqlite3" if runtime is Runtime.langgraph else "sessions.sqlite3"
     url = _store_url(store, default_db, langgraph=runtime is Runtime.langgraph)
     effects = side_effects or _data_dir() / "side-effects"
@@ -381,6 +461,8 @@ def agent(
 
 @app.command()
 def serve(
+    ctx: typer.Context,
+    target: _TargetArgument = None,
     host: Annotated[
         str, typer.Option(help="address to listen on (beyond loopback only with a token)")
     ] = "127.0.0.1",
@@ -481,7 +563,7 @@ def serve(
         list[str] | None,
         typer.Option(
             help="reverse proxies (IP addresses or networks, comma-separated or repeated; *: "
-            "any peer) whose X-Forwarded-For/Forwarded headers name the client for the "
+            "any peer) whose X-Forwarded-For or Forwarded headers name the client for the "
             "per-address caps and the logs (default: none, the headers are ignored)"
         ),
     ] = None,
@@ -497,10 +579,21 @@ def serve(
     addresses only. On a
     PostgreSQL store several nodes may serve the same sessions (--node-id, --lease-ttl);
     GET /ops/status shows them.
+
+    With MODULE:FACTORY (or FILE.py:FACTORY), your agent is served instead: a SessionAgent
+    subclass, or a function taking the opened store and returning an Agent.
     """
     _require("server", "serve")
+    from acp_once.agent.factory import FactoryError
+
+    factory = None
+    if target is not None:
+        _reference_only(ctx, "side_effects", "policy", "interrupted")
+        from acp_once.agent.factory import load_factory
+
+        factory = _load(target, load_factory)
     from acp_once.server.listen import InsecureListen, check_listen, listen
-    from acp_once.server.run import serve_reference
+    from acp_once.server.run import serve_agent
     from acp_once.server.tenants import TokensFileError, load_tokens
     from acp_once.storage import SchemaOutOfDate
 
@@ -525,7 +618,7 @@ def serve(
         check_listen(host, token if tokens is None else "")  # "": tenants' tokens protect it
     except InsecureListen as exc:
         raise typer.BadParameter(str(exc), param_hint="--host") from None
-    url = _store_url(store, "sessions.sqlite3")
+    url = _store_url(store, "sessions.sqlite3" if target is None else factory_db(target))
     if lease_ttl <= 0:
         raise typer.BadParameter("must be positive", param_hint="--lease-ttl")
     if idle_timeout < 0:
@@ -547,16 +640,20 @@ def serve(
             )
             raise typer.Exit(1) from None
     apply = migrate or _new_store(url)
+    if factory is None:
+        factory = _reference_factory(
+            side_effects=side_effects or _data_dir() / "side-effects",
+            policy="steer" if policy is Policy.steer else "hold",
+            resume_interrupted=interrupted is Interrupted.continue_,
+        )
     try:
         _eventloop.run(
-            lambda: serve_reference(
+            lambda: serve_agent(
+                factory,
                 host=host,
                 port=port,
                 store=url,
                 token=token,
-                side_effects=side_effects or _data_dir() / "side-effects",
-                policy="steer" if policy is Policy.steer else "hold",
-                resume_interrupted=interrupted is Interrupted.continue_,
                 max_connections=max_connections,
                 max_connections_per_address=max_connections_per_address or None,
                 max_message_bytes=max_message_bytes,
@@ -572,6 +669,9 @@ def serve(
                 forwarded_allow_ips=proxies,
             )
         )
+    except FactoryError as exc:
+        logging.getLogger("acp_once.server").error("%s", exc)
+        raise typer.Exit(2) from None
     except SchemaOutOfDate as exc:
         # a PostgreSQL URL may hold a password: it is described, and not repeated
         where = _describe_store(url)
@@ -585,6 +685,19 @@ def serve(
             "postgresql://... (the same URL)" if _is_postgres(url) else url,
         )
         raise typer.Exit(1) from None
+
+
+def _reference_factory(
+    *, side_effects: Path, policy: Literal["hold", "steer"], resume_interrupted: bool
+) -> AgentFactory:
+    from acp_once.agent.reference import ReferenceAgent
+
+    def reference(opened: SessionStore) -> ReferenceAgent:
+        return ReferenceAgent(
+            opened, side_effects=side_effects, policy=policy, resume_interrupted=resume_interrupted
+        )
+
+    return reference
 
 
 def _proxies(values: list[str] | None) -> list[str]:
@@ -646,7 +759,7 @@ def bridge(
         list[str] | None,
         typer.Option(
             help="reverse proxies (IP addresses or networks, comma-separated or repeated; *: "
-            "any peer) whose X-Forwarded-For/Forwarded headers name the client for the "
+            "any peer) whose X-Forwarded-For or Forwarded headers name the client for the "
             "per-address caps and the logs (default: none, the headers are ignored)"
         ),
     ] = None,
@@ -795,7 +908,12 @@ def check(
     target: Annotated[
         str | None, typer.Argument(help="ws:// or http:// URL (or -- CMD ARGS)")
     ] = None,
-    token: Annotated[str | None, typer.Option(help="bearer token for a URL target")] = None,
+    token: Annotated[
+        str | None,
+        typer.Option(
+            envvar="ACP_ONCE_TOKEN", show_envvar=True, help="bearer token for a URL target"
+        ),
+    ] = None,
     json_report: Annotated[Path | None, typer.Option("--json", help="write a JSON report")] = None,
     junit: Annotated[Path | None, typer.Option(help="write a JUnit XML report")] = None,
     slow_prompt: Annotated[
@@ -828,6 +946,10 @@ def check(
         raise typer.Exit(list_checks())
     if target is not None and target.startswith(_URL_SCHEMES):
         _require("server", "check URL")
+    else:
+        source = ctx.get_parameter_source("token")
+        if source is not None and source.name == "ENVIRONMENT":
+            token = None  # ACP_ONCE_TOKEN is for served agents: not worth a warning here
     command = list(ctx.args)
     raise typer.Exit(
         run_check(
@@ -841,6 +963,64 @@ def check(
             select=only,
         )
     )
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def zed(
+    ctx: typer.Context,
+    target: _TargetArgument = None,
+    store: Annotated[
+        str | None,
+        typer.Option(
+            help="memory, sqlite:PATH (made absolute) or postgresql://... (default: SQLite in "
+            "the user's data directory)"
+        ),
+    ] = None,
+    runtime: Annotated[
+        Runtime,
+        typer.Option(help="v1: the ACP v1 agent given after -- served as v2 with keys"),
+    ] = Runtime.reference,
+    name: Annotated[str | None, typer.Option(help="the agent's name in Zed's agent panel")] = None,
+) -> None:
+    """Print the `agent_servers` entry of Zed's settings.json that runs an agent with this
+    installation: `acp-once zed`, `acp-once zed my_module:make_agent`, or `acp-once zed
+    --runtime v1 -- CMD ARGS`.
+
+    The command is this installation's acp-once by its absolute path (Zed's PATH may find
+    another one, or none); paths are made absolute, as Zed starts the agent elsewhere.
+    """
+    from acp_once.cli.zed import zed_settings
+
+    if runtime is Runtime.langgraph:
+        raise typer.BadParameter("zed prints the reference, MODULE:FACTORY or v1 entries")
+    command = [target, *ctx.args] if runtime is Runtime.v1 and target else list(ctx.args)
+    if runtime is Runtime.v1:
+        if not command:
+            raise typer.BadParameter("give the v1 agent's command after --, e.g. -- CMD ARGS")
+        target = None
+    elif command:
+        raise typer.BadParameter(
+            f"unexpected arguments: {' '.join(command)} (-- CMD needs --runtime v1)"
+        )
+    if target is not None:
+        _load(target, _check_target)
+    db = "sessions.sqlite3" if target is None else factory_db(target)
+    default = f"sqlite:{_data_dir() / db}"
+    typer.echo(zed_settings(store=store or default, target=target, v1_command=command, name=name))
+    if store is not None and store.startswith("memory"):
+        typer.echo(
+            "acp-once zed: a memory: store forgets every session when Zed stops the agent",
+            err=True,
+        )
+
+
+def _check_target(target: str) -> AgentFactory:
+    """`target` loaded as `acp-once agent` would load it (its output to stderr), so a typo is
+    reported now rather than when Zed starts the agent."""
+    from acp_once.cli.stdio_agent import load_agent_factory
+
+    with contextlib.redirect_stdout(sys.stderr):
+        return load_agent_factory(target)
 
 
 @app.command()
@@ -977,12 +1157,29 @@ def db_status(
 def main() -> None:
     """Run the `acp-once` command line. A module of an extra that is still missing when a
     command imports it (past the checks above) ends the command with exit status 2 and the
-    extra's name, not a traceback."""
+    extra's name, not a traceback; a store or an outbox that cannot be opened, with status 1
+    and one line naming its path and the cause (the traceback too at -v)."""
+    from acp_once.storage import StorageError
+
     try:
         app()
+    except StorageError as exc:
+        from acp_once.cli.stdio_agent import report_store_failure
+
+        command = next((a for a in sys.argv[1:] if not a.startswith("-")), "")
+        raise SystemExit(report_store_failure(exc, command)) from None
     except ModuleNotFoundError as exc:
         root = (exc.name or "").partition(".")[0]
         extra = next((e for e, names in _EXTRAS.items() if root in names), None)
         if extra is None:
             raise
         raise SystemExit(_missing_extra(extra, [root], "this command").exit_code) from None
+    except Exception as exc:
+        from acp_once.client.outbox import OutboxError
+
+        if not isinstance(exc, OutboxError):  # `prompt --outbox PATH` that cannot be opened
+            raise
+        from acp_once.cli.stdio_agent import report_store_failure
+
+        command = next((a for a in sys.argv[1:] if not a.startswith("-")), "")
+        raise SystemExit(report_store_failure(exc, command)) from None

@@ -24,6 +24,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn
 from rich.table import Table
 
+from acp_once.cli.reasons import unreachable
 from acp_once.client import HttpLauncher, Launcher, StdioLauncher, WebSocketLauncher
 from acp_once.conformance import (
     CHECKS,
@@ -41,7 +42,7 @@ from acp_once.conformance import (
 from acp_once.conformance.rules import explain_refs
 from acp_once.conformance.suite import AgentSpeaksV1
 
-__all__ = ["EXIT_V1", "list_checks", "run_check"]
+__all__ = ["EXIT_V1", "list_checks", "run_check", "store_hint"]
 
 _STYLE = {Status.PASSED: "green", Status.FAILED: "red", Status.SKIPPED: "yellow"}
 _MARK = {Status.PASSED: "✓", Status.FAILED: "✗", Status.SKIPPED: "-"}
@@ -124,7 +125,10 @@ def run_check(
         except AgentSpeaksV1:
             return _speaks_v1(out, None)
         except (TargetUnavailable, OSError) as exc:
-            out.print(f"acp-once check: could not connect to and initialize {target}: {exc}")
+            why = unreachable(exc, getattr(remote, "last_failure", None), url=target)
+            out.print(
+                f"acp-once check: could not reach {target}: {why}", markup=False, soft_wrap=True
+            )
             return 2
         return _finish(out, report, json_report=json_report, junit=junit)
     if target is not None:
@@ -149,7 +153,35 @@ def run_check(
             if tail.strip():
                 out.print(tail, markup=False, highlight=False)
             return 2
-    return _finish(out, report, json_report=json_report, junit=junit)
+    status = _finish(out, report, json_report=json_report, junit=junit)
+    hint = store_hint(report, command)
+    if hint:
+        out.print(hint, markup=False, highlight=False, soft_wrap=True)
+    return status
+
+
+def store_hint(report: Report, command: Sequence[str]) -> str | None:
+    """One line blaming the store when checks of a stdio agent failed with "Session not
+    found" (-32002): every check starts the agent again, so sessions made by an earlier
+    launch are gone when they live in memory. None when no failure looks like that."""
+    lost = [
+        r.id
+        for r in report.results
+        if r.status is Status.FAILED and "-32002" in f"{r.received} {r.message}"
+    ]
+    if not lost:
+        return None
+    in_memory = any("memory" in arg for arg in command)
+    cause = (
+        "the agent keeps its sessions in memory (--store memory:)"
+        if in_memory
+        else "is the agent's store in memory?"
+    )
+    return (
+        f"hint: {len(lost)} check(s) failed with Session not found (-32002) after the agent "
+        f"was started again: {cause}; check starts it once per check, so its sessions must "
+        "outlive the process: give it a durable store, e.g. --store sqlite:/tmp/agent.db"
+    )
 
 
 EXIT_V1 = 3

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import anyio
 from rich.console import Console
+from rich.measure import Measurement
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -21,44 +23,75 @@ from rich.table import Table
 
 from acp_once.demo import DemoResult, Transport, run_demo
 
-__all__ = ["V1Agent", "results_table", "show_demo"]
+__all__ = ["V1Agent", "fitting_table", "results_by_figure", "results_table", "show_demo"]
+
+
+_TITLE = "acp-once demo: the same faults, with and without idempotency keys"
+# (header, the figure of a run, whether it counts a broken promise)
+_FIGURES: tuple[tuple[str, Callable[[DemoResult], str], bool], ...] = (
+    ("submitted", lambda r: str(r.submissions), False),
+    ("inserted once", lambda r: str(r.inserted_once), False),
+    ("2+ times", lambda r: str(r.inserted_twice_or_more), True),
+    ("lost", lambda r: str(r.lost), True),
+    (
+        "dup. side effects",
+        lambda r: str(r.duplicate_side_effects) if r.side_effects_counted else "-",
+        True,
+    ),
+    (
+        "missing side effects",
+        lambda r: str(r.missing_side_effects) if r.side_effects_counted else "-",
+        False,
+    ),
+    ("interrupted turns", lambda r: str(r.interrupted_turns), False),
+    ("agent kills", lambda r: str(r.agent_kills), False),
+    ("cut answers", lambda r: str(r.cut_answers), False),
+    ("client restarts", lambda r: str(r.client_restarts), False),
+    ("time", lambda r: f"{r.seconds:.1f} s", False),
+)
+
+
+def _run_name(r: DemoResult) -> str:
+    return "with keys" if r.keys else "no keys"
+
+
+def _shown(r: DemoResult, figure: Callable[[DemoResult], str], broken: bool) -> str:
+    if not broken:
+        return figure(r)
+    return f"[{'bold red' if not r.keys else 'bold green'}]{figure(r)}[/]"
 
 
 def results_table(results: list[DemoResult]) -> Table:
     """The demo's result table (one row per run)."""
-    table = Table(title="acp-once demo: the same faults, with and without idempotency keys")
-    for name in (
-        "run",
-        "submitted",
-        "inserted once",
-        "2+ times",
-        "lost",
-        "dup. side effects",
-        "missing side effects",
-        "interrupted turns",
-        "agent kills",
-        "cut answers",
-        "client restarts",
-        "time",
-    ):
-        table.add_column(name, justify="left" if name == "run" else "right")
+    table = Table(title=_TITLE)
+    table.add_column("run", justify="left")
+    for name, _, _ in _FIGURES:
+        table.add_column(name, justify="right")
     for r in results:
-        bad = "bold red" if not r.keys else "bold green"
-        table.add_row(
-            "with keys" if r.keys else "no keys",
-            str(r.submissions),
-            str(r.inserted_once),
-            f"[{bad}]{r.inserted_twice_or_more}[/]",
-            f"[{bad}]{r.lost}[/]",
-            f"[{bad}]{r.duplicate_side_effects}[/]" if r.side_effects_counted else "-",
-            str(r.missing_side_effects) if r.side_effects_counted else "-",
-            str(r.interrupted_turns),
-            str(r.agent_kills),
-            str(r.cut_answers),
-            str(r.client_restarts),
-            f"{r.seconds:.1f} s",
-        )
+        table.add_row(_run_name(r), *(_shown(r, f, broken) for _, f, broken in _FIGURES))
     return table
+
+
+def results_by_figure(results: list[DemoResult]) -> Table:
+    """The same table turned: one row per figure, one column per run (fits 80 columns)."""
+    table = Table(title=_TITLE)
+    table.add_column("")
+    for r in results:
+        table.add_column(_run_name(r), justify="right")
+    for name, figure, broken in _FIGURES:
+        table.add_row(name, *(_shown(r, figure, broken) for r in results))
+    return table
+
+
+def fitting_table(results: list[DemoResult], console: Console) -> Table:
+    """`results_table` when it fits the console's width, else `results_by_figure`."""
+    table = results_table(results)
+    # measured without the console's limit (a table measures at most the width it is given);
+    # squeezed, rich cuts headers ("submit…"), so the whole width or the turned table
+    wanted = Measurement.get(console, console.options.update_width(10_000), table).maximum
+    if wanted <= console.width:
+        return table
+    return results_by_figure(results)
 
 
 async def _one_run(
@@ -111,7 +144,9 @@ def show_demo(
 ) -> int:
     """Run both demos with a progress bar, print the table; 0 when keys kept the promise
     (with a v1 agent `v1`, behind the upgrade runtime over stdio)."""
-    console = Console(width=None if Console().is_terminal else 120)
+    # a pipe gets 120 columns, unless COLUMNS says otherwise (as a terminal's width does)
+    probe = Console()
+    console = Console(width=None if probe.is_terminal or "COLUMNS" in os.environ else 120)
     results: list[DemoResult] = []
     with (
         _expected_faults_unlogged(),
@@ -130,7 +165,7 @@ def show_demo(
                 progress.advance(task, count)
 
             results.append(anyio.run(_one_run, keys, submissions, seed, advance, transport, v1))
-    console.print(results_table(results))
+    console.print(fitting_table(results, console))
     if transport == "ws":
         drops = ", ".join(
             f"{r.dropped_connections} ({'with' if r.keys else 'no'} keys)" for r in results

@@ -17,15 +17,21 @@ def main() -> None:
     """Run the `acp-once` command line (`sys.argv`).
 
     Exits as the command does: 0, a usage error's 2, the status a command chose; on the
-    fast path, as typer's does, 130 after Ctrl-C and 1 when stdout is a closed pipe.
+    fast path, as typer's does, 130 after Ctrl-C and 1 when stdout is a closed pipe; 1 with
+    one line naming the path and the cause when the store cannot be opened.
     """
     argv = sys.argv[1:]
     if argv[:1] == ["agent"]:
         from acp_once.cli.stdio_agent import try_fast_agent
+        from acp_once.storage import StorageError
 
         try:
             if try_fast_agent(argv[1:]):
                 return
+        except StorageError as exc:
+            from acp_once.cli.stdio_agent import report_store_failure
+
+            sys.exit(report_store_failure(exc, "agent"))
         except KeyboardInterrupt:
             sys.exit(130)  # typer's status for Ctrl-C
         except BrokenPipeError:

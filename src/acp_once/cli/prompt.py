@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import re
 import shlex
 import sys
 import threading
@@ -31,6 +30,7 @@ import orjson
 from rich.console import Console
 from rich.markup import escape
 
+from acp_once.cli.reasons import unreachable
 from acp_once.client import (
     AcpClient,
     AgentRefused,
@@ -390,7 +390,7 @@ async def run_prompt(
         return 1
     except (TransportError, OSError, TimeoutError, anyio.BrokenResourceError) as exc:
         noted = getattr(launcher, "last_failure", None)
-        reason = escape(_reason(exc, noted))
+        reason = escape(unreachable(exc, noted, url=agent if "://" in agent else None))
         console.print(f"[bold red]could not reach the agent:[/] {reason}", soft_wrap=True)
         return 1
     except KeyConflict as exc:
@@ -420,24 +420,3 @@ async def _prompt_v1(
     renderer.finish()
     console.print(f"[bold red]the turn did not end within {wait:g} s[/]")
     return EXIT_NO_END
-
-
-def _reason(exc: BaseException, noted: str | None = None) -> str:
-    """One line saying why the agent could not be reached: an HTTP status along the
-    exception's causes or in what the launcher `noted`, else the exception's text."""
-    texts: list[str] = [noted] if noted else []
-    current: BaseException | None = exc
-    while current is not None and len(texts) < 8:
-        texts.append(str(current))
-        current = current.__cause__ or current.__context__
-    for text in texts:
-        status = re.search(r"HTTP (\d{3})", text)
-        if status is None:
-            continue
-        if status.group(1) in ("401", "403"):
-            return (
-                f"the server refused the token (HTTP {status.group(1)}): "
-                "check --token or ACP_ONCE_TOKEN"
-            )
-        return text
-    return next((t for t in texts if t), type(exc).__name__)

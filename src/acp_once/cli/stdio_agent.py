@@ -6,7 +6,8 @@ instructions of that start (`benchmarks/README.md`, bench_coldstart.py). `parse_
 reads the forms the command takes with the reference runtime and a memory or SQLite store
 (`--store X` or `--store=X`, `--policy`, `--compare-prompts/--no-compare-prompts`,
 `--side-effects`, `--interrupted`, `--runtime reference`, `-v`/`-vv`/`--verbose`,
-`--log-level`) and gives up (None) on anything else: help, an unknown option or value, a
+`--log-level`), or your agent's (`MODULE:FACTORY` with `--store`, `-v`, `--log-level`), and
+gives up (None) on anything else: help, an unknown option or value, a
 repeated option, a store URL `check_store_url` refuses, a PostgreSQL store, another runtime.
 Then `acp_once.cli.entry` hands the whole command line to the typer application, which parses
 it (and reports its errors) as it always did. The two paths start the same agent through
@@ -24,14 +25,22 @@ import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from acp_once.agent.factory import AgentFactory
 
 __all__ = [
     "LOG_FORMAT",
     "AgentArgs",
     "configure_logging",
     "data_dir",
+    "factory_db",
+    "load_agent_factory",
     "make_store_dir",
+    "report_store_failure",
     "parse_agent_args",
+    "run_factory",
     "run_reference",
     "try_fast_agent",
 ]
@@ -62,6 +71,14 @@ class AgentArgs:
     interrupted: str = "report"
     verbose: int = 0
     log_level: str | None = None
+    target: str | None = None  # MODULE:FACTORY or FILE.py:FACTORY: your agent, not ours
+
+
+def factory_db(target: str) -> str:
+    """The default SQLite file of MODULE:FACTORY's sessions, in the data directory: one per
+    factory (`my_pkg.agents.make_agent.sqlite3`), not the reference agent's."""
+    where, _, name = target.rpartition(":")
+    return f"{Path(where).stem if where.endswith('.py') else where}.{name}.sqlite3"
 
 
 def data_dir() -> Path:
@@ -75,10 +92,47 @@ def data_dir() -> Path:
 
 def make_store_dir(url: str) -> None:
     """Create the directory of a `sqlite:PATH` store's file, private (0700), `~` expanded as
-    the store expands it; nothing for other stores."""
+    the store expands it; nothing for other stores.
+
+    Raises:
+        StorageError: the directory cannot be created (the message names it and the OS error).
+    """
     if url.startswith("sqlite:") and url != "sqlite::memory:":
         db_dir = Path(url.removeprefix("sqlite:")).expanduser().parent
-        db_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        try:
+            db_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as exc:
+            from acp_once.storage import StorageError
+
+            reason = exc.strerror or str(exc)
+            raise StorageError(f"{db_dir}: cannot create the store's directory: {reason}") from exc
+
+
+def _verbose_asked(argv: Sequence[str]) -> bool:
+    """Whether ARGV asks for -v or a level of info or below (the check runs where the failure
+    may come before logging is configured)."""
+    for arg, following in zip(argv, [*argv[1:], ""], strict=True):
+        if arg in ("-v", "-vv", "-vvv", "--verbose"):
+            return True
+        level = arg.removeprefix("--log-level=") if arg.startswith("--log-level=") else None
+        if arg == "--log-level":
+            level = following
+        if level is not None and level.lower() in ("debug", "info"):
+            return True
+    return False
+
+
+def report_store_failure(exc: BaseException, command: str) -> int:
+    """Say on stderr in one line why the store could not be opened (its message names the
+    path and the cause), after its traceback only when -v or a lower level was asked for;
+    returns the exit status, 1."""
+    if _verbose_asked(sys.argv[1:]) or logging.getLogger().isEnabledFor(logging.INFO):
+        import traceback
+
+        traceback.print_exception(exc, file=sys.stderr)
+    sys.stderr.write(f"acp-once {command}: {exc}\n")
+    sys.stderr.flush()
+    return 1
 
 
 def chosen_level(verbose: int, log_level: str | None) -> int | None:
@@ -115,9 +169,13 @@ def parse_agent_args(argv: Sequence[str]) -> AgentArgs | None:
     values: dict[str, str] = {}
     flags: dict[str, bool] = {}
     verbose = 0
+    target: str | None = None
     args = list(argv)
     while args:
         arg = args.pop(0)
+        if not arg.startswith("-") and ":" in arg and target is None:
+            target = arg
+            continue
         if arg in ("-v", "-vv", "-vvv", "--verbose"):
             verbose += 1 if arg == "--verbose" else len(arg) - 1
             continue
@@ -141,7 +199,10 @@ def parse_agent_args(argv: Sequence[str]) -> AgentArgs | None:
             return None
         values[name] = value
     side_effects = values.get("--side-effects")
+    if target is not None and (flags or set(values) - {"--store", "--log-level"}):
+        return None  # an option of the reference agent: typer says so
     return AgentArgs(
+        target=target,
         store=values.get("--store"),
         policy=values.get("--policy", "hold"),
         compare_prompts=flags.get("compare", True),
@@ -210,6 +271,40 @@ def run_reference(
     _eventloop.run(run)
 
 
+def load_agent_factory(spec: str) -> AgentFactory:
+    """The factory `spec` names (`acp_once.agent.factory.load_factory`), imported with its
+    module's import-time output sent to stderr: stdout is the ACP stream.
+
+    Raises:
+        FactoryError: `spec` cannot be loaded (one line naming it and the cause).
+    """
+    from acp_once.agent.factory import load_factory
+
+    with contextlib.redirect_stdout(sys.stderr):
+        return load_factory(spec)
+
+
+def run_factory(factory: AgentFactory, url: str) -> None:
+    """Serve the agent `factory` makes on the store `url` (checked, its directory made) on this
+    process's stdin and stdout until stdin closes, on the commands' event loop.
+
+    Raises:
+        FactoryError: the factory made something that is not an `Agent`.
+        StorageError: the store cannot be opened.
+    """
+    with _imports_frozen():
+        from acp_once.agent.factory import open_agent
+        from acp_once.agent.serve import serve_stdio
+        from acp_once.cli import _eventloop
+        from acp_once.storage import open_store
+
+    async def run() -> None:
+        async with open_store(url) as opened, open_agent(factory, opened) as agent:
+            await serve_stdio(agent)
+
+    _eventloop.run(run)
+
+
 def try_fast_agent(argv: Sequence[str]) -> bool:
     """Run `acp-once agent ARGV` here when `parse_agent_args` takes ARGV and its store is
     memory or SQLite; False (nothing done) otherwise, for the typer application to handle.
@@ -222,15 +317,25 @@ def try_fast_agent(argv: Sequence[str]) -> bool:
     args = parse_agent_args(argv)
     if args is None:
         return False
+    default = "sessions.sqlite3" if args.target is None else factory_db(args.target)
     try:
-        url = check_store_url(args.store or f"sqlite:{data_dir() / 'sessions.sqlite3'}")
+        url = check_store_url(args.store or f"sqlite:{data_dir() / default}")
     except ValueError:
         return False
     if not url.startswith(("memory:", "sqlite:")):
         return False
     make_store_dir(url)
-    side_effects = args.side_effects or data_dir() / "side-effects"
     configure_logging(chosen_level(args.verbose, args.log_level))
+    if args.target is not None:
+        from acp_once.agent.factory import FactoryError
+
+        try:
+            run_factory(load_agent_factory(args.target), url)
+        except FactoryError as exc:  # one line, as the typer path says it
+            sys.stderr.write(f"acp-once agent: {exc}\n")
+            raise SystemExit(2) from None
+        return True
+    side_effects = args.side_effects or data_dir() / "side-effects"
     run_reference(
         url,
         side_effects=side_effects,

@@ -14,6 +14,7 @@ first connection raises them, later ones are retried with backoff.
 from __future__ import annotations
 
 import contextlib
+import importlib
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
@@ -128,6 +129,20 @@ def _check_url(url: str, schemes: tuple[str, ...], what: str) -> str:
     return url
 
 
+def _require_server_extra(launcher: str, transport: str) -> None:
+    """Import the network transport `transport` now, so a missing package of the `server`
+    extra is reported when the launcher is made, naming the extra (an ImportError)."""
+    try:
+        importlib.import_module(f"acp_once.transports.{transport}")
+    except ModuleNotFoundError as exc:
+        missing = (exc.name or "?").partition(".")[0]
+        raise ImportError(
+            f"{launcher} needs the server extra (missing: {missing}): "
+            "pip install 'acp-once[server]'",
+            name=missing,
+        ) from None
+
+
 class WebSocketLauncher(_Tracked["ClientWebSocketFrames"]):
     """An agent served over WebSocket (`acp-once serve`): each `connect()` opens a new
     WebSocket, i.e. a new ACP connection, to the same server.
@@ -144,6 +159,7 @@ class WebSocketLauncher(_Tracked["ClientWebSocketFrames"]):
 
     Raises:
         ValueError: `url` is not a `ws://` or `wss://` URL.
+        ImportError: the `server` extra is not installed (the message names it).
     """
 
     def __init__(
@@ -156,6 +172,7 @@ class WebSocketLauncher(_Tracked["ClientWebSocketFrames"]):
     ) -> None:
         super().__init__()
         self.url = _check_url(url, ("ws://", "wss://"), "WebSocket")
+        _require_server_extra("WebSocketLauncher", "websocket")
         self._token = token
         self.max_frame = max_frame
         self.open_timeout = open_timeout
@@ -196,11 +213,13 @@ class HttpLauncher(_Tracked["ClientHttpFrames"]):
 
     Raises:
         ValueError: `url` is not an `http://` or `https://` URL.
+        ImportError: the `server` extra is not installed (the message names it).
     """
 
     def __init__(self, url: str, token: str | None = None, *, timeout: float = 10.0) -> None:
         super().__init__()
         self.url = _check_url(url, ("http://", "https://"), "HTTP")
+        _require_server_extra("HttpLauncher", "http")
         self._token = token
         self.timeout = timeout
         self.last_failure: str | None = None

@@ -78,7 +78,7 @@ from acp_once.protocol.keys import new_key
 from acp_once.protocol.retry import may_resend
 from acp_once.protocol.v1_to_v2 import answer_version, not_acp_reason
 from acp_once.rpc.connection import unwrap_single_exception
-from acp_once.rpc.errors import TransportError
+from acp_once.rpc.errors import ConnectionClosed, TransportError
 
 if TYPE_CHECKING:
     from acp_once.protocol import v1
@@ -398,8 +398,13 @@ class AcpClient(anyio.AsyncContextManagerMixin):
                     attempt = 0  # a healthy connection resets the backoff
                     await conn.wait_closed()
             except (TransportError, OSError, TimeoutError, AcpError, AgentRefused) as exc:
-                if not started:
-                    raise  # the first connection must work: the caller hears why it did not
+                if not started:  # the first connection must work: the caller hears why not
+                    noted = getattr(self.launcher, "last_failure", None)
+                    if isinstance(exc, ConnectionClosed) and noted:
+                        # the engine saw only a lost connection; the launcher knows the status
+                        refused = f"Could not connect: {noted}"
+                        raise ConnectionClosed(refused) from exc
+                    raise
                 logger.warning("connection to the agent failed: %s", type(exc).__name__)
             finally:
                 self._conn = None

@@ -50,7 +50,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Sequence
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from pydantic import ValidationError
 
@@ -58,6 +58,7 @@ from acp_once.protocol import schema as s
 from acp_once.protocol.initialization import PROTOCOL_VERSION
 from acp_once.protocol.updates import validate_update_notification
 from acp_once.protocol.v2_to_v1 import V1_STOP_REASONS
+from acp_once.protocol.vocabulary import StopReason
 
 if TYPE_CHECKING:
     from acp_once.protocol import v1
@@ -175,12 +176,14 @@ def not_acp_reason(answer: Any) -> str:
     return f"the agent's initialize answer is not ACP v1 or v2 (protocolVersion {version!r})"
 
 
-def v2_stop_reason_from_v1(result: Any) -> str:
+def v2_stop_reason_from_v1(result: Any) -> StopReason:
     """The v2 stop reason of a v1 `session/prompt` result: its `stopReason` where v1 has it,
     else `end_turn` (an unknown one, or none: the turn did end). The other way:
     `acp_once.protocol.v2_to_v1.v1_stop_reason_from_v2`."""
     reason = result.get("stopReason") if isinstance(result, dict) else None
-    return reason if isinstance(reason, str) and reason in V1_STOP_REASONS else "end_turn"
+    if isinstance(reason, str) and reason in V1_STOP_REASONS:
+        return cast("StopReason", reason)  # every v1 stop reason is a v2 one
+    return "end_turn"
 
 
 def user_message(

@@ -5,8 +5,9 @@
   any Starlette or FastAPI app; its limits and timeouts as values (`ServerLimits`,
   `ServerTimeouts`).
 - `listen`: the loopback rule (`check_listen`), the listening socket, and uvicorn run on it.
-- `run`: the reference agent (`serve_reference`) and a bridged stdio agent (`serve_bridge`)
-  served until SIGINT or SIGTERM.
+- `run`: your agent (`serve_agent(EchoAgent, port=8765, store="sqlite:s.db")`), the
+  reference agent (`serve_reference`) and a bridged stdio agent (`serve_bridge`) served until
+  SIGINT or SIGTERM.
 """
 
 from acp_once.support.server_options import (
@@ -20,6 +21,7 @@ from acp_once.support.server_options import (
 
 from .app import AcpServer, ConnectionHandler, create_app
 from .listen import InsecureListen, check_listen, is_loopback, listen, serve_app
+from .run import serve_agent
 
 __all__ = [
     "DEFAULT_IDLE_TIMEOUT",
@@ -35,5 +37,6 @@ __all__ = [
     "create_app",
     "is_loopback",
     "listen",
+    "serve_agent",
     "serve_app",
 ]

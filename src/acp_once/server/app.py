@@ -760,6 +760,13 @@ def create_app(
         forwarded_allow_ips=forwarded_allow_ips,
         **options,
     )
-    app = Starlette(routes=server.routes(), lifespan=server.lifespan)
+    # a WebSocket to any other path is answered 404, not Starlette's bare close (403, which a
+    # client would take for a refused token)
+    routes = [*server.routes(), WebSocketRoute("/{path:path}", _no_endpoint)]
+    app = Starlette(routes=routes, lifespan=server.lifespan)
     app.state.acp = server
     return app
+
+
+async def _no_endpoint(websocket: WebSocket) -> None:
+    await _deny(websocket, 404, "no ACP endpoint at this path", {})

@@ -1,6 +1,7 @@
-"""Ready-made servers: the reference agent (`acp-once serve`) and a bridged stdio agent
-(`acp-once bridge`), each on uvicorn until SIGINT or SIGTERM; `acp-once serve --tokens FILE`
-reads its tenants' tokens again on SIGHUP."""
+"""Ready-made servers: your agent (`serve_agent`, `acp-once serve MODULE:FACTORY`), the
+reference agent (`acp-once serve`) and a bridged stdio agent (`acp-once bridge`), each on
+uvicorn until SIGINT or SIGTERM; with a tokens file, its tenants' tokens are read again on
+SIGHUP."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import logging
 import signal
 import socket
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, TypeVar
 
@@ -17,11 +18,16 @@ import anyio
 import anyio.to_thread
 import uvicorn
 
+from acp_once.agent.factory import AgentFactory
+from acp_once.agent.interface import Agent
 from acp_once.bridge import Bridge
 from acp_once.support.server_options import (
     DEFAULT_IDLE_TIMEOUT,
+    DEFAULT_MAX_CONNECTIONS,
     DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
+    DEFAULT_MAX_MESSAGE_BYTES,
     DEFAULT_WRITE_TIMEOUT,
+    ServerOptions,
 )
 
 from .app import AcpServer, create_app
@@ -32,7 +38,7 @@ if TYPE_CHECKING:
     from acp_once.agent.runtime import SessionAgent
     from acp_once.storage.base import SessionStore
 
-__all__ = ["clustered", "serve_bridge", "serve_reference"]
+__all__ = ["clustered", "serve_agent", "serve_bridge", "serve_reference"]
 
 logger = logging.getLogger("acp_once.server")
 
@@ -85,9 +91,73 @@ async def serve_reference(
     max_connections_per_address: int | None = DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
     forwarded_allow_ips: Sequence[str] = (),
 ) -> None:
-    """Run the reference agent on `store` behind `create_app` until SIGINT or SIGTERM (with
-    `handle_signals`) or `server.should_exit`; connections are closed, then the agent (a
-    cluster node gives its leases up) and the store.
+    """Run the reference agent (`side_effects`: the directory of its per-session logs;
+    `policy`, `resume_interrupted`: as `ReferenceAgent` takes them) with `serve_agent`; the
+    other arguments and the errors raised are `serve_agent`'s."""
+    from acp_once.agent.reference import ReferenceAgent
+
+    def reference(opened: SessionStore) -> ReferenceAgent:
+        return ReferenceAgent(
+            opened,
+            side_effects=side_effects,
+            policy=policy,
+            resume_interrupted=resume_interrupted,
+        )
+
+    await serve_agent(
+        reference,
+        host=host,
+        port=port,
+        store=store,
+        token=token,
+        max_connections=max_connections,
+        max_message_bytes=max_message_bytes,
+        sock=sock,
+        on_server=on_server,
+        node_id=node_id,
+        lease_ttl=lease_ttl,
+        idle_timeout=idle_timeout,
+        write_timeout=write_timeout,
+        handle_signals=handle_signals,
+        allowed_origins=allowed_origins,
+        allowed_hosts=allowed_hosts,
+        tokens_file=tokens_file,
+        migrate=migrate,
+        max_connections_per_address=max_connections_per_address,
+        forwarded_allow_ips=forwarded_allow_ips,
+    )
+
+
+async def serve_agent(
+    factory: AgentFactory,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8765,
+    store: str = "memory:",
+    token: str | None = None,
+    max_connections: int = DEFAULT_MAX_CONNECTIONS,
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    sock: socket.socket | None = None,
+    on_server: Callable[[uvicorn.Server], None] | None = None,
+    node_id: str | None = None,
+    lease_ttl: float = 10.0,
+    idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT,
+    write_timeout: float = DEFAULT_WRITE_TIMEOUT,
+    handle_signals: bool = True,
+    allowed_origins: Sequence[str] = (),
+    allowed_hosts: Sequence[str] = (),
+    tokens_file: Path | None = None,
+    migrate: bool = True,
+    max_connections_per_address: int | None = DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
+    forwarded_allow_ips: Sequence[str] = (),
+) -> None:
+    """Serve the agent `factory` makes at ws://HOST:PORT/acp and http://HOST:PORT/acp until
+    SIGINT or SIGTERM (with `handle_signals`) or `server.should_exit`; then connections are
+    closed, then the agent (a cluster node gives its leases up) and the store.
+
+    `factory`: a `SessionAgent` subclass or a callable taking the opened store (or nothing)
+    and returning an `Agent` (`acp_once.agent.factory`), e.g. `serve_agent(EchoAgent)`.
+    `store`: the URL `open_store` takes (`memory:`, `sqlite:PATH`, `postgresql://...`).
 
     `tokens_file` (instead of `token`): the tenants' tokens (`acp_once.server.tenants`), read
     again on SIGHUP (with `handle_signals`): a removed token's new connections are refused,
@@ -106,18 +176,21 @@ async def serve_reference(
     that is out of date raises `SchemaOutOfDate` (naming `acp-once db migrate`) before anything
     is served (`acp-once serve` passes False unless `--migrate`, or the store is new).
 
+    On a PostgreSQL store a `SessionAgent` is a cluster node (`node_id`, default the host name;
+    `lease_ttl` seconds before a dead node's sessions are taken over): any number of
+    processes may serve the same store behind a load balancer (`acp_once.cluster`).
+
     Raises:
         InsecureListen: `host` is not loopback and there is no token.
         OSError: `host`:`port` cannot be bound.
+        FactoryError: `factory` made something that is not an `Agent`.
         SchemaOutOfDate: `migrate` is False and the store's schema is out of date.
+        StorageError: the store cannot be opened.
         TokensFileError: `tokens_file` cannot be read or is not valid.
         ValueError: both `token` and `tokens_file`.
-
-    On a PostgreSQL store the agent is a cluster node (`node_id`, default the host name;
-    `lease_ttl` seconds before a dead node's sessions are taken over): any number of
-    processes may serve the same store behind a load balancer (`acp_once.cluster`).
     """
-    from acp_once.agent.reference import ReferenceAgent
+    from acp_once.agent.factory import build_agent, entered
+    from acp_once.agent.runtime import SessionAgent
     from acp_once.storage import open_store
 
     if token is not None and tokens_file is not None:
@@ -125,48 +198,77 @@ async def serve_reference(
     tokens = load_tokens(tokens_file) if tokens_file is not None else None
     # tenants' tokens protect the server as one token does ("": a token, none named here)
     check_listen(host, token if tokens is None else "")
-    async with (
-        open_store(store, migrate=migrate) as opened,
-        clustered(
-            ReferenceAgent(
-                opened,
-                side_effects=side_effects,
-                policy=policy,
-                resume_interrupted=resume_interrupted,
-            ),
-            opened,
-            node_id=node_id,
-            lease_ttl=lease_ttl,
-        ) as agent,
-    ):
-        app = create_app(
-            agent,
-            token=token,
-            tokens=tokens,
-            max_connections=max_connections,
-            max_message_bytes=max_message_bytes,
-            idle_timeout=idle_timeout,
-            write_timeout=write_timeout,
-            allowed_origins=allowed_origins,
-            allowed_hosts=allowed_hosts,
-            forwarded_allow_ips=forwarded_allow_ips,
-        )
-        with contextlib.ExitStack() as owned:
-            if sock is None:
-                sock = owned.enter_context(listen(host, port))
-            async with anyio.create_task_group() as tg:
-                # signal handlers can only be set from the main thread
-                main = threading.current_thread() is threading.main_thread()
-                if tokens_file is not None and handle_signals and main:
-                    tg.start_soon(_reload_on_sighup, app.state.acp, tokens_file)
-                await serve_app(
-                    app,
-                    sock,
-                    on_server=on_server,
-                    handle_signals=handle_signals,
-                    max_connections_per_address=max_connections_per_address,
-                )
-                tg.cancel_scope.cancel()
+
+    async with open_store(store, migrate=migrate) as opened:
+        made = await build_agent(factory, opened)
+        if isinstance(made, SessionAgent):
+            made = clustered(made, opened, node_id=node_id, lease_ttl=lease_ttl)
+        async with entered(made) as agent:
+            await _serve_entered(
+                agent,
+                host=host,
+                port=port,
+                token=token,
+                tokens=tokens,
+                tokens_file=tokens_file,
+                sock=sock,
+                on_server=on_server,
+                handle_signals=handle_signals,
+                max_connections_per_address=max_connections_per_address,
+                options={
+                    "max_connections": max_connections,
+                    "max_message_bytes": max_message_bytes,
+                    "idle_timeout": idle_timeout,
+                    "write_timeout": write_timeout,
+                },
+                allowed_origins=allowed_origins,
+                allowed_hosts=allowed_hosts,
+                forwarded_allow_ips=forwarded_allow_ips,
+            )
+
+
+async def _serve_entered(
+    agent: Agent,
+    *,
+    host: str,
+    port: int,
+    token: str | None,
+    tokens: Mapping[str, str] | None,
+    tokens_file: Path | None,
+    sock: socket.socket | None,
+    on_server: Callable[[uvicorn.Server], None] | None,
+    handle_signals: bool,
+    max_connections_per_address: int | None,
+    options: ServerOptions,
+    allowed_origins: Sequence[str],
+    allowed_hosts: Sequence[str],
+    forwarded_allow_ips: Sequence[str],
+) -> None:
+    app = create_app(
+        agent,
+        token=token,
+        tokens=tokens,
+        allowed_origins=allowed_origins,
+        allowed_hosts=allowed_hosts,
+        forwarded_allow_ips=forwarded_allow_ips,
+        **options,
+    )
+    with contextlib.ExitStack() as owned:
+        if sock is None:
+            sock = owned.enter_context(listen(host, port))
+        async with anyio.create_task_group() as tg:
+            # signal handlers can only be set from the main thread
+            main = threading.current_thread() is threading.main_thread()
+            if tokens_file is not None and handle_signals and main:
+                tg.start_soon(_reload_on_sighup, app.state.acp, tokens_file)
+            await serve_app(
+                app,
+                sock,
+                on_server=on_server,
+                handle_signals=handle_signals,
+                max_connections_per_address=max_connections_per_address,
+            )
+            tg.cancel_scope.cancel()
 
 
 async def _reload_on_sighup(server: AcpServer, path: Path) -> None:

@@ -41,6 +41,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from acp_once.protocol.framing import FrameEvent
+from acp_once.support.refusals import describe_refusal
 from acp_once.transports.websocket import CONNECTION_ID_HEADER
 
 __all__ = [
@@ -411,7 +412,9 @@ class ClientHttpFrames:
         if self.connection_id is None:  # the first message is initialize
             response = await self._post(frame, headers)
             if response.status_code != 200:
-                raise anyio.BrokenResourceError(f"initialize: HTTP {response.status_code}")
+                raise anyio.BrokenResourceError(
+                    f"initialize: {describe_refusal(response.status_code)}"
+                )
             connection_id = response.headers.get(CONNECTION_ID_HEADER)
             if not connection_id:
                 raise anyio.BrokenResourceError("initialize: no Acp-Connection-Id")
@@ -427,14 +430,15 @@ class ClientHttpFrames:
             headers[SESSION_ID_HEADER] = session_id
         response = await self._post(frame, headers)
         if response.status_code != 202:
-            raise anyio.BrokenResourceError(f"POST: HTTP {response.status_code}")
+            raise anyio.BrokenResourceError(f"POST: {describe_refusal(response.status_code)}")
 
     async def _post(self, frame: bytes, headers: dict[str, str]) -> httpx.Response:
         try:
             return await self.client.post(self.url, content=frame, headers=headers)
         except httpx.HTTPError as exc:
             self._end()  # outcome unknown: this connection is done
-            raise anyio.BrokenResourceError from exc
+            # the class and httpx's text (no body, no header): why, for the caller's message
+            raise anyio.BrokenResourceError(f"{type(exc).__name__}: {exc}") from exc
 
     async def _open(self, session_id: str | None) -> None:
         await self._tg.start(self._read, session_id)
@@ -450,7 +454,9 @@ class ClientHttpFrames:
         try:
             async with self.client.stream("GET", self.url, headers=headers) as response:
                 if response.status_code != 200:
-                    raise HttpRejected(f"GET: HTTP {response.status_code}", response.status_code)
+                    raise HttpRejected(
+                        f"GET: {describe_refusal(response.status_code)}", response.status_code
+                    )
                 self.streams[session_id] = response
                 task_status.started()
                 started = True

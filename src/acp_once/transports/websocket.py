@@ -36,6 +36,7 @@ from websockets.exceptions import (
 )
 
 from acp_once.protocol.framing import DEFAULT_MAX_FRAME, FrameEvent, OversizedFrame
+from acp_once.support.refusals import describe_refusal
 
 __all__ = [
     "CONNECTION_ID_HEADER",
@@ -417,7 +418,7 @@ async def connect_websocket(
     except InvalidStatus as exc:
         status = exc.response.status_code
         raise WebSocketRejected(
-            f"The server refused the WebSocket: HTTP {status}", status
+            f"The server refused the WebSocket: {describe_refusal(status)}", status
         ) from None
     except InvalidHandshake as exc:
         raise WebSocketRejected(f"The WebSocket handshake failed: {type(exc).__name__}") from exc

@@ -57,6 +57,7 @@ from acp_once.agent.state import TURN_MARKER
 from acp_once.protocol import schema as s
 from acp_once.protocol.errors import AcpError, InternalError, InvalidParams, MethodNotFound
 from acp_once.protocol.v1_to_v2 import v2_stop_reason_from_v1
+from acp_once.protocol.vocabulary import Extension, StopReason
 from acp_once.rpc.connection import RequestContext
 from acp_once.rpc.errors import ConnectionClosed, RequestTimeout
 from acp_once.storage.base import SessionStore
@@ -269,7 +270,7 @@ class UpgradedAgent(SessionAgent):
 
     # -- the turn ----------------------------------------------------------------------------
 
-    async def run_turn(self, turn: Turn, emit: TurnContext) -> str:
+    async def run_turn(self, turn: Turn, emit: TurnContext) -> StopReason | Extension:
         session_id = turn.session_id
         child, child_session = await self._attach_child(session_id)
         wire = [b.model_dump(by_alias=True, exclude_unset=True, mode="json") for b in turn.prompt]
