@@ -527,3 +527,45 @@ async def test_a_tool_turn_replays_its_tool_call_on_a_fresh_process(env: Env) ->
     }
     assert rec.updates[-1] == replayed[4]
     assert env.effect_lines(sid) == 1
+
+
+async def test_a_tool_turn_replays_through_the_v1_face_on_a_fresh_process(env: Env) -> None:
+    """The same history loaded by a v1 client (`session/load` on a fresh process): the tool
+    call is replayed as v1's `tool_call` then `tool_call_update`, with the stored id."""
+    with anyio.fail_after(TIMEOUT):
+        async with agent(env) as (conn, live, _):
+            sid = await new_session(conn)
+            await prompt(conn, sid, "deploy [tool]", KEY)
+            await live.wait_for(lambda ups: any(u.get("stopReason") for u in ups))
+        tool_id = next(u["toolCallId"] for u in live.updates if "toolCallId" in u)
+        async with spawn(env.command()) as proc:
+            frames = proc.frames
+
+            async def call(id: int, method: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+                """Send one v1 request; every message received up to its answer."""
+                request = {"jsonrpc": "2.0", "id": id, "method": method, "params": params}
+                await frames.send(orjson.dumps(request))
+                received = []
+                while True:
+                    frame = await frames.receive()
+                    assert isinstance(frame, bytes)
+                    received.append(orjson.loads(frame))
+                    if received[-1].get("id") == id:
+                        return received
+
+            init = {"protocolVersion": 1, "clientCapabilities": {}}
+            assert (await call(1, "initialize", init))[-1]["result"]["protocolVersion"] == 1
+            load = {"sessionId": sid, "cwd": "/tmp/project", "mcpServers": []}
+            received = await call(2, "session/load", load)
+    assert received[-1] == {"jsonrpc": "2.0", "id": 2, "result": {}}
+    updates = [m["params"]["update"] for m in received[:-1]]
+    assert all(m["method"] == "session/update" for m in received[:-1])
+    assert [u["sessionUpdate"] for u in updates] == [
+        "user_message_chunk",
+        "tool_call",
+        "tool_call_update",
+        "agent_message_chunk",
+    ]
+    assert updates[1]["toolCallId"] == updates[2]["toolCallId"] == tool_id
+    assert updates[1]["status"] == "in_progress" and updates[2]["status"] == "completed"
+    assert KEY.encode() not in orjson.dumps(received)

@@ -117,11 +117,12 @@ class SessionAgent(Agent, anyio.AsyncContextManagerMixin):
             "steer" inserts them at once.
         compare_prompts: refuse (-32602) a recorded key sent with a different prompt; off, such
             a request is answered as a retry (both are allowed by the RFD).
-        resume_interrupted: after a restart, run the turns of inserted messages whose turn did
-            not finish (the RFD leaves this to the agent). Off, such work is reported once as
-            idle with `stopReason: "error"` and `INTERRUPTED_MESSAGE`. Turns must then be safe
-            to run again from the start (e.g. idempotent tools keyed by message id). Only the
-            last 500 timeline entries are searched.
+        resume_interrupted: the recovery policy (A3). After a restart (or a cluster node's
+            takeover), each inserted message whose turn has no end record is run again from
+            the start, at most once (`continue`; turns must then be safe to run again, e.g.
+            idempotent tools keyed by message id). Off (`report`), its end record is stored
+            as idle with `stopReason: "error"` and `INTERRUPTED_MESSAGE`, and every later
+            resume replays it. Only the last 500 timeline entries are searched.
         name: the agent's name in what `initialize` reports.
         version: the agent's version in what `initialize` reports.
         coordinator: where held prompts wait and who inserts them
