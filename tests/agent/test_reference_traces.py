@@ -569,3 +569,49 @@ async def test_a_tool_turn_replays_through_the_v1_face_on_a_fresh_process(env: E
     assert updates[1]["toolCallId"] == updates[2]["toolCallId"] == tool_id
     assert updates[1]["status"] == "in_progress" and updates[2]["status"] == "completed"
     assert KEY.encode() not in orjson.dumps(received)
+
+
+@pytest.mark.parametrize("interrupted", ["report", "continue"])
+async def test_the_recovery_policy_over_stdio(env: Env, interrupted: str) -> None:
+    """The agent dies right after inserting a keyed `[tool]` prompt (its turn never ran).
+    `--interrupted continue`: the restarted agent runs the turn again, once (the tool's line
+    written once, the turn ends `end_turn`), and a later restart runs nothing; `report`: the
+    turn never runs, its interrupted end is the outcome every resume shows (A3)."""
+    with anyio.fail_after(TIMEOUT):
+        async with agent(env) as (conn, _, _):
+            sid = await new_session(conn)
+        async with agent(env, crash="after-insert") as (conn, _, _):
+            await resume_start(conn, sid)
+            with pytest.raises(ConnectionClosed):
+                await prompt(conn, sid, "migrate [tool]", KEY)
+        flag = ("--interrupted", interrupted)
+        outcomes = []
+        for _ in range(2):
+            async with agent(env, *flag) as (conn, rec, _):
+                await resume_start(conn, sid)
+                mid = rec.user_messages()[0]
+                # replayed, or sent live when the turn run again ends after the resume
+                await rec.wait_for(lambda ups: bool(_ends(ups)))
+                outcomes.append(_ends(rec.updates)[-1])
+                assert await prompt(conn, sid, "migrate [tool]", KEY) == mid  # still recognised
+    assert await env.count(sid) == 1
+    if interrupted == "continue":
+        done = {"sessionUpdate": "state_update", "state": "idle", "stopReason": "end_turn"}
+        assert outcomes == [{**done, "_meta": {"acpOnce": {"messageId": mid}}}] * 2
+        assert env.effect_lines(sid) == 1  # run again once, never after it ended
+    else:
+        assert outcomes == [_end(mid)] * 2
+        assert env.effect_lines(sid) == 0  # never run
+    assert await _ends_stored(env, sid) == [outcomes[0]]
+
+
+async def resume_start(conn: ClientSideConnection, sid: str) -> None:
+    await conn.agent.resume_session(
+        s.ResumeSessionRequest.model_validate(
+            {"sessionId": sid, "cwd": "/tmp/project", "replayFrom": {"type": "start"}}
+        )
+    )
+
+
+def _ends(updates: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [u for u in updates if u["sessionUpdate"] == "state_update" and "_meta" in u]

@@ -231,7 +231,14 @@ class TurnRunner:
         end = turn_end(turn.message_id, reason, error)
         final = context.take_final()
         if not turn.live_only:
-            with anyio.CancelScope(shield=True):
+            if reason == "cancelled":
+                # a session/cancel or close waits for it (R61): it must not be cut short
+                with anyio.CancelScope(shield=True):
+                    await self.record_end(end, final)
+            else:
+                # Not shielded (a shield costs ~7 us a turn): only the agent's own shutdown can
+                # cancel this write, and a turn whose end it cut is found without one at the
+                # next start, as after a crash (A3).
                 await self.record_end(end, final)
         if final is not None:
             await self.publish(final[2])
