@@ -148,6 +148,7 @@ MUTANTS = [
     ("turns", "RERUN_UNMARKED"),  # continue runs a turn again without its marker first
     ("turns", "DROPPED_UNENDED"),  # a cancel drops queued turns without their end records
     ("turns", "DROPPED_KEPT"),  # a cancel ends queued turns but leaves them queued
+    ("turns", "START_UNMARKED"),  # a queued turn runs without its "started" marker first
 ]
 # mutants that make a client wait for ever: tried on the liveness search first
 LIVENESS_MUTANTS = {

@@ -6,11 +6,13 @@
  * retry after a restart, reaches a live process). Agent processes run one after the other:
  * each may die (a fault) at any step, losing what it held in memory (its turn queue), and the
  * next one starts from the store. What the store keeps per message: inserted, its end records
- * (A10: `ends`), the private "run again" marker (A3: `rerun`); how often its turn was started
- * (`runs`) is the model's bookkeeping.
+ * (A10: `ends`), the private markers (A3): "run again" (`rerun`), "queued" behind another turn
+ * (`queued`) and "started" (`started`, stored before a queued turn runs); how often its turn
+ * was started (`runs`) is the model's bookkeeping.
  *
- * A process: recovery first (every inserted message without an end record is reported, an end
- * record `error` stored, or under POLICY=CONTINUE run again once, its marker stored first);
+ * A process: recovery first (every inserted message without an end record is simply run when
+ * its markers show it never started; otherwise reported, an end record `error` stored, or under
+ * POLICY=CONTINUE run again once, its marker stored first);
  * then it inserts the client's next prompt (hold: when no turn runs or waits; steer: at any
  * time, its turn queued) and runs the queued turns in order, each ended by its end record. A
  * `session/cancel` (at most once) cancels the running turn and drops the queued ones; every
@@ -29,6 +31,7 @@
  *   RERUN_UNMARKED   continue runs a turn again without storing its marker first
  *   DROPPED_UNENDED  a cancel drops queued turns without their end records
  *   DROPPED_KEPT     a cancel ends the queued turns but leaves them queued: they run after
+ *   START_UNMARKED   a queued turn runs without its "started" marker stored first
  */
 
 #ifndef N
@@ -47,6 +50,8 @@
 bool inserted[N];
 byte ends[N];       /* end records stored for the message */
 bool rerun[N];      /* the private "run again" marker */
+bool queued[N];     /* the private "queued" marker */
+bool started[N];    /* the private "started" marker */
 byte runs[N];       /* how often its turn started (bookkeeping) */
 byte faults = 0;
 bool steer;         /* the held-prompt policy, chosen once */
@@ -106,6 +111,7 @@ start:
         :: inserted[m] && ends[m] == 0 ->
 #endif
             if
+            :: queued[m] && !started[m] -> push(m)  /* never started: simply run */
 #ifdef MUTANT_RERUN_UNMARKED
             :: POLICY == CONTINUE -> push(m)
 #else
@@ -126,6 +132,12 @@ start:
     do
     :: running == NONE && qlen > 0 ->
         pop(m);
+#ifndef MUTANT_START_UNMARKED
+        if
+        :: queued[m] -> started[m] = true; fault()
+        :: else -> skip
+        fi;
+#endif
         assert(ends[m] == 0);  /* never start a turn that ended */
         runs[m]++;
         assert(POLICY == CONTINUE || runs[m] <= 1);  /* report: never run again */
@@ -159,8 +171,17 @@ start:
     :: next < N && (steer || (running == NONE && qlen == 0)) ->
         /* the message and its key in one transaction, then its turn queued */
         inserted[next] = true;
-        push(next);
-        next++;
+        if
+        :: running != NONE || qlen > 0 ->
+            /* behind a turn: its marker is a write of its own, after the commit */
+            push(next);
+            next++;
+            fault();
+            queued[queue[qlen - 1]] = true
+        :: else ->
+            push(next);
+            next++
+        fi;
         fault()
     :: next == N && running == NONE && qlen == 0 -> break
     od;

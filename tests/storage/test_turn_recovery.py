@@ -20,7 +20,15 @@ import pytest
 
 from acp_once.agent.reference import ReferenceAgent
 from acp_once.agent.runtime import INTERRUPTED_MESSAGE, Turn, TurnContext
-from acp_once.agent.state import RERUN, TURN_MARKER, marker, new_id, wire_digest
+from acp_once.agent.state import (
+    QUEUED,
+    RERUN,
+    STARTED,
+    TURN_MARKER,
+    marker,
+    new_id,
+    wire_digest,
+)
 from acp_once.client import ClientSideConnection
 from acp_once.protocol import schema as s
 from acp_once.storage import SessionStore, SqliteStore
@@ -55,12 +63,15 @@ class Counting(ReferenceAgent):
         super().__init__(store, side_effects=side_effects, **kw)
         self.started: list[str] = []
         self.marked_before: list[bool] = []
+        self.started_marked: list[bool] = []
         self.release = anyio.Event()
 
     async def run_turn(self, turn: Turn, emit: TurnContext) -> str:
         self.started.append(turn.message_id)
         tail = await self.store.read_timeline_tail(turn.session_id, limit=50)
-        self.marked_before.append(marker(RERUN, turn.message_id) in [e.update for e in tail])
+        stored = [e.update for e in tail]
+        self.marked_before.append(marker(RERUN, turn.message_id) in stored)
+        self.started_marked.append(marker(STARTED, turn.message_id) in stored)
         if "hold" in turn.text:
             await self.release.wait()
         return await super().run_turn(turn, emit)
@@ -87,9 +98,12 @@ async def resume_replaying(conn: ClientSideConnection, sid: str) -> None:
     )
 
 
-async def left_mid_turn(store: SessionStore, text: str, *, reran: bool = False) -> tuple[str, str]:
+async def left_mid_turn(
+    store: SessionStore, text: str, *, reran: bool = False, markers: tuple[str, ...] = ()
+) -> tuple[str, str]:
     """A session whose process died during the turn of its one message (after running it
-    again once, with `reran`): the message and its key stored, no end record."""
+    again once, with `reran`; with the other `markers` its turn had): the message and its key
+    stored, no end record."""
     now = time.time()
     sid = new_id("sess")
     await store.create_session(SessionRecord(sid, "/w", (), None, now, now))
@@ -103,8 +117,8 @@ async def left_mid_turn(store: SessionStore, text: str, *, reran: bool = False) 
         idempotency_key=KEY,
         prompt_digest=wire_digest(content),
     )
-    if reran:
-        await store.append_update(sid, marker(RERUN, mid))
+    for state in (RERUN,) * reran + markers:
+        await store.append_update(sid, marker(state, mid))
     return sid, mid
 
 
@@ -233,3 +247,51 @@ async def test_a_cancel_ends_the_running_turn_then_each_queued_one_that_never_ru
                 await resume_replaying(again[1], sid)
                 assert again[0].started == []
                 assert await stored_ends(store, sid) == [*expected, end(later)]
+
+
+@pytest.mark.parametrize("started", [False, True], ids=["queued", "queued-then-started"])
+async def test_a_queued_turn_that_never_started_is_simply_run_after_a_restart(
+    opener: Opener, tmp_path: Path, started: bool
+) -> None:
+    """Its QUEUED marker without a STARTED one: the process died before the turn started, so
+    even the report policy runs it (nothing ran); with its STARTED marker it is reported."""
+    markers = (QUEUED, STARTED) if started else (QUEUED,)
+    with anyio.fail_after(TIMEOUT):
+        async with opener() as store:
+            sid, mid = await left_mid_turn(store, "deploy [tool]", markers=markers)
+        async with opener() as store, fresh(store, tmp_path) as (agent, conn, rec):
+            await resume_replaying(conn, sid)
+            if started:
+                assert agent.started == []
+                assert await stored_ends(store, sid) == [end(mid, "error")]
+            else:
+                await rec.wait_for(lambda ups: end(mid) in ups)
+                assert agent.started == [mid]
+                assert agent.started_marked == [True]  # stored before it ran
+                assert await stored_ends(store, sid) == [end(mid)]
+
+
+async def test_a_turn_inserted_behind_another_is_marked_queued_then_started(
+    opener: Opener, tmp_path: Path
+) -> None:
+    """Steer policy: a prompt inserted while a turn runs gets its QUEUED marker; its STARTED
+    marker is stored before its turn runs. The first turn, which started at once, has
+    neither."""
+    with anyio.fail_after(TIMEOUT):
+        async with opener() as store, fresh(store, tmp_path, policy="steer") as (agent, conn, rec):
+            sid = (await conn.agent.new_session(s.NewSessionRequest(cwd="/w"))).session_id
+
+            async def send(text: str) -> str:
+                params = {"sessionId": sid, "prompt": [{"type": "text", "text": text}]}
+                return str((await conn.rpc.request("session/prompt", params))["messageId"])
+
+            first = await send("hold")
+            await rec.wait_for(lambda ups: any(u.get("state") == "running" for u in ups))
+            second = await send("queued")
+            agent.release.set()
+            await rec.wait_for(lambda ups: end(second) in ups)
+            assert agent.started == [first, second]
+            assert agent.started_marked == [False, True]
+            timeline = [orjson.loads(e.update) for e in await store.read_timeline(sid)]
+    markers = [(u["state"], u["messageId"]) for u in timeline if u["sessionUpdate"] == TURN_MARKER]
+    assert markers == [(QUEUED, second), (STARTED, second)]

@@ -510,7 +510,8 @@ class SessionAgent(Agent, anyio.AsyncContextManagerMixin):
 
     async def _handle_unfinished(self, session: Session, unfinished: list[Turn]) -> None:
         """Deal with the turns an earlier process (or a node whose lease expired) left
-        without an end record (A3): with `resume_interrupted`, run each again once (a
+        without an end record (A3): one that never started (queued) is simply run; with
+        `resume_interrupted`, run each again once (a
         `RERUN` marker stored first); otherwise, or when it ran again once already, store its
         interrupted end record (`stopReason: "error"`, `INTERRUPTED_MESSAGE`), once: a later
         load finds it ended."""
@@ -519,6 +520,9 @@ class SessionAgent(Agent, anyio.AsyncContextManagerMixin):
         runner = session.runner
         again: list[Turn] = []
         for turn in unfinished:
+            if turn.queued:  # it never started: simply run (its STARTED marker first)
+                again.append(turn)
+                continue
             if self.resume_interrupted and not turn.reran:
                 try:
                     await self.store.append_update(session.id, marker(RERUN, turn.message_id))

@@ -33,7 +33,9 @@ __all__ = [
     "Outcome",
     "RECOVERY_WINDOW",
     "RECOVER_TIMEOUT",
+    "QUEUED",
     "RERUN",
+    "STARTED",
     "TURN_MARKER",
     "PendingPrompt",
     "SessionLock",
@@ -55,6 +57,11 @@ P = TypeVar("P", bound="Outcome")
 
 TURN_MARKER = "_acp_once_turn"
 """The `sessionUpdate` of a private retained marker, never replayed (`marker`)."""
+QUEUED = "queued"
+"""The marker state stored when a message is inserted behind a turn that runs or waits: until
+its `STARTED` marker, a restart knows its turn never started and simply runs it (A3)."""
+STARTED = "started"
+"""The marker state stored before the turn of a `QUEUED` message starts."""
 RERUN = "rerun"
 """The marker state stored before an unfinished turn runs again (`resume_interrupted`): such a
 turn runs again at most once; interrupted again, it is reported (A3)."""
@@ -270,6 +277,9 @@ class Turn:
     live_only: bool
     reran: bool = False
     """An unfinished turn found after a restart that already ran again once (`RERUN`)."""
+    queued: bool = False
+    """Inserted behind another turn (its `QUEUED` marker stored): its `STARTED` marker is
+    stored before it runs. An unfinished turn found with it never started."""
 
     @property
     def text(self) -> str:
@@ -330,18 +340,19 @@ def last_end(tail: Sequence[Any]) -> dict[str, Any] | None:
 
 def unfinished_turns(session_id: str, tail: Sequence[Any]) -> list[Turn]:
     """The retained user messages in `tail` (timeline entries) whose turn has no end record
-    (`turn_end`, or an older timeline's closing marker); `Turn.reran` says a `RERUN` marker
-    shows it ran again once already."""
+    (`turn_end`, or an older timeline's closing marker). `Turn.reran`: a `RERUN` marker shows
+    it ran again once already; `Turn.queued`: its `QUEUED` marker without a `STARTED` one
+    shows it never started."""
     finished: set[str] = set()
-    reran: set[str] = set()
+    states: dict[str, set[str]] = {}
     messages: list[tuple[str, list[Any]]] = []
     for entry in tail:
         update = orjson.loads(entry.update)
         kind = update.get("sessionUpdate")
         if kind == "user_message" and entry.message_id is not None:
             messages.append((entry.message_id, update.get("content") or []))
-        elif kind == TURN_MARKER and update.get("state") == RERUN:
-            reran.add(str(update.get("messageId")))
+        elif kind == TURN_MARKER and update.get("state") in (RERUN, QUEUED, STARTED):
+            states.setdefault(str(update.get("messageId")), set()).add(update["state"])
         else:
             ended = ended_message(update)
             if ended is not None:
@@ -350,8 +361,16 @@ def unfinished_turns(session_id: str, tail: Sequence[Any]) -> list[Turn]:
     for message_id, content in messages:
         if message_id in finished:
             continue
+        marks = states.get(message_id, set())
         prompt = s.PromptRequest.model_validate({"sessionId": session_id, "prompt": content}).prompt
         turns.append(
-            Turn(session_id, message_id, list(prompt), live_only=False, reran=message_id in reran)
+            Turn(
+                session_id,
+                message_id,
+                list(prompt),
+                live_only=False,
+                reran=RERUN in marks,
+                queued=QUEUED in marks and STARTED not in marks,
+            )
         )
     return turns

@@ -31,7 +31,7 @@ import anyio
 import orjson
 from pydantic import BaseModel
 
-from acp_once.agent.state import RECOVER_TIMEOUT, Turn, turn_end
+from acp_once.agent.state import RECOVER_TIMEOUT, STARTED, Turn, marker, turn_end
 from acp_once.agent.updates import check_update, tool_call, tool_call_update
 from acp_once.protocol import schema as s
 from acp_once.protocol.errors import InternalError
@@ -221,6 +221,10 @@ class TurnRunner:
         with scope:
             await context.emit({"sessionUpdate": "state_update", "state": "running"})
             try:
+                if turn.queued:  # stored before it runs: a restart must not run it again (A3)
+                    await self.setup.store.append_update(
+                        self.session_id, marker(STARTED, turn.message_id)
+                    )
                 reason = await self.setup.run_turn(turn, context)
             except Exception as exc:
                 logger.exception("session %s: turn failed", self.session_id)
