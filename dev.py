@@ -110,6 +110,20 @@ MODELS = [
         "as cluster; LTL <>(the client ended) under weak fairness",
         "liveness",
     ),
+    (
+        "turns",
+        "turns.pml",
+        ["-DN=3", "-DFAULTS=3"],
+        "3 messages, 3 process deaths, 1 cancel, hold+steer, recovery policy report",
+        "safety",
+    ),
+    (
+        "turns-continue",
+        "turns.pml",
+        ["-DN=3", "-DFAULTS=3", "-DPOLICY=1"],
+        "as turns, recovery policy continue",
+        "safety",
+    ),
 ]
 # (model, guard removed): each must give a counterexample in one of the model's runs
 MUTANTS = [
@@ -132,6 +146,12 @@ MUTANTS = [
     ("cluster", "NO_TAKEOVER"),  # a waiting node never takes a dead owner's lease over
     ("cluster", "NO_ANSWER"),  # an inserted row's waiters are never answered
     ("cluster", "CANCEL_ADMIT"),  # a cancelled admission leaves its prompt registered
+    ("turns", "REPORT_UNSTORED"),  # an interrupted turn's end told, never stored
+    ("turns", "RERUN_ENDED"),  # recovery ignores end records
+    ("turns", "RERUN_UNMARKED"),  # continue runs a turn again without its marker first
+    ("turns", "DROPPED_UNENDED"),  # a cancel drops queued turns without their end records
+    ("turns", "DROPPED_KEPT"),  # a cancel ends queued turns but leaves them queued
+    ("turns", "START_UNMARKED"),  # a queued turn runs without its "started" marker first
 ]
 # mutants that make a client wait for ever: tried on the liveness search first
 LIVENESS_MUTANTS = {

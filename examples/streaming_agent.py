@@ -8,12 +8,13 @@ from acp_once.storage import open_store
 
 class StreamingAgent(SessionAgent):
     async def run_turn(self, turn: Turn, ctx: TurnContext) -> StopReason:
-        # three live chunks of one message, then the whole of it, retained for replay
+        # three live chunks of one message (not stored: the whole message replaces them),
+        # then the whole of it, retained for replay
         message_id = updates.new_message_id()
         parts = ["Let me ", "look at ", "that file."]
         for part in parts:
-            await ctx.emit(updates.agent_message_chunk(part, message_id=message_id))
-        await ctx.emit(updates.agent_message("".join(parts), message_id=message_id), retain=True)
+            await ctx.emit(updates.agent_message_chunk(part, message_id=message_id), retain=False)
+        await ctx.emit(updates.agent_message("".join(parts), message_id=message_id))
 
         tool_id = await ctx.start_tool_call("Read notes.txt", kind="read", locations=["notes.txt"])
         answer = await ctx.request_permission(title="Read notes.txt?", tool_call_id=tool_id)

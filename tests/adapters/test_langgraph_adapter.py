@@ -169,7 +169,7 @@ async def test_killed_after_the_thread_stored_the_message_the_retry_gets_the_sam
     human = [m.id for m in stored if m.type == "human"]
     assert human.count(expected) == 1
     assert human == [warmup, expected, fresh]
-    # the retry wrote nothing: only the fresh prompt's message, its answer, its turn marker
+    # the retry wrote nothing: only the fresh prompt's message, its answer, its end record
     assert after - before == 3
     answers = [m for m in stored if m.type == "ai"]
     assert [a.text for a in answers] == ["warm up", "after the crash"]  # the fake model echoes
@@ -322,8 +322,8 @@ async def test_steered_prompts_during_a_turn_lose_no_write(tmp_path: Path) -> No
             tail = await threads.read_timeline_tail(sid, limit=100)
     assert sum(m.type == "human" for m in stored) == 9
     assert sum(m.type == "ai" for m in stored) == 9
-    markers = [e for e in tail if b"_acp_once_turn" in e.update]
-    assert len(markers) == 9  # every turn closed its marker
+    ends = [e for e in tail if b'"acpOnce"' in e.update]
+    assert len(ends) == 9  # every turn stored its end record (A10)
     assert [e.seq for e in tail] == list(range(1, len(tail) + 1))
 
 

@@ -439,7 +439,28 @@ async def test_resume_replays_history_then_state_then_responds(env: Env) -> None
             assert sid not in [x.session_id for x in listed.sessions]
 
 
-async def test_work_interrupted_by_a_crash_is_reported_once_as_an_error_stop(env: Env) -> None:
+async def _ends_stored(env: Env, session_id: str) -> list[dict[str, Any]]:
+    """The end records (A10) in the stored timeline of `session_id`."""
+    async with open_store(f"sqlite:{env.db}") as store:
+        entries = await store.read_timeline(session_id)
+    updates = [orjson.loads(e.update) for e in entries]
+    return [u for u in updates if u.get("sessionUpdate") == "state_update"]
+
+
+def _end(message_id: str) -> dict[str, Any]:
+    return {
+        "sessionUpdate": "state_update",
+        "state": "idle",
+        "stopReason": "error",
+        "error": {"code": -32603, "message": INTERRUPTED_MESSAGE},
+        "_meta": {"acpOnce": {"messageId": message_id}},
+    }
+
+
+async def test_an_interrupted_turn_shows_the_same_outcome_on_every_later_resume(env: Env) -> None:
+    """A turn whose agent was SIGKILLed mid-turn has one stored end record, written by the
+    restarted process; three fresh processes resuming with `replayFrom: start` each replay it
+    after the user message, and their idle snapshot repeats it (A3, A10)."""
     with anyio.fail_after(TIMEOUT):
         async with (
             spawn(env.command()) as proc,
@@ -447,19 +468,150 @@ async def test_work_interrupted_by_a_crash_is_reported_once_as_an_error_stop(env
         ):
             await conn.agent.initialize(initialize_request("tests"))
             sid = await new_session(conn)
-            await prompt(conn, sid, "long [work:60]", KEY)
+            mid = await prompt(conn, sid, "long [work:60]", KEY)
             await first.wait_for(lambda ups: any(u.get("state") == "running" for u in ups))
             proc.process.kill()  # SIGKILL in the middle of the turn
             await proc.process.wait()
-        for expected in ("error", None):
+        assert await _ends_stored(env, sid) == []
+        for _ in range(3):
             async with agent(env) as (conn, rec, _):
                 await conn.agent.resume_session(
-                    s.ResumeSessionRequest(session_id=sid, cwd="/tmp/project")
+                    s.ResumeSessionRequest.model_validate(
+                        {"sessionId": sid, "cwd": "/tmp/project", "replayFrom": {"type": "start"}}
+                    )
                 )
-                state = [u for u in rec.updates if u["sessionUpdate"] == "state_update"][-1]
-                assert state["state"] == "idle"
-                assert state.get("stopReason") == expected
-                if expected == "error":
-                    assert state["error"]["message"] == INTERRUPTED_MESSAGE
-                assert await prompt(conn, sid, "long [work:60]", KEY)  # still recognised
+                kinds = [u["sessionUpdate"] for u in rec.updates]
+                assert kinds == ["user_message", "state_update", "state_update"]
+                assert rec.updates[0]["messageId"] == mid
+                assert rec.updates[1] == _end(mid)  # replayed
+                assert rec.updates[2] == _end(mid)  # the snapshot agrees
+                assert await prompt(conn, sid, "long [work:60]", KEY) == mid  # still recognised
+            assert await _ends_stored(env, sid) == [_end(mid)]  # stored once
     assert await env.count(sid) == 1
+    assert env.effect_lines(sid) == 0
+
+
+async def test_a_tool_turn_replays_its_tool_call_on_a_fresh_process(env: Env) -> None:
+    """The tool call of a `[tool]` turn and its update are retained with their `toolCallId`
+    (A11): a fresh process replays them, in order, with the answer and the turn's end."""
+    with anyio.fail_after(TIMEOUT):
+        async with agent(env) as (conn, live, _):
+            sid = await new_session(conn)
+            mid = await prompt(conn, sid, "deploy [tool]", KEY)
+            await live.wait_for(lambda ups: any(u.get("stopReason") for u in ups))
+        async with agent(env) as (conn, rec, _):
+            await conn.agent.resume_session(
+                s.ResumeSessionRequest.model_validate(
+                    {"sessionId": sid, "cwd": "/tmp/project", "replayFrom": {"type": "start"}}
+                )
+            )
+            replayed = rec.updates[:-1]  # the last one is the snapshot
+    # what was sent live, less the transient `running` state, is what a replay shows
+    expected = [u for u in live.updates if u.get("state") != "running"]
+    assert replayed == expected
+    kinds = [u["sessionUpdate"] for u in replayed]
+    assert kinds == [
+        "user_message",
+        "tool_call_update",
+        "tool_call_update",
+        "agent_message",
+        "state_update",
+    ]
+    tool_ids = {replayed[1]["toolCallId"], replayed[2]["toolCallId"]}
+    assert len(tool_ids) == 1 and replayed[2]["status"] == "completed"
+    assert replayed[4] == {
+        "sessionUpdate": "state_update",
+        "state": "idle",
+        "stopReason": "end_turn",
+        "_meta": {"acpOnce": {"messageId": mid}},
+    }
+    assert rec.updates[-1] == replayed[4]
+    assert env.effect_lines(sid) == 1
+
+
+async def test_a_tool_turn_replays_through_the_v1_face_on_a_fresh_process(env: Env) -> None:
+    """The same history loaded by a v1 client (`session/load` on a fresh process): the tool
+    call is replayed as v1's `tool_call` then `tool_call_update`, with the stored id."""
+    with anyio.fail_after(TIMEOUT):
+        async with agent(env) as (conn, live, _):
+            sid = await new_session(conn)
+            await prompt(conn, sid, "deploy [tool]", KEY)
+            await live.wait_for(lambda ups: any(u.get("stopReason") for u in ups))
+        tool_id = next(u["toolCallId"] for u in live.updates if "toolCallId" in u)
+        async with spawn(env.command()) as proc:
+            frames = proc.frames
+
+            async def call(id: int, method: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+                """Send one v1 request; every message received up to its answer."""
+                request = {"jsonrpc": "2.0", "id": id, "method": method, "params": params}
+                await frames.send(orjson.dumps(request))
+                received = []
+                while True:
+                    frame = await frames.receive()
+                    assert isinstance(frame, bytes)
+                    received.append(orjson.loads(frame))
+                    if received[-1].get("id") == id:
+                        return received
+
+            init = {"protocolVersion": 1, "clientCapabilities": {}}
+            assert (await call(1, "initialize", init))[-1]["result"]["protocolVersion"] == 1
+            load = {"sessionId": sid, "cwd": "/tmp/project", "mcpServers": []}
+            received = await call(2, "session/load", load)
+    assert received[-1] == {"jsonrpc": "2.0", "id": 2, "result": {}}
+    updates = [m["params"]["update"] for m in received[:-1]]
+    assert all(m["method"] == "session/update" for m in received[:-1])
+    assert [u["sessionUpdate"] for u in updates] == [
+        "user_message_chunk",
+        "tool_call",
+        "tool_call_update",
+        "agent_message_chunk",
+    ]
+    assert updates[1]["toolCallId"] == updates[2]["toolCallId"] == tool_id
+    assert updates[1]["status"] == "in_progress" and updates[2]["status"] == "completed"
+    assert KEY.encode() not in orjson.dumps(received)
+
+
+@pytest.mark.parametrize("interrupted", ["report", "continue"])
+async def test_the_recovery_policy_over_stdio(env: Env, interrupted: str) -> None:
+    """The agent dies right after inserting a keyed `[tool]` prompt (its turn never ran).
+    `--interrupted continue`: the restarted agent runs the turn again, once (the tool's line
+    written once, the turn ends `end_turn`), and a later restart runs nothing; `report`: the
+    turn never runs, its interrupted end is the outcome every resume shows (A3)."""
+    with anyio.fail_after(TIMEOUT):
+        async with agent(env) as (conn, _, _):
+            sid = await new_session(conn)
+        async with agent(env, crash="after-insert") as (conn, _, _):
+            await resume_start(conn, sid)
+            with pytest.raises(ConnectionClosed):
+                await prompt(conn, sid, "migrate [tool]", KEY)
+        flag = ("--interrupted", interrupted)
+        outcomes = []
+        for _ in range(2):
+            async with agent(env, *flag) as (conn, rec, _):
+                await resume_start(conn, sid)
+                mid = rec.user_messages()[0]
+                # replayed, or sent live when the turn run again ends after the resume
+                await rec.wait_for(lambda ups: bool(_ends(ups)))
+                outcomes.append(_ends(rec.updates)[-1])
+                assert await prompt(conn, sid, "migrate [tool]", KEY) == mid  # still recognised
+    assert await env.count(sid) == 1
+    if interrupted == "continue":
+        done = {"sessionUpdate": "state_update", "state": "idle", "stopReason": "end_turn"}
+        assert outcomes == [{**done, "_meta": {"acpOnce": {"messageId": mid}}}] * 2
+        assert env.effect_lines(sid) == 1  # run again once, never after it ended
+    else:
+        assert outcomes == [_end(mid)] * 2
+        assert env.effect_lines(sid) == 0  # never run
+    assert await _ends_stored(env, sid) == [outcomes[0]]
+
+
+async def resume_start(conn: ClientSideConnection, sid: str) -> None:
+    await conn.agent.resume_session(
+        s.ResumeSessionRequest.model_validate(
+            {"sessionId": sid, "cwd": "/tmp/project", "replayFrom": {"type": "start"}}
+        )
+    )
+
+
+def _ends(updates: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [u for u in updates if u["sessionUpdate"] == "state_update" and "_meta" in u]

@@ -370,7 +370,7 @@ class MarkerFailsStore(MemoryStore):
     async def append_update(
         self, session_id: str, update: bytes, *, message_id: str | None = None
     ) -> int:
-        if b'"_acp_once_turn"' in update and b'"idle"' in update:
+        if b'"acpOnce"' in update and b'"idle"' in update:  # a turn's end record
             raise StorageError("disk full")
         return await super().append_update(session_id, update, message_id=message_id)
 

@@ -1,8 +1,9 @@
-"""A turn's last retained update and its closing marker are stored together (`emit(final=True)`).
+"""A turn's last retained update and its end record are stored together (`emit(final=True)`).
 
 With a store that has `append_updates` (memory, SQLite) both go in one write; with one that
-has not, one after the other. Either way the timeline holds the answer followed by the marker,
-and an agent started again on the same store finds every turn finished (no interrupted work).
+has not, one after the other. Either way the timeline holds the answer followed by the end
+record (A10), and an agent started again on the same store finds every turn ended (no
+interrupted work) and repeats the last end record as its idle snapshot.
 """
 
 from __future__ import annotations
@@ -100,11 +101,17 @@ async def _run_turns(store: Any, tmp_path: Path, texts: list[str]) -> tuple[str,
 
                 await recorder.wait_for(turn_over)
         idle = [u for u in recorder.updates if u["sessionUpdate"] == "state_update"][1::2]
-        assert all(
-            u == {"sessionUpdate": "state_update", "state": "idle", "stopReason": "end_turn"}
-            for u in idle
-        )
+        assert idle == [_end(mid) for mid in ids]
     return sid, ids
+
+
+def _end(message_id: str) -> dict[str, Any]:
+    return {
+        "sessionUpdate": "state_update",
+        "state": "idle",
+        "stopReason": "end_turn",
+        "_meta": {"acpOnce": {"messageId": message_id}},
+    }
 
 
 def _decoded(entries: list[TimelineEntry]) -> list[dict[str, Any]]:
@@ -122,18 +129,18 @@ async def test_answer_and_marker_are_stored_together_and_turns_count_as_finished
             writes = (store.batches, store.appends)
             assert writes == ((2, 0) if backend == "memory" else (0, 4))
         entries = await store.read_timeline(sid)
-    kinds = [(u["sessionUpdate"], u.get("messageId")) for u in _decoded(entries)]
-    assert [k for k, _ in kinds] == [
+    decoded = _decoded(entries)
+    assert [u["sessionUpdate"] for u in decoded] == [
         "user_message",
         "agent_message",
-        "_acp_once_turn",
+        "state_update",
         "user_message",
         "agent_message",
-        "_acp_once_turn",
+        "state_update",
     ]
-    # each marker closes its own message's turn, right after the turn's answer
-    assert [kinds[0][1], kinds[3][1]] == ids
-    assert kinds[2][1] == ids[0] and kinds[5][1] == ids[1]
+    # each end record closes its own message's turn, right after the turn's answer
+    assert [decoded[0]["messageId"], decoded[3]["messageId"]] == ids
+    assert decoded[2] == _end(ids[0]) and decoded[5] == _end(ids[1])
     assert [e.seq for e in entries] == list(range(entries[0].seq, entries[0].seq + 6))
     assert entries[1].message_id is not None and entries[2].message_id is None
 
@@ -148,4 +155,4 @@ async def test_answer_and_marker_are_stored_together_and_turns_count_as_finished
             with anyio.fail_after(10):
                 await conn.agent.resume_session(s.ResumeSessionRequest(session_id=sid, cwd="/w"))
                 await recorder.wait_for(lambda updates: bool(updates))
-        assert recorder.updates == [{"sessionUpdate": "state_update", "state": "idle"}]
+        assert recorder.updates == [_end(ids[1])]

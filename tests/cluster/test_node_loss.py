@@ -7,8 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import orjson
 import pytest
 
+from acp_once.agent.runtime import INTERRUPTED_MESSAGE
 from acp_once.agent.state import unfinished_turns
 from acp_once.client.connection import ClientSideConnection
 from acp_once.rpc.errors import ConnectionClosed
@@ -85,6 +87,12 @@ async def test_a_waiting_node_takes_the_session_over_when_its_owner_goes(
             tail = await b.store.read_timeline_tail(sid, limit=50)
             unfinished = [turn.message_id for turn in unfinished_turns(sid, tail)]
             assert long_turn not in unfinished
+            # the takeover applied the recovery policy (report): one interrupted end record
+            ends = [orjson.loads(e.update) for e in tail if b'"acpOnce"' in e.update]
+            ended = [u for u in ends if u["_meta"]["acpOnce"]["messageId"] == long_turn]
+            assert [(u["stopReason"], u["error"]["message"]) for u in ended] == [
+                ("error", INTERRUPTED_MESSAGE)
+            ]
             found = await b.store.find_key(sid, "k2")
             assert found is not None and answers == [found.message_id]
             assert await b.store.count_user_messages(sid) == 2

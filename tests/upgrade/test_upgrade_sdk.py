@@ -141,12 +141,21 @@ async def prompt(
 
 
 def idles(rec: UpdateRecorder) -> list[dict[str, Any]]:
-    """The idle updates that end a turn (a resume's snapshot carries no stop reason)."""
-    return [
-        u
-        for u in rec.updates
-        if u["sessionUpdate"] == "state_update" and u["state"] == "idle" and "stopReason" in u
-    ]
+    """The idle updates that end a turn whose user message this recorder saw announced (a
+    resume's snapshot repeats the end of an earlier turn: not counted)."""
+    announced: set[str] = set()
+    ends = []
+    for u in rec.updates:
+        if u["sessionUpdate"] == "user_message":
+            announced.add(u["messageId"])
+        elif (
+            u["sessionUpdate"] == "state_update"
+            and u["state"] == "idle"
+            and "stopReason" in u
+            and u.get("_meta", {}).get("acpOnce", {}).get("messageId") in announced
+        ):
+            ends.append(u)
+    return ends
 
 
 async def wait_idle(rec: UpdateRecorder, count: int = 1) -> list[dict[str, Any]]:
@@ -236,7 +245,8 @@ async def test_t3_on_postgresql(tmp_path: Path, postgres_dsn: str, new_schema: A
 
 
 async def sigkill_trace(env: Env, load: bool) -> None:
-    """T3: SIGKILL mid-turn, restart twice (the interrupted turn reported once), retry."""
+    """T3: SIGKILL mid-turn, restart twice (the interrupted turn's end stored once, shown on
+    every resume: A10), retry."""
     with anyio.fail_after(TIMEOUT):
         async with upgraded(env) as (conn, rec, proc):
             sid = await new_session(conn)
@@ -244,17 +254,17 @@ async def sigkill_trace(env: Env, load: bool) -> None:
             await wait_text(rec, "waiting never")  # the child is in the turn
             proc.process.kill()  # SIGKILL the whole upgraded agent mid-turn
             await proc.process.wait()
-        for attempt in range(2):
+        for _ in range(2):
             async with upgraded(env) as (conn, rec, _):
                 await resume(conn, sid, replay=True)
                 assert rec.user_messages() == [first]  # one user message in the history
-                state = [u for u in rec.updates if u["sessionUpdate"] == "state_update"][-1]
-                assert state["state"] == "idle"
-                if attempt == 0:  # reported once, as the documented error stop
+                states = [u for u in rec.updates if u["sessionUpdate"] == "state_update"]
+                assert len(states) == 2  # the replayed end record, then the snapshot
+                for state in states:  # the documented error stop, on every resume
+                    assert state["state"] == "idle"
                     assert state["stopReason"] == "error"
                     assert state["error"]["message"] == INTERRUPTED_MESSAGE
-                else:
-                    assert "stopReason" not in state
+                    assert state["_meta"] == {"acpOnce": {"messageId": first}}
                 assert await prompt(conn, sid, "work [wait:never]", KEY) == first
         async with upgraded(env) as (conn, rec, _):
             await resume(conn, sid)

@@ -86,7 +86,9 @@ async def test_a_v1_client_then_a_v2_client_on_one_upgraded_session(tmp_path: Pa
             }
             first = await v2.rpc.request("session/prompt", params)
             assert await v2.rpc.request("session/prompt", params) == first
-            await rec.wait_for(lambda ups: any(u.get("stopReason") == "end_turn" for u in ups))
+            # the end record naming this message (the replay holds the v1 turn's end)
+            mine = {"acpOnce": {"messageId": first["messageId"]}}
+            await rec.wait_for(lambda ups: any(u.get("_meta") == mine for u in ups))
     lines = effects.read_text().splitlines()
     assert [line.split(" ", 1)[1] for line in lines] == ["hello [tool]", "and v2"]
     # one v1 session in the child for the whole conversation (loaded by the restarted child)

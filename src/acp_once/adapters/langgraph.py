@@ -23,9 +23,10 @@ stores. Where it differs from them:
 - A recorded key comes back without a prompt digest, so a key reused with a different prompt is
   answered as a retry (the RFD allows it): `--compare-prompts` has no effect here.
 - Everything retained lives in the thread: user and agent messages as LangChain messages, other
-  retained updates (the runtime's turn markers) in an `events` channel that records where in the
-  conversation they happened. The session directory (cwd, title, timestamps, used by
-  `session/list`) is kept in LangGraph's own key-value store, in the same SQLite file.
+  retained updates (tool calls, the turns' end records, the runtime's markers) in an `events`
+  channel that records where in the conversation they happened. The session directory (cwd,
+  title, timestamps, used by `session/list`) is kept in LangGraph's own key-value store, in the
+  same SQLite file.
 - A LangGraph thread has one writer at a time: every write of a thread (a message, an event, a
   model run) holds that thread's lock, since two writers starting from the same checkpoint
   would each drop the other's write. Two agent processes must not share one checkpointer.
@@ -667,7 +668,8 @@ class LangGraphAgent(ReferenceAgent):
                 "sessionUpdate": "agent_message",
                 "messageId": reply.id,
                 "content": [{"type": "text", "text": _text(reply.content)}],
-            }
+            },
+            retain=False,
         )
         return "end_turn"
 

@@ -38,7 +38,15 @@ import anyio
 import orjson
 
 from acp_once.agent.placement import HELD, INSERTED, Attached, Placement, Recorded, Refused
-from acp_once.agent.state import KeyJoin, PendingPrompt, SessionLock, Turn, new_id
+from acp_once.agent.state import (
+    QUEUED,
+    KeyJoin,
+    PendingPrompt,
+    SessionLock,
+    Turn,
+    marker,
+    new_id,
+)
 from acp_once.protocol.errors import (
     AcpError,
     InternalError,
@@ -69,6 +77,10 @@ class InboxListener(Protocol):
 
     def inserted(self, turn: Turn) -> None:
         """A user message was committed: queue its turn and make sure the worker runs."""
+        ...
+
+    def busy(self) -> bool:
+        """A turn runs or waits to run (a message inserted now is queued behind it)."""
         ...
 
     def start(self) -> None:
@@ -484,16 +496,36 @@ class SessionInbox:
         # is cancelled (its connection closed) in one of the two awaits below. Otherwise the
         # message would stay stored with no work started, and a keyed retry would be answered
         # with its id as if all was well (R19). Once inserting, insertion wins (R27).
+        # Queued behind a turn (the steer policy): its marker says so, so that a restart
+        # before its turn starts runs it instead of reporting it interrupted (A3). Decided
+        # once: the worker stores its STARTED marker before running a turn marked queued.
+        queued = not live_only and self._listener.busy()
         try:
             try:
                 await self._rules.after_insert(self.session_id, message_id)
             except Exception:  # a hook's failure is not the prompt's: it was inserted
                 logger.exception("session %s: after_insert failed", self.session_id)
+            if queued:
+                await self._mark_queued(message_id)
             pending.finish(message_id=message_id)
             await self._listener.publish(update)
         finally:
             pending.finish(message_id=message_id)
-            self._listener.inserted(Turn(self.session_id, message_id, pending.prompt, live_only))
+            turn = Turn(self.session_id, message_id, pending.prompt, live_only, queued=queued)
+            self._listener.inserted(turn)
+
+    async def _mark_queued(self, message_id: str) -> None:
+        """Store the `QUEUED` marker of a message; without it (a failed write) a restart
+        takes its turn for started, the side that never runs it twice."""
+        try:
+            await self._placement.store.append_update(self.session_id, marker(QUEUED, message_id))
+        except Exception as exc:
+            logger.warning(
+                "session %s: the queued marker of %s was not stored (%s)",
+                self.session_id,
+                message_id,
+                type(exc).__name__,
+            )
 
     def _unregister(self, pending: PendingPrompt) -> None:
         """A later request with its key no longer joins `pending` (it has its outcome)."""

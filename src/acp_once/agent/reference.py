@@ -14,9 +14,10 @@ kills itself with SIGKILL right after committing a user message, before anyone i
 (`acp_once.agent.faults` reads the variables that say how often).
 
 Interrupted work after a restart (the agent died after inserting a message and before its turn
-finished): by default reported once, when the session is resumed, as `idle` with
-`stopReason: "error"` and the message "The agent restarted before the turn finished"; with
-`--interrupted continue` the turn runs again instead (its tool is idempotent per message).
+ended): by default its end record is stored as `idle` with `stopReason: "error"` and the
+message "The agent restarted before the turn finished", replayed by every later resume; with
+`--interrupted continue` the turn runs again instead, once (its tool is idempotent per
+message). Its tool call and the tool call's updates are retained, so a replay shows them.
 """
 
 from __future__ import annotations

@@ -49,9 +49,13 @@ from acp_once.agent.session import Session, SessionEvents
 from acp_once.agent.state import (
     RECOVER_TIMEOUT,
     RECOVERY_WINDOW,
+    RERUN,
     TURN_MARKER,
     Turn,
+    last_end,
+    marker,
     new_id,
+    turn_end,
     unfinished_turns,
     wire_digest,
 )
@@ -114,11 +118,12 @@ class SessionAgent(Agent, anyio.AsyncContextManagerMixin):
             "steer" inserts them at once.
         compare_prompts: refuse (-32602) a recorded key sent with a different prompt; off, such
             a request is answered as a retry (both are allowed by the RFD).
-        resume_interrupted: after a restart, run the turns of inserted messages whose turn did
-            not finish (the RFD leaves this to the agent). Off, such work is reported once as
-            idle with `stopReason: "error"` and `INTERRUPTED_MESSAGE`. Turns must then be safe
-            to run again from the start (e.g. idempotent tools keyed by message id). Only the
-            last 500 timeline entries are searched.
+        resume_interrupted: the recovery policy (A3). After a restart (or a cluster node's
+            takeover), each inserted message whose turn has no end record is run again from
+            the start, at most once (`continue`; turns must then be safe to run again, e.g.
+            idempotent tools keyed by message id). Off (`report`), its end record is stored
+            as idle with `stopReason: "error"` and `INTERRUPTED_MESSAGE`, and every later
+            resume replays it. Only the last 500 timeline entries are searched.
         name: the agent's name in what `initialize` reports.
         version: the agent's version in what `initialize` reports.
         coordinator: where held prompts wait and who inserts them
@@ -378,7 +383,6 @@ class SessionAgent(Agent, anyio.AsyncContextManagerMixin):
                 after = page[-1].seq
         self._attach(session, conn)
         await conn.client.session_update({"sessionId": session.id, "update": self._state(session)})
-        session.interrupted = False
 
     async def close_session(
         self, params: s.CloseSessionRequest, ctx: CallContext
@@ -508,16 +512,36 @@ class SessionAgent(Agent, anyio.AsyncContextManagerMixin):
         await session.broadcast.send(update)
 
     async def _handle_unfinished(self, session: Session, unfinished: list[Turn]) -> None:
-        """Run again (`resume_interrupted`) or report as interrupted the turns an earlier
-        process (or a node whose lease expired) left unfinished."""
+        """Deal with the turns an earlier process (or a node whose lease expired) left
+        without an end record (A3): one that never started (queued) is simply run; with
+        `resume_interrupted`, run each again once (a
+        `RERUN` marker stored first); otherwise, or when it ran again once already, store its
+        interrupted end record (`stopReason: "error"`, `INTERRUPTED_MESSAGE`), once: a later
+        load finds it ended."""
         if not unfinished:
             return
-        if self.resume_interrupted:
-            session.runner.resume(unfinished)
-        else:
-            session.interrupted = True
-            for turn in unfinished:
-                await session.runner.mark_turn(turn.message_id)
+        runner = session.runner
+        again: list[Turn] = []
+        for turn in unfinished:
+            if turn.queued:  # it never started: simply run (its STARTED marker first)
+                again.append(turn)
+                continue
+            if self.resume_interrupted and not turn.reran:
+                try:
+                    await self.store.append_update(session.id, marker(RERUN, turn.message_id))
+                except Exception as exc:  # unmarked, it could run a third time: reported
+                    logger.warning(
+                        "session %s: an unfinished turn is reported, not run again (%s)",
+                        session.id,
+                        type(exc).__name__,
+                    )
+                else:
+                    again.append(turn)
+                    continue
+            error = InternalError(INTERRUPTED_MESSAGE).to_wire()
+            await runner.end_unrun(turn_end(turn.message_id, "error", error))
+        if again:
+            runner.resume(again)
 
     async def _recover(self, session: Session) -> int:
         """Find the session's turns an earlier owner left unfinished, and deal with them;
@@ -537,14 +561,8 @@ class SessionAgent(Agent, anyio.AsyncContextManagerMixin):
             coordinator is not None and coordinator.running_elsewhere(session.id)
         ):
             return {"sessionUpdate": "state_update", "state": "running"}
-        if session.interrupted:
-            return {
-                "sessionUpdate": "state_update",
-                "state": "idle",
-                "stopReason": "error",
-                "error": InternalError(INTERRUPTED_MESSAGE).to_wire(),
-            }
-        return {"sessionUpdate": "state_update", "state": "idle"}
+        # idle: the end record of the last turn, as it was sent (A10)
+        return session.broadcast.last_end or {"sessionUpdate": "state_update", "state": "idle"}
 
     async def _cancel_work(self, session: Session) -> None:
         await session.inbox.cancel_all()
@@ -582,6 +600,7 @@ class SessionAgent(Agent, anyio.AsyncContextManagerMixin):
         if loaded is not None:  # another request loaded it meanwhile
             return loaded
         session = self._register(record)
+        session.broadcast.last_end = last_end(tail)
         unfinished = unfinished_turns(session_id, tail)
         if unfinished:
             # Shielded (bounded): the session is registered now, so this is the one chance to

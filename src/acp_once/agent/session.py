@@ -40,13 +40,16 @@ class SessionBroadcast:
     (`send(update, share=False)`: this process's connections only). A v1 connection's face
     subscribes to "turn ended" (`turn_ended`) when it attaches."""
 
-    __slots__ = ("_ended", "_remote", "conns", "session_id")
+    __slots__ = ("_ended", "_remote", "conns", "last_end", "session_id")
 
     def __init__(self, session_id: str, remote: Remote | None) -> None:
         self.session_id = session_id
         self.conns: dict[str, AgentConnection] = {}
         self._remote = remote
         self._ended: dict[str, TurnEndedListener] = {}
+        self.last_end: dict[str, Any] | None = None
+        """The last turn end record (`state.turn_end`) sent, here or by another node: what a
+        resume's idle snapshot repeats, so it agrees with the live stream (A10)."""
 
     def attach(self, conn: AgentConnection) -> None:
         """The session is active on `conn` from now on."""
@@ -66,6 +69,8 @@ class SessionBroadcast:
         nodes'."""
         if share and self._remote is not None:
             self._remote(self.session_id, update)
+        if update.get("sessionUpdate") == "state_update" and update.get("state") == "idle":
+            self.last_end = update if "_meta" in update else None
         conns = self.conns
         if not conns:
             return
@@ -95,7 +100,7 @@ class SessionBroadcast:
 class Session:
     """One session's state in this process."""
 
-    __slots__ = ("broadcast", "id", "inbox", "interrupted", "record", "runner", "users")
+    __slots__ = ("broadcast", "id", "inbox", "record", "runner", "users")
 
     def __init__(
         self,
@@ -120,8 +125,6 @@ class Session:
         )
         self.inbox = SessionInbox(self.id, rules, self.runner)
         self.runner.source = self.inbox
-        self.interrupted = False
-        """Its turns were interrupted (by a restart): reported once, on the next resume."""
         self.users = 0
         """Requests using the session while it is active on no connection (a `session/resume`
         between loading it and attaching): it must not be dropped from memory meanwhile."""
@@ -147,7 +150,7 @@ class Session:
 
     def idle(self) -> bool:
         """Nothing holds this session in memory: no connection, request, worker, prompt,
-        turn, lock holder or cancel mark, and no interruption left to report. Such a session
+        turn, lock holder or cancel mark. Such a session
         can be dropped from memory; it reloads from the store when resumed."""
         runner = self.runner
         return (
@@ -157,7 +160,6 @@ class Session:
                 or runner.running
                 or runner.turns
                 or runner.turn_scope is not None
-                or self.interrupted
             )
             and self.inbox.empty()
         )

@@ -4,8 +4,10 @@
 outcome (written only by its session's `SessionInbox`, `acp_once.agent.inbox`); `Turn` is one
 inserted user message for `run_turn`; `SessionLock` is a session's lock.
 
-The retained turn markers (`marker`, `unfinished_turns`) let a restarted process, or a node that
-took over a session, find the turns that never finished.
+How each inserted message's turn ended is part of the session's history: the runtime stores
+its end record (`turn_end`: an idle `state_update` naming the message), replayed like any other
+update. The end records and the private markers (`marker`) let a restarted process, or a node
+that took over a session, find the turns that never ended (`unfinished_turns`).
 """
 
 from __future__ import annotations
@@ -31,15 +33,21 @@ __all__ = [
     "Outcome",
     "RECOVERY_WINDOW",
     "RECOVER_TIMEOUT",
+    "QUEUED",
+    "RERUN",
+    "STARTED",
     "TURN_MARKER",
     "PendingPrompt",
     "SessionLock",
     "Ticket",
     "Turn",
     "Write",
+    "ended_message",
+    "last_end",
     "marker",
     "new_id",
     "prompt_digest",
+    "turn_end",
     "unfinished_turns",
     "wire_digest",
 ]
@@ -48,7 +56,15 @@ K = TypeVar("K")
 P = TypeVar("P", bound="Outcome")
 
 TURN_MARKER = "_acp_once_turn"
-"""The `sessionUpdate` of a retained marker, never replayed: did each message's turn finish?"""
+"""The `sessionUpdate` of a private retained marker, never replayed (`marker`)."""
+QUEUED = "queued"
+"""The marker state stored when a message is inserted behind a turn that runs or waits: until
+its `STARTED` marker, a restart knows its turn never started and simply runs it (A3)."""
+STARTED = "started"
+"""The marker state stored before the turn of a `QUEUED` message starts."""
+RERUN = "rerun"
+"""The marker state stored before an unfinished turn runs again (`resume_interrupted`): such a
+turn runs again at most once; interrupted again, it is reported (A3)."""
 RECOVERY_WINDOW = 500
 """Timeline entries read after a restart (or a takeover) to find unfinished turns."""
 RECOVER_TIMEOUT = 60.0
@@ -259,6 +275,11 @@ class Turn:
     message_id: str
     prompt: list[Any]
     live_only: bool
+    reran: bool = False
+    """An unfinished turn found after a restart that already ran again once (`RERUN`)."""
+    queued: bool = False
+    """Inserted behind another turn (its `QUEUED` marker stored): its `STARTED` marker is
+    stored before it runs. An unfinished turn found with it never started."""
 
     @property
     def text(self) -> str:
@@ -267,26 +288,89 @@ class Turn:
 
 
 def marker(state: str, message_id: str) -> bytes:
-    """The retained marker that says the turn of `message_id` reached `state`."""
+    """The private retained marker that says the turn of `message_id` reached `state`
+    (`RERUN`; "idle" in timelines written before turns had end records)."""
     return orjson.dumps({"sessionUpdate": TURN_MARKER, "state": state, "messageId": message_id})
 
 
+def turn_end(
+    message_id: str, stop_reason: str, error: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The end record of the turn of `message_id` (A10): the idle `state_update` with its stop
+    reason (and `error` with `stopReason: "error"`), naming the message in
+    `_meta.acpOnce.messageId`. Stored in the timeline, replayed, and sent live as it is."""
+    end: dict[str, Any] = {
+        "sessionUpdate": "state_update",
+        "state": "idle",
+        "stopReason": stop_reason,
+    }
+    if error is not None:
+        end["error"] = error
+    end["_meta"] = {"acpOnce": {"messageId": message_id}}
+    return end
+
+
+def ended_message(update: dict[str, Any]) -> str | None:
+    """The message whose turn `update` ends: an end record's (`turn_end`), or an older
+    timeline's private "idle" marker's; None for any other update."""
+    kind = update.get("sessionUpdate")
+    if kind == "state_update":
+        if update.get("state") != "idle":
+            return None
+        meta = update.get("_meta")
+        ours = meta.get("acpOnce") if isinstance(meta, dict) else None
+        message_id = ours.get("messageId") if isinstance(ours, dict) else None
+        return message_id if isinstance(message_id, str) else None
+    if kind == TURN_MARKER and update.get("state") == "idle":
+        return str(update.get("messageId"))
+    return None
+
+
+def last_end(tail: Sequence[Any]) -> dict[str, Any] | None:
+    """The last end record (`turn_end`) among `tail` (timeline entries), decoded; None when
+    there is none."""
+    for entry in reversed(tail):
+        if b'"state_update"' not in entry.update:
+            continue  # most entries: no decoding
+        update = orjson.loads(entry.update)
+        if update.get("sessionUpdate") == "state_update" and ended_message(update) is not None:
+            return dict(update)
+    return None
+
+
 def unfinished_turns(session_id: str, tail: Sequence[Any]) -> list[Turn]:
-    """The retained user messages in `tail` (timeline entries) whose turn never got its
-    closing marker."""
+    """The retained user messages in `tail` (timeline entries) whose turn has no end record
+    (`turn_end`, or an older timeline's closing marker). `Turn.reran`: a `RERUN` marker shows
+    it ran again once already; `Turn.queued`: its `QUEUED` marker without a `STARTED` one
+    shows it never started."""
     finished: set[str] = set()
+    states: dict[str, set[str]] = {}
     messages: list[tuple[str, list[Any]]] = []
     for entry in tail:
         update = orjson.loads(entry.update)
         kind = update.get("sessionUpdate")
-        if kind == TURN_MARKER and update.get("state") == "idle":
-            finished.add(str(update.get("messageId")))
-        elif kind == "user_message" and entry.message_id is not None:
+        if kind == "user_message" and entry.message_id is not None:
             messages.append((entry.message_id, update.get("content") or []))
+        elif kind == TURN_MARKER and update.get("state") in (RERUN, QUEUED, STARTED):
+            states.setdefault(str(update.get("messageId")), set()).add(update["state"])
+        else:
+            ended = ended_message(update)
+            if ended is not None:
+                finished.add(ended)
     turns: list[Turn] = []
     for message_id, content in messages:
         if message_id in finished:
             continue
+        marks = states.get(message_id, set())
         prompt = s.PromptRequest.model_validate({"sessionId": session_id, "prompt": content}).prompt
-        turns.append(Turn(session_id, message_id, list(prompt), live_only=False))
+        turns.append(
+            Turn(
+                session_id,
+                message_id,
+                list(prompt),
+                live_only=False,
+                reran=RERUN in marks,
+                queued=QUEUED in marks and STARTED not in marks,
+            )
+        )
     return turns

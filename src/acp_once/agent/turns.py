@@ -2,18 +2,21 @@
 
 The session's inbox (`acp_once.agent.inbox`) reports each committed user message to its runner
 ("inserted"); the runner queues the turn and runs the turns one at a time in its worker, in the
-agent's task group, with the turn given as a callable (`SessionAgent.run_turn`). Around each
-turn it sends the `running` and idle state updates, and stores the retained marker that says
-the turn finished (with the turn's last update when a `final` emit carries it), so a restarted
-process, or a node that took the session over, finds the turns that did not finish
-(`acp_once.agent.state.unfinished_turns`). When its turns run out, the worker asks the inbox for
-the next held prompt, and stops when there is none.
+agent's task group, with the turn given as a callable (`SessionAgent.run_turn`). Each turn
+starts with a `running` state update and ends with its end record (`state.turn_end`: the idle
+update with its stop reason, naming the message), which is stored in the timeline before it
+is sent (A10): a restarted process, or a node that took the session over, finds the turns that
+never ended (`acp_once.agent.state.unfinished_turns`), and every client that resumes later
+replays how each turn ended. A turn that `session/cancel` dropped from the queue gets its end
+record too (`cancelled`), after the running turn's. When its turns run out, the worker asks
+the inbox for the next held prompt, and stops when there is none.
 
 Everything a turn sends goes out through one session broadcast (`publish`: this process's
 connections and, in a cluster, the other nodes); how each turn ended goes to the broadcast's
 "turn ended" subscribers (the v1 face of a v1 connection).
 
-`TurnContext` is what a turn uses to report and to ask.
+`TurnContext` is what a turn uses to report and to ask. What it reports is retained (stored,
+then sent) unless its kind is live-only (`LIVE_ONLY_KINDS`, A11).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import anyio
 import orjson
 from pydantic import BaseModel
 
-from acp_once.agent.state import RECOVER_TIMEOUT, Turn, marker
+from acp_once.agent.state import RECOVER_TIMEOUT, STARTED, Turn, marker, turn_end
 from acp_once.agent.updates import check_update, tool_call, tool_call_update
 from acp_once.protocol import schema as s
 from acp_once.protocol.errors import InternalError
@@ -46,13 +49,19 @@ if TYPE_CHECKING:
     from acp_once.agent.calls import AgentConnection
     from acp_once.rpc.tasks import TaskPool
 
-__all__ = ["TurnContext", "TurnRunner", "TurnSetup"]
+__all__ = ["LIVE_ONLY_KINDS", "TurnContext", "TurnRunner", "TurnSetup"]
 
 logger = logging.getLogger("acp_once.agent")
 
 _STOP_TIMEOUT = 10.0
-_DROPPED_IDLE = {"sessionUpdate": "state_update", "state": "idle", "stopReason": "cancelled"}
-"""How a queued turn that a cancel dropped ended (it never ran)."""
+
+LIVE_ONLY_KINDS = frozenset({"state_update", "notice", "terminal_output_chunk"})
+"""The `sessionUpdate` kinds `TurnContext.emit` sends without storing them unless told to
+(A11): a state update is a snapshot of the session's activity (a resume sends the current one;
+each turn's end is stored by the runtime itself), a notice is not part of session history (the
+schema says so), and a terminal's output chunks are an unbounded byte stream (`terminal_update`
+carries a replacement snapshot of the output, and is retained). Every other kind, an unknown
+or custom one included, is part of the conversation: stored, then sent."""
 
 RunTurn = Callable[[Turn, "TurnContext"], Awaitable[StopReason | Extension]]
 """`SessionAgent.run_turn`: work on one inserted message; return the stop reason."""
@@ -98,6 +107,8 @@ class TurnRunner:
     """One session's worker and turn queue (see the module docstring)."""
 
     __slots__ = (
+        "_drained",
+        "_dropped",
         "_ended",
         "_on_stop",
         "conns",
@@ -135,6 +146,10 @@ class TurnRunner:
         """Set when the running worker ends; made only when someone waits for that."""
         self._ended = turn_ended
         self._on_stop = on_stop
+        self._dropped: list[Turn] = []
+        """Turns a cancel dropped from the queue, whose end records are not written yet."""
+        self._drained: anyio.Event | None = None
+        """Set when the worker has ended a cancelled turn and the turns dropped with it."""
 
     def busy(self) -> bool:
         """A turn runs or waits to (a worker that only drains the queue is not a turn)."""
@@ -179,104 +194,152 @@ class TurnRunner:
                 # the scope exists from the moment the turn leaves the queue, so a cancel that
                 # arrives before the turn got going still stops it
                 self.turn_scope = self.setup.new_scope()
-                idle = await self._run_one(turn, context, self.turn_scope)
-                self._ended(turn.message_id, idle)
-                # a cancelled turn always ends with its idle update (R57), even when a
-                # prompt sent after the cancel is already waiting
-                if idle["stopReason"] == "cancelled" or not (self.turns or source.waiting()):
-                    await context.emit(idle)
+                end = await self._run_one(turn, context, self.turn_scope)
+                self._ended(turn.message_id, end)
+                # every turn's end goes out, as stored (A10; a cancelled one: R57)
+                await self.publish(end)
+                if self._dropped or self._drained is not None:
+                    await self._end_dropped()
         finally:
             self.running = False
             self.turn_scope = None
             if self.stopped is not None:
                 self.stopped.set()
                 self.stopped = None
+            if self._drained is not None:
+                self._drained.set()
+                self._drained = None
             self._on_stop()  # its last connection may have gone during the turn
 
     async def _run_one(
         self, turn: Turn, context: TurnContext, scope: anyio.CancelScope
     ) -> dict[str, Any]:
-        """Run one turn; return the idle update that ends it.
+        """Run one turn; store its end record (`turn_end`), and return it.
 
         A failure after insertion is never an error answer: it ends the turn with
-        `stopReason: "error"` (R55). The retained "idle" marker written at the end says
-        the message's turn finished; a message without one was interrupted by a crash.
+        `stopReason: "error"` (R55). The end record is stored (with the turn's `final` update,
+        in one write when the store can), shielded, before it is sent; a message without one
+        was interrupted by a crash (A3).
         """
-        idle: dict[str, Any] = {"sessionUpdate": "state_update", "state": "idle"}
         context._turn = turn
-        context._marked = False
+        context._final = None
+        error: dict[str, Any] | None = None
+        reason = "error"
         with scope:
             await context.emit({"sessionUpdate": "state_update", "state": "running"})
             try:
-                reason = await self.setup.run_turn(turn, context)
+                if turn.queued:  # stored before it runs: a restart must not run it again (A3)
+                    await self.setup.store.append_update(
+                        self.session_id, marker(STARTED, turn.message_id)
+                    )
+                returned = await self.setup.run_turn(turn, context)
                 if self.setup.strict:
-                    check_open_value("stopReason", reason)
-                idle["stopReason"] = reason
+                    check_open_value("stopReason", returned)
+                reason = returned
             except Exception as exc:
                 logger.exception("session %s: turn failed", self.session_id)
-                idle["stopReason"] = "error"
-                idle["error"] = InternalError(f"The turn failed ({type(exc).__name__})").to_wire()
+                error = InternalError(f"The turn failed ({type(exc).__name__})").to_wire()
         self.turn_scope = None
         if scope.cancelled_caught or scope.cancel_called:
-            idle["stopReason"] = "cancelled"
-        if not turn.live_only and not context._marked:  # not written with a `final` emit
-            with anyio.CancelScope(shield=True):
-                try:
-                    await self.mark_turn(turn.message_id)
-                except Exception as exc:
-                    # The session's worker (and with it the agent) must outlive its store's
-                    # failure: the turn stays unmarked, so a restart reports it interrupted.
-                    # Only the type is logged: a store's error text could quote a key.
-                    logger.error(
-                        "session %s: the end of the turn of %s was not stored (%s)",
-                        self.session_id,
-                        turn.message_id,
-                        type(exc).__name__,
-                    )
-        return idle
+            reason, error = "cancelled", None
+        end = turn_end(turn.message_id, reason, error)
+        final = context.take_final()
+        if not turn.live_only:
+            if reason == "cancelled":
+                # a session/cancel or close waits for it (R61): it must not be cut short
+                with anyio.CancelScope(shield=True):
+                    await self.record_end(end, final)
+            else:
+                # Not shielded (a shield costs ~7 us a turn): only the agent's own shutdown can
+                # cancel this write, and a turn whose end it cut is found without one at the
+                # next start, as after a crash (A3).
+                await self.record_end(end, final)
+        if final is not None:
+            await self.publish(final[2])
+        return end
 
-    async def mark_turn(self, message_id: str) -> None:
-        """Store the marker that says the turn of `message_id` finished."""
+    async def record_end(
+        self, end: dict[str, Any], final: tuple[bytes, str | None, dict[str, Any]] | None = None
+    ) -> bool:
+        """Store a turn's end record (after its `final` update, in one write when the store
+        can: `AppendsUpdates`); False when it was not stored. A failure is logged, never raised:
+        the session's worker (and with it the agent) must outlive its store's, and the turn
+        then has no end record, so a restart reports it interrupted. Only the error's type is
+        logged: a store's error text could quote a key."""
+        store = self.setup.store
+        encoded = orjson.dumps(end)
+        message_id = _ended_id(end)
         try:
-            await self.setup.store.append_update(self.session_id, marker("idle", message_id))
+            if final is None:
+                await store.append_update(self.session_id, encoded)
+                return True
+            append_updates = getattr(store, "append_updates", None)
+            if append_updates is not None:
+                await append_updates(self.session_id, [(final[0], final[1]), (encoded, None)])
+            else:
+                await store.append_update(self.session_id, final[0], message_id=final[1])
+                await store.append_update(self.session_id, encoded)
         except (FencingError, SessionMissing):  # taken over by another node, or deleted
             logger.warning(
-                "session %s: turn of %s not marked (lease lost or session deleted)",
+                "session %s: the end of the turn of %s was not stored (lease lost or session "
+                "deleted)",
                 self.session_id,
                 message_id,
             )
+            return False
+        except Exception as exc:
+            logger.error(
+                "session %s: the end of the turn of %s was not stored (%s)",
+                self.session_id,
+                message_id,
+                type(exc).__name__,
+            )
+            return False
+        return True
 
-    async def append_final(self, update: bytes, message_id: str | None, turn: Turn) -> None:
-        """Store a turn's last retained update and its closing marker in one write when the
-        store can (`AppendsUpdates`: one SQLite transaction instead of two); otherwise one
-        after the other, with the marker's failures handled as `mark_turn` does."""
-        store = self.setup.store
-        append_updates = getattr(store, "append_updates", None)
-        if append_updates is not None:
-            closing = marker("idle", turn.message_id)
-            await append_updates(self.session_id, [(update, message_id), (closing, None)])
-        else:
-            await store.append_update(self.session_id, update, message_id=message_id)
-            await self.mark_turn(turn.message_id)
+    async def end_unrun(self, end: dict[str, Any]) -> None:
+        """Store the end record of a turn that will not run here (an interrupted one, A3);
+        once stored, tell the "turn ended" subscribers and send it."""
+        if await self.record_end(end):
+            self._ended(_ended_id(end), end)
+            await self.publish(end)
+
+    async def _end_dropped(self) -> None:
+        """Store and send the end records of the turns a cancel dropped (after the running
+        turn's), shielded and bounded: their work will never run, and a turn without an end
+        record counts as interrupted (a restart would run it again)."""
+        dropped, self._dropped = self._dropped, []
+        with anyio.move_on_after(RECOVER_TIMEOUT, shield=True):
+            for turn in dropped:
+                end = turn_end(turn.message_id, "cancelled")
+                if not turn.live_only:
+                    await self.record_end(end)
+                await self.publish(end)
+        if self._drained is not None:
+            self._drained.set()
+            self._drained = None
 
     # -- cancelling ----------------------------------------------------------------------------
 
     async def cancel(self) -> None:
-        """`session/cancel`: drop the queued turns (their markers closed), cancel the running
-        one, and wait (bounded) for the worker to send its last updates (R61)."""
-        cleared = list(self.turns)
-        dropped = [t for t in cleared if not t.live_only]
+        """`session/cancel`: drop the queued turns, cancel the running one, and wait (bounded)
+        for the worker to send its last updates (R61). Each dropped turn ends `cancelled`
+        (A10), after the running turn's end."""
+        dropped = list(self.turns)
         self.turns.clear()
-        for turn in cleared:
-            self._ended(turn.message_id, dict(_DROPPED_IDLE))
+        for turn in dropped:
+            self._ended(turn.message_id, turn_end(turn.message_id, "cancelled"))
+        self._dropped.extend(dropped)
         if self.turn_scope is not None:
             self.turn_scope.cancel()
-        if dropped:
-            # their work will never run: close their markers, even if this request is cut
-            # (an unmarked turn counts as interrupted: a restart would run it again)
-            with anyio.move_on_after(RECOVER_TIMEOUT, shield=True):
-                for turn in dropped:
-                    await self.mark_turn(turn.message_id)
+            # the worker ends the running turn, then the dropped ones, in that order
+            if self._drained is None:
+                self._drained = anyio.Event()
+            drained = self._drained
+            with anyio.move_on_after(_STOP_TIMEOUT):
+                await drained.wait()
+        if self._dropped:
+            await self._end_dropped()  # no turn ran (or the worker is late): ended here
         if self.running:
             # the final updates and the idle state_update go out before we answer (R61)
             if self.stopped is None:
@@ -304,7 +367,9 @@ class TurnContext:
     def __init__(self, runner: TurnRunner) -> None:
         self._runner = runner
         self._turn: Turn | None = None  # the turn being run
-        self._marked = False  # its closing marker is stored (by a `final` emit)
+        # its `final` update, held back to be stored with its end record:
+        # (encoded, message id, the update)
+        self._final: tuple[bytes, str | None, dict[str, Any]] | None = None
         self._strict = runner.setup.strict
 
     @property
@@ -312,20 +377,31 @@ class TurnContext:
         return self._runner.session_id
 
     async def emit(
-        self, update: dict[str, Any] | BaseModel, *, retain: bool = False, final: bool = False
+        self,
+        update: dict[str, Any] | BaseModel,
+        *,
+        retain: bool | None = None,
+        final: bool = False,
     ) -> None:
-        """Send one `session/update` `update` object; with `retain`, store it for replay first.
+        """Send one `session/update` `update` object, stored for replay first when it is
+        part of the conversation.
 
-        `final` (with `retain`) says this is the turn's last update: it is stored together
-        with the marker that says the turn finished, in one write instead of two. A crash
-        after it counts as a finished turn (not reported as interrupted after a restart), so
-        use it only when nothing the user must know about follows.
+        By default an update is retained unless its kind is live-only (`LIVE_ONLY_KINDS`:
+        state updates, notices, terminal output chunks) or the turn is a locally handled
+        command's (A11). Tool calls and their updates keep their `toolCallId` in the store,
+        so a replay shows the same tool call.
+
+        `final` says this is the turn's last update: it is held back, and stored together
+        with the turn's end record (one write instead of two) when `run_turn` returns, then
+        sent. A crash before that loses it with the turn's end, so the turn is reported
+        interrupted. An update emitted after it sends it first (stored on its own).
 
         Args:
             update: a model from `acp_once.agent.updates` (or any `session/update` kind of
                 `acp_once.protocol.schema`), or the wire dict.
-            retain: store it as part of the conversation (replayed on resume).
-            final: with `retain`, store it with the turn's closing marker.
+            retain: True stores it whatever its kind; False sends it only (an update your
+                own storage replays already); None decides by kind.
+            final: the turn's last retained update (see above).
 
         Raises:
             ValueError: in strict mode (`SessionAgent(strict_updates=True)` or
@@ -344,19 +420,40 @@ class TurnContext:
             kind = update.get("sessionUpdate")
             if kind.__class__ is not str or kind not in _SAMPLED:
                 _sample_update(update)  # the first dict of its kind: a set lookup after that
+        runner = self._runner
+        if self._final is not None:
+            await self._send_final()
+        turn = self._turn
+        if retain is None:
+            retain = (
+                turn is not None
+                and not turn.live_only
+                and update.get("sessionUpdate") not in LIVE_ONLY_KINDS
+            )
         if retain:
-            turn = self._turn
             encoded = orjson.dumps(update)
             message_id = update.get("messageId")
-            runner = self._runner
-            if final and turn is not None and not turn.live_only and not self._marked:
-                await runner.append_final(encoded, message_id, turn)
-                self._marked = True  # after the write: a failed one leaves it to _run_one
-            else:
-                await runner.setup.store.append_update(
-                    runner.session_id, encoded, message_id=message_id
-                )
-        await self._runner.publish(update)
+            if final and turn is not None and not turn.live_only:
+                self._final = (encoded, message_id, update)
+                return
+            await runner.setup.store.append_update(
+                runner.session_id, encoded, message_id=message_id
+            )
+        await runner.publish(update)
+
+    def take_final(self) -> tuple[bytes, str | None, dict[str, Any]] | None:
+        """The held-back `final` update (encoded, message id, update), now the runner's."""
+        final, self._final = self._final, None
+        return final
+
+    async def _send_final(self) -> None:
+        """Store and send the held-back `final` update on its own (something followed it)."""
+        final, self._final = self._final, None
+        if final is None:
+            return
+        runner = self._runner
+        await runner.setup.store.append_update(runner.session_id, final[0], message_id=final[1])
+        await runner.publish(final[2])
 
     async def start_tool_call(
         self,
@@ -449,6 +546,12 @@ class TurnContext:
             except ConnectionClosed:
                 continue
         return s.RequestPermissionResponse.model_validate({"outcome": {"outcome": "cancelled"}})
+
+
+def _ended_id(end: dict[str, Any]) -> str:
+    """The message an end record (`turn_end`) names."""
+    message_id: str = end["_meta"]["acpOnce"]["messageId"]
+    return message_id
 
 
 _DEFAULT_OPTIONS = [("allow_once", "Allow"), ("reject_once", "Reject")]

@@ -22,8 +22,10 @@ each session its connection is active on (`turn_ended`, a listener of the sessio
 `acp_once.agent.session`: told as each turn ends and, by a cancel, for each queued turn it
 drops), by message id. Any other agent, and a turn run by another node of a cluster, is
 followed from the session's updates: turns run in the order their user messages are inserted,
-each starts with a `running` state update, and the last ends with an idle one (a turn followed
-by another reports no stop reason of its own: it is answered `end_turn`). The first outcome
+each starts with a `running` state update and ends with an idle one, which names its message
+when it is a `SessionAgent`'s end record (A10); an idle update that names none ends the
+running turn and drops the queued ones, and a turn followed by `running` without an idle
+update of its own is answered `end_turn`. The first outcome
 known for a message is the one answered; outcomes of recent turns are kept, as a turn can end
 before its prompt's handler resumes.
 """
@@ -42,6 +44,7 @@ import orjson
 from pydantic import ValidationError
 
 from acp_once.agent.interface import Agent
+from acp_once.agent.state import ended_message
 from acp_once.protocol import methods as m
 from acp_once.protocol import schema as s
 from acp_once.protocol import v1
@@ -371,6 +374,14 @@ class V1Face:
                 self._ended(view, view.current, _END_TURN_IDLE)
                 view.current = view.queued.popleft() if view.queued else None
             elif state == "idle":
+                ended = ended_message(update)
+                if ended is not None:  # a turn's end record (A10): that message's turn only
+                    self._ended(view, ended, update)
+                    if ended == view.current:
+                        view.current = None
+                    elif ended in view.queued:
+                        view.queued.remove(ended)
+                    return True
                 self._ended(view, view.current, update)
                 # idle: no foreground work is left, so no queued turn will run (a cancel
                 # dropped them)
