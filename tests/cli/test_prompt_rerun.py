@@ -130,9 +130,8 @@ async def test_a_blind_rerun_with_session_and_key_inserts_once(tmp_path: Path) -
     assert message_id is not None
     assert f"inserted earlier as {message_id.group(1)} (the same key)" in out2
     assert "agent deploy [tool]" in out2  # the turn's answer, from the history
-    assert out2.rstrip().endswith(
-        "stop reason: not reported (the turn ended before this run saw it)"
-    )
+    # the turn's end is in the replayed history, tagged with its message id (A10)
+    assert out2.rstrip().endswith("stop reason: end_turn")
     assert await count(tmp_path / "agent.db", session_id) == 2  # "hello" and "deploy" once
     assert len((tmp_path / "fx" / f"{session_id}.log").read_text().splitlines()) == 1
 
