@@ -48,6 +48,22 @@ class UpdateRecorder(Client):
         while not predicate(self.updates):
             await self._arrived.wait()
 
+    async def turn_end(self, message_id: str) -> dict[str, Any]:
+        """Wait for the end of the turn of `message_id` (the idle `state_update` naming it in
+        `_meta.acpOnce.messageId`, A10) and return it; bound it with the caller's fail_after."""
+
+        def ends(updates: list[dict[str, Any]]) -> list[dict[str, Any]]:
+            return [
+                u
+                for u in updates
+                if u["sessionUpdate"] == "state_update"
+                and u.get("state") == "idle"
+                and u.get("_meta", {}).get("acpOnce", {}).get("messageId") == message_id
+            ]
+
+        await self.wait_for(lambda updates: bool(ends(updates)))
+        return ends(self.updates)[0]
+
 
 class CutConnection:
     """A client connection to `agent`, in memory, that is cut when the block exits.

@@ -49,7 +49,7 @@ import anyio
 import anyio.abc
 import orjson
 
-from acp_once.agent.state import TURN_MARKER
+from acp_once.agent.state import ended_message
 from acp_once.client import AcpClient, ClientSession, HttpLauncher, StdioLauncher, WebSocketLauncher
 from acp_once.client.outbox import Submission
 from acp_once.protocol.errors import AcpError
@@ -461,8 +461,8 @@ async def drain(
     ("drain <session id>") whose turn comes after all of them, since a session's turns run in
     order. `echoes`: the agent echoes the prompt (the reference agent), and its echo ends the
     wait. Otherwise give the agent's `store` URL: each turn's end (an update with a stop
-    reason, or a resume's) makes the wait look there for the drain turn's closing marker, which
-    a turn interrupted by a crash also gets."""
+    reason, or a resume's) makes the wait look there for the drain turn's end record, which
+    a turn interrupted by a crash also gets (A10)."""
     if not echoes and store is None:
         raise ValueError("drain needs the agent's store for an agent that does not echo")
     for sid in session_ids:
@@ -489,15 +489,11 @@ async def drain(
 
 
 async def _turn_closed(store: str | None, session_id: str, message_id: str) -> bool:
-    """Whether the store holds the closing marker of `message_id`'s turn."""
+    """Whether the store holds the end record of `message_id`'s turn (A10)."""
     assert store is not None
     async with open_store(store) as opened:
         tail = await opened.read_timeline_tail(session_id, limit=64)
-    for entry in tail:
-        update = orjson.loads(entry.update)
-        if update.get("sessionUpdate") == TURN_MARKER and update.get("messageId") == message_id:
-            return True
-    return False
+    return any(ended_message(orjson.loads(entry.update)) == message_id for entry in tail)
 
 
 async def _count(demo: _Demo, elapsed: float, cuts: int) -> DemoResult:
@@ -515,12 +511,12 @@ async def _count(demo: _Demo, elapsed: float, cuts: int) -> DemoResult:
                     kind = update.get("sessionUpdate")
                     if kind == "agent_message":
                         answered = True
-                    elif kind == TURN_MARKER and update.get("state") == "idle":
+                    elif (ended := ended_message(update)) is not None:
                         # a submission's turn that ended without a stored answer: interrupted
-                        interrupted += int(not answered and update.get("messageId") in turns)
+                        interrupted += int(not answered and ended in turns)
                     if kind != "user_message" or entry.message_id is None:
                         continue
-                    answered = True  # until this turn's marker is seen
+                    answered = True  # until this turn's end record is seen
                     index = demo.index(str((update.get("content") or [{}])[0].get("text", "")))
                     if index is not None:
                         copies[index].append(entry.message_id)

@@ -1,11 +1,11 @@
 """Codex behind the upgrade runtime, for the tests of `tests/codex/` and the Codex benchmarks:
 the install, a Codex home that talks to the scripted model only, and the processes to stop.
 
-Codex (codex-acp 0.16.0) does not exit when its stdin closes. Until the upgrade runtime keeps
-its child in a process group of its own and kills it on stop, whoever starts the runtime ends
-the Codex processes it started (`stop_codex`): found by their `CODEX_HOME`, which is unique to
-one test or run, and by being another program than this Python (the runtime has the same
-`CODEX_HOME` in its environment, to pass on).
+Codex (codex-acp 0.16.0) does not exit when its stdin closes. The upgrade runtime keeps it in a
+process group of its own that is killed when the runtime stops or dies; `codex_pids` finds the
+Codex processes of one test or run (by their `CODEX_HOME`, unique to it, and by being another
+program than this Python: the runtime has the same `CODEX_HOME` in its environment, to pass
+on), `wait_gone` waits for them to exit, and `stop_codex` ends any left over.
 """
 
 from __future__ import annotations
@@ -20,7 +20,15 @@ import anyio
 
 from tests.codex.model_server import codex_home
 
-__all__ = ["INSTALL_SCRIPT", "Missing", "codex_env", "codex_pids", "install", "stop_codex"]
+__all__ = [
+    "INSTALL_SCRIPT",
+    "Missing",
+    "codex_env",
+    "codex_pids",
+    "install",
+    "stop_codex",
+    "wait_gone",
+]
 
 ROOT = Path(__file__).resolve().parents[2]
 INSTALL_SCRIPT = ROOT / "scripts" / "codex.py"
@@ -83,11 +91,21 @@ async def stop_codex(home: Path, sig: int = signal.SIGTERM, timeout: float = 20.
     Raises:
         TimeoutError: one was still running after `timeout` seconds.
     """
+    await wait_gone(codex_pids(home), timeout, sig)
+
+
+async def wait_gone(pids: list[int], timeout: float, sig: int | None = None) -> None:
+    """Wait until every process of `pids` has exited, sending each `sig` first if given.
+
+    Raises:
+        TimeoutError: one was still running after `timeout` seconds.
+    """
     fds = []
-    for pid in codex_pids(home):
+    for pid in pids:
         try:
             fds.append(os.pidfd_open(pid))
-            os.kill(pid, sig)
+            if sig is not None:
+                os.kill(pid, sig)
         except ProcessLookupError:
             continue
     try:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import signal
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -29,7 +28,7 @@ from acp_once.client import ClientSideConnection
 from acp_once.protocol import schema as s
 from acp_once.storage import open_store
 from acp_once.transports.stdio import AgentProcess, spawn
-from tests.codex.harness import codex_env, stop_codex
+from tests.codex.harness import codex_env, codex_pids, stop_codex, wait_gone
 from tests.codex.model_server import ModelServer, user_texts
 from tests.helpers import UpdateRecorder, initialize_request
 from tests.upgrade.test_upgrade_sdk import PermissionClient, prompt_params, wait_idle
@@ -178,11 +177,13 @@ async def test_a_keyed_tool_turn_after_sigkill_and_restart_runs_its_tool_once(
             first = await prompt(conn, sid, "run+block: echo two >> log.txt", KEY)
             await env.blocked()  # the tool ran, the model's answer stalls
             assert env.lines() == ["two"]
+            running = codex_pids(env.home)
+            assert running  # Codex, stuck in its turn
             proc.process.kill()
             await proc.process.wait()
-            # the runtime does not yet put Codex in a process group of its own that dies with
-            # it: the orphaned Codex is killed here, as that group would be
-            await stop_codex(env.home, signal.SIGKILL)
+            # Codex's group dies with the runtime (the launcher's parent-death signal), although
+            # Codex ignores the end of its stdin: gone within the acceptance bound of 5 s
+            await wait_gone(running, 5.0)
         model.release()
         async with upgraded(env) as (conn, rec, _):
             await resume(conn, env, sid, replay=True)
@@ -191,9 +192,9 @@ async def test_a_keyed_tool_turn_after_sigkill_and_restart_runs_its_tool_once(
             assert state["stopReason"] == "error"
             assert state["error"]["message"] == INTERRUPTED_MESSAGE
             assert await prompt(conn, sid, "run+block: echo two >> log.txt", KEY) == first
-            await prompt(conn, sid, "after")
-            # the replayed history ends with the interrupted turn's idle, then this turn's
-            assert (await wait_idle(rec, 2))[-1]["stopReason"] == "end_turn"
+            after = await prompt(conn, sid, "after")
+            # the replay and the snapshot hold the interrupted turn's end; this turn ends its own
+            assert (await rec.turn_end(after))["stopReason"] == "end_turn"
             assert texts(rec).endswith("ok: after")
     assert env.lines() == ["two"]
     assert await env.count(sid) == 2 and await env.count(sid, KEY) == 1
@@ -214,8 +215,7 @@ async def test_a_keyed_tool_turn_held_behind_another_runs_its_tool_once(env: Env
             a, b = await first.result(), await retry.result()
             assert a == b
             await rec.wait_for(lambda _: "ran: echo held" in texts(rec))
-            (idle,) = await wait_idle(rec)  # one idle, after both turns
-            assert idle["stopReason"] == "end_turn"
+            assert (await rec.turn_end(a["messageId"]))["stopReason"] == "end_turn"  # A10
             assert len(rec.user_messages()) == 2
     assert env.lines() == ["held"]
     assert await env.count(sid, KEY) == 1

@@ -383,14 +383,15 @@ async def test_t7_retry_of_a_prompt_steered_in_during_work(env: Env) -> None:
     with anyio.fail_after(TIMEOUT):
         async with upgraded(env, "--policy", "steer") as (conn, rec, _):
             sid = await new_session(conn)
-            await prompt(conn, sid, "long [wait:g7]")
+            long = await prompt(conn, sid, "long [wait:g7]")
             await wait_text(rec, "waiting g7")
             steered = await prompt(conn, sid, "steer [tool]", KEY)  # answered mid-turn
             assert await prompt(conn, sid, "steer [tool]", KEY) == steered
             env.open_gate("g7")
             await wait_text(rec, "steer [tool]")
-            (idle,) = await wait_idle(rec)  # one idle, after both turns
-            assert idle["stopReason"] == "end_turn"
+            # each turn ends on its own, tagged with its message (A10)
+            assert (await rec.turn_end(steered))["stopReason"] == "end_turn"
+            assert (await rec.turn_end(long))["stopReason"] == "end_turn"
     assert await env.count(sid, KEY) == 1
     # the child got one prompt at a time: the steered one after the first turn ended
     assert [line.split(" ", 1)[1] for line in env.effects_lines()] == [
