@@ -33,7 +33,7 @@ import orjson
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the scripted model lives in tests/codex
 
-from acp_once.agent.state import TURN_MARKER  # noqa: E402
+from acp_once.agent.state import ended_message  # noqa: E402
 from acp_once.demo import DemoResult, run_demo  # noqa: E402
 from acp_once.storage import open_store  # noqa: E402
 from tests.codex.model_server import ModelServer, codex_home  # noqa: E402
@@ -69,7 +69,7 @@ async def interrupted_submissions(workdir: Path, session_ids: list[str]) -> set[
                     answered = False
                 elif kind == "agent_message":
                     answered = True
-                elif kind == TURN_MARKER and current is not None:
+                elif ended_message(update) is not None and current is not None:
                     if not answered:
                         found.add(current)
                     current = None
