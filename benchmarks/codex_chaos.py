@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import tempfile
 from collections import Counter
@@ -36,21 +35,17 @@ sys.path.insert(0, str(ROOT))  # the scripted model lives in tests/codex
 from acp_once.agent.state import ended_message  # noqa: E402
 from acp_once.demo import DemoResult, run_demo  # noqa: E402
 from acp_once.storage import open_store  # noqa: E402
+from tests.codex.harness import Missing, install  # noqa: E402
 from tests.codex.model_server import ModelServer, codex_home  # noqa: E402
 
 PROMPT = "run: echo {i} >> effects.log"
 
 
 def codex() -> str:
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "codex.py")],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if done.returncode != 0:
-        raise SystemExit(f"codex_chaos: cannot install codex-acp: {done.stderr.strip()}")
-    return done.stdout.strip()
+    try:
+        return install()
+    except (Missing, RuntimeError) as exc:
+        raise SystemExit(f"codex_chaos: cannot install codex-acp: {exc}") from exc
 
 
 async def interrupted_submissions(workdir: Path, session_ids: list[str]) -> set[int]:

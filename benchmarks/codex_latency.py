@@ -48,6 +48,7 @@ from acp_once.rpc.connection import Connection  # noqa: E402
 from acp_once.support.proctree import descendants  # noqa: E402
 from acp_once.transports.stdio import AgentProcess, spawn  # noqa: E402
 from acp_once.upgrade.translate import CLIENT_CAPABILITIES  # noqa: E402
+from tests.codex.harness import Missing, install  # noqa: E402
 from tests.codex.model_server import ModelServer, codex_home  # noqa: E402
 
 TURN = "run: echo x >> log.txt"
@@ -56,15 +57,10 @@ TIMEOUT = 60
 
 
 def codex() -> str:
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "codex.py")],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if done.returncode != 0:
-        raise SystemExit(f"codex_latency: cannot install codex-acp: {done.stderr.strip()}")
-    return done.stdout.strip()
+    try:
+        return install()
+    except (Missing, RuntimeError) as exc:
+        raise SystemExit(f"codex_latency: cannot install codex-acp: {exc}") from exc
 
 
 class IdleWaiter(Client):
