@@ -11,19 +11,19 @@ import uvicorn
 
 from acp_once.conformance import CHECKS
 from acp_once.server import DEFAULT_MAX_MESSAGE_BYTES
-from acp_once.server.run import serve_reference
+from acp_once.server.run import reference_factory, serve_agent
 from tests.conformance.test_websocket_target import T3, TOKEN, _check, served_in_thread
 
 
 @pytest.mark.slow
 def test_acp_once_serve_passes_every_check_over_streamable_http(tmp_path: Path) -> None:
     async def serve(port: int, sock: object, on_server: Callable[[uvicorn.Server], None]) -> None:
-        await serve_reference(
+        await serve_agent(
+            reference_factory(side_effects=tmp_path / "effects"),
             host="127.0.0.1",
             port=port,
             store=f"sqlite:{tmp_path / 'agent.sqlite3'}",
             token=TOKEN,
-            side_effects=tmp_path / "effects",
             max_connections=100,
             max_message_bytes=DEFAULT_MAX_MESSAGE_BYTES,
             sock=sock,  # type: ignore[arg-type]

@@ -23,7 +23,7 @@ from acp_once.conformance import CHECKS, Status, run_suite
 from acp_once.protocol import schema as s
 from acp_once.server import DEFAULT_MAX_MESSAGE_BYTES, create_app
 from acp_once.server.listen import uvicorn_config
-from acp_once.server.run import serve_reference
+from acp_once.server.run import reference_factory, serve_agent
 from acp_once.storage import open_store
 from tests.remote.harness import listening_socket
 
@@ -84,12 +84,12 @@ def test_acp_once_serve_passes_every_check_over_websocket_with_the_restart_skipp
     tmp_path: Path,
 ) -> None:
     async def serve(port: int, sock: object, on_server: Callable[[uvicorn.Server], None]) -> None:
-        await serve_reference(
+        await serve_agent(
+            reference_factory(side_effects=tmp_path / "effects"),
             host="127.0.0.1",
             port=port,
             store=f"sqlite:{tmp_path / 'agent.sqlite3'}",
             token=TOKEN,
-            side_effects=tmp_path / "effects",
             max_connections=100,
             max_message_bytes=DEFAULT_MAX_MESSAGE_BYTES,
             sock=sock,  # type: ignore[arg-type]

@@ -16,7 +16,7 @@ from acp_once.client import AcpClient, WebSocketLauncher
 from acp_once.protocol.errors import INVALID_REQUEST, AcpError
 from acp_once.rpc.errors import ConnectionClosed
 from acp_once.server import InsecureListen, check_listen, is_loopback
-from acp_once.server.run import serve_reference
+from acp_once.server.run import reference_factory, serve_agent
 from acp_once.storage import open_store
 from acp_once.support.backoff import Backoff
 from acp_once.transports.websocket import CLOSE_TOO_BIG, WebSocketRejected, connect_websocket
@@ -114,12 +114,12 @@ async def test_serve_reference_composition_with_a_token(tmp_path: Path) -> None:
     with anyio.fail_after(TIMEOUT):
         async with anyio.create_task_group() as tg:
             tg.start_soon(
-                lambda: serve_reference(
+                lambda: serve_agent(
+                    reference_factory(side_effects=tmp_path / "effects"),
                     host="127.0.0.1",
                     port=port,
                     store=f"sqlite:{db}",
                     token=token,
-                    side_effects=tmp_path / "effects",
                     max_connections=10,
                     max_message_bytes=1024 * 1024,
                     sock=sock,

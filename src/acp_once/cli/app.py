@@ -10,7 +10,7 @@ import shlex
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any
 
 import anyio
 import typer
@@ -25,7 +25,6 @@ from acp_once.support.server_options import (
 
 if TYPE_CHECKING:
     from acp_once.agent.factory import AgentFactory
-    from acp_once.storage.base import SessionStore
 
 
 def _fold_help_cells() -> None:
@@ -593,7 +592,7 @@ def serve(
 
         factory = _load(target, load_factory)
     from acp_once.server.listen import InsecureListen, check_listen, listen
-    from acp_once.server.run import serve_agent
+    from acp_once.server.run import reference_factory, serve_agent
     from acp_once.server.tenants import TokensFileError, load_tokens
     from acp_once.storage import SchemaOutOfDate
 
@@ -641,7 +640,7 @@ def serve(
             raise typer.Exit(1) from None
     apply = migrate or _new_store(url)
     if factory is None:
-        factory = _reference_factory(
+        factory = reference_factory(
             side_effects=side_effects or _data_dir() / "side-effects",
             policy="steer" if policy is Policy.steer else "hold",
             resume_interrupted=interrupted is Interrupted.continue_,
@@ -685,19 +684,6 @@ def serve(
             "postgresql://... (the same URL)" if _is_postgres(url) else url,
         )
         raise typer.Exit(1) from None
-
-
-def _reference_factory(
-    *, side_effects: Path, policy: Literal["hold", "steer"], resume_interrupted: bool
-) -> AgentFactory:
-    from acp_once.agent.reference import ReferenceAgent
-
-    def reference(opened: SessionStore) -> ReferenceAgent:
-        return ReferenceAgent(
-            opened, side_effects=side_effects, policy=policy, resume_interrupted=resume_interrupted
-        )
-
-    return reference
 
 
 def _proxies(values: list[str] | None) -> list[str]:

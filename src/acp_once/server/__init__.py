@@ -6,8 +6,8 @@
   `ServerTimeouts`).
 - `listen`: the loopback rule (`check_listen`), the listening socket, and uvicorn run on it.
 - `run`: your agent (`serve_agent(EchoAgent, port=8765, store="sqlite:s.db")`), the
-  reference agent (`serve_reference`) and a bridged stdio agent (`serve_bridge`) served until
-  SIGINT or SIGTERM.
+  reference agent (`serve_agent(reference_factory(...))`) and a bridged stdio agent
+  (`serve_bridge`) served until SIGINT or SIGTERM.
 """
 
 from acp_once.support.server_options import (

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from acp_once.agent.runtime import SessionAgent
     from acp_once.storage.base import SessionStore
 
-__all__ = ["clustered", "serve_agent", "serve_bridge", "serve_reference"]
+__all__ = ["clustered", "reference_factory", "serve_agent", "serve_bridge"]
 
 logger = logging.getLogger("acp_once.server")
 
@@ -49,7 +49,7 @@ _Agent = TypeVar("_Agent", bound="SessionAgent")
 def clustered(
     agent: _Agent, store: SessionStore, *, node_id: str | None, lease_ttl: float
 ) -> _Agent:
-    """`agent` as a cluster node when `store` is PostgreSQL (see `serve_reference`)."""
+    """`agent` as a cluster node when `store` is PostgreSQL (see `serve_agent`)."""
     from acp_once.storage.postgres import PostgresStore
 
     if isinstance(store, PostgresStore):
@@ -66,34 +66,14 @@ def clustered(
     return agent
 
 
-async def serve_reference(
+def reference_factory(
     *,
-    host: str,
-    port: int,
-    store: str,
-    token: str | None,
     side_effects: Path,
     policy: Literal["hold", "steer"] = "hold",
     resume_interrupted: bool = False,
-    max_connections: int,
-    max_message_bytes: int,
-    sock: socket.socket | None = None,
-    on_server: Callable[[uvicorn.Server], None] | None = None,
-    node_id: str | None = None,
-    lease_ttl: float = 10.0,
-    idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT,
-    write_timeout: float = DEFAULT_WRITE_TIMEOUT,
-    handle_signals: bool = True,
-    allowed_origins: Sequence[str] = (),
-    allowed_hosts: Sequence[str] = (),
-    tokens_file: Path | None = None,
-    migrate: bool = True,
-    max_connections_per_address: int | None = DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
-    forwarded_allow_ips: Sequence[str] = (),
-) -> None:
-    """Run the reference agent (`side_effects`: the directory of its per-session logs;
-    `policy`, `resume_interrupted`: as `ReferenceAgent` takes them) with `serve_agent`; the
-    other arguments and the errors raised are `serve_agent`'s."""
+) -> AgentFactory:
+    """The reference agent as a factory for `serve_agent` (`side_effects`: the directory of
+    its per-session logs; `policy`, `resume_interrupted`: as `ReferenceAgent` takes them)."""
     from acp_once.agent.reference import ReferenceAgent
 
     def reference(opened: SessionStore) -> ReferenceAgent:
@@ -104,28 +84,7 @@ async def serve_reference(
             resume_interrupted=resume_interrupted,
         )
 
-    await serve_agent(
-        reference,
-        host=host,
-        port=port,
-        store=store,
-        token=token,
-        max_connections=max_connections,
-        max_message_bytes=max_message_bytes,
-        sock=sock,
-        on_server=on_server,
-        node_id=node_id,
-        lease_ttl=lease_ttl,
-        idle_timeout=idle_timeout,
-        write_timeout=write_timeout,
-        handle_signals=handle_signals,
-        allowed_origins=allowed_origins,
-        allowed_hosts=allowed_hosts,
-        tokens_file=tokens_file,
-        migrate=migrate,
-        max_connections_per_address=max_connections_per_address,
-        forwarded_allow_ips=forwarded_allow_ips,
-    )
+    return reference
 
 
 async def serve_agent(
@@ -310,8 +269,8 @@ async def serve_bridge(
     agent is stopped (stdin closed, then SIGTERM, then SIGKILL).
 
     `tokens_file` (instead of `token`): the tenants' tokens, read again on SIGHUP, as for
-    `serve_reference`; the bridge keeps the tenants' sessions apart (`acp_once.bridge`).
-    `forwarded_allow_ips`: as for `serve_reference`.
+    `serve_agent`; the bridge keeps the tenants' sessions apart (`acp_once.bridge`).
+    `forwarded_allow_ips`: as for `serve_agent`.
 
     Raises:
         InsecureListen: `sock` is not on a loopback address and there is no token.
