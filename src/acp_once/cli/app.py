@@ -467,10 +467,11 @@ def serve(
     ] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port")] = 8765,
     store: Annotated[
-        str | None,
+        list[str] | None,
         typer.Option(
             help="memory, sqlite:PATH or postgresql://... (default: SQLite in the user's "
-            "data directory)"
+            "data directory); repeated, postgresql://... URLs: sessions sharded over those "
+            "databases, in that order"
         ),
     ] = None,
     token: Annotated[
@@ -617,7 +618,7 @@ def serve(
         check_listen(host, token if tokens is None else "")  # "": tenants' tokens protect it
     except InsecureListen as exc:
         raise typer.BadParameter(str(exc), param_hint="--host") from None
-    url = _store_url(store, "sessions.sqlite3" if target is None else factory_db(target))
+    url = _store_urls(store, "sessions.sqlite3" if target is None else factory_db(target))
     if lease_ttl <= 0:
         raise typer.BadParameter("must be positive", param_hint="--lease-ttl")
     if idle_timeout < 0:
@@ -1034,7 +1035,31 @@ db_app = typer.Typer(no_args_is_help=True, help="Schema migrations of a store.")
 app.add_typer(db_app, name="db")
 
 
-def _describe_store(url: str) -> str:
+def _store_urls(store: list[str] | None, default_db: str) -> str | list[str]:
+    """`--store` given once (or not) as `_store_url`; repeated, the shards of one PostgreSQL
+    store, checked (a usage error names what is wrong)."""
+    if not store or len(store) == 1:
+        return _store_url(store[0] if store else None, default_db)
+    from acp_once.storage import check_store_urls
+
+    try:
+        urls = check_store_urls(store)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--store") from None
+    _require("postgres", "a PostgreSQL --store")
+    from acp_once.storage.postgres import parse_postgres_url
+
+    for url in urls:
+        try:
+            parse_postgres_url(url)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--store") from None
+    return urls
+
+
+def _describe_store(url: str | list[str]) -> str:
+    if isinstance(url, list):
+        return ", ".join(_describe_store(one) for one in url)
     if _is_postgres(url):
         from acp_once.storage.postgres import describe_postgres, parse_postgres_url
 
@@ -1042,9 +1067,12 @@ def _describe_store(url: str) -> str:
     return str(_sqlite_path(url))
 
 
-def _new_store(url: str) -> bool:
+def _new_store(url: str | list[str]) -> bool:
     """Whether the store `url` has no schema yet (a missing SQLite file or PostgreSQL schema,
-    or the memory store): creating it is not a migration, so serve does it without --migrate."""
+    or the memory store; every shard of a sharded one): creating it is not a migration, so
+    serve does it without --migrate."""
+    if isinstance(url, list):
+        return all(_new_store(one) for one in url)
     if _is_postgres(url):
         return _postgres_db(url, migrate=False)[1] == 0
     if not url.startswith("sqlite:") or url == "sqlite::memory:":
@@ -1065,7 +1093,9 @@ def _sqlite_path(store: str) -> Path:
     return Path(store.removeprefix("sqlite:")).expanduser()
 
 
-def _is_postgres(store: str) -> bool:
+def _is_postgres(store: str | list[str]) -> bool:
+    if isinstance(store, list):
+        return True  # several URLs are PostgreSQL shards (`_store_urls`)
     return store.startswith(("postgresql://", "postgres://"))
 
 
@@ -1092,26 +1122,52 @@ def _postgres_db(store: str, *, migrate: bool) -> tuple[str, int, int]:
     return describe_postgres(dsn, schema), first, second
 
 
-_STORE_HELP = "sqlite:PATH or postgresql://USER@HOST/DB[?schema=NAME]"
+_STORE_HELP = (
+    "sqlite:PATH or postgresql://USER@HOST/DB[?schema=NAME]; repeated: the shards of one store,"
+    " in order"
+)
+
+
+def _shards_db(store: list[str], *, migrate: bool) -> list[tuple[str, int, int]]:
+    """`db migrate` or `db status` of a sharded store: (where, version, version) per shard."""
+    urls = _store_urls(store, "sessions.sqlite3")
+    assert isinstance(urls, list)
+    from acp_once.storage import StorageError
+    from acp_once.storage.postgres.shards import migrate_shards, shards_status
+
+    try:
+        report = anyio.run(migrate_shards if migrate else shards_status, urls)
+    except StorageError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    return [(shard.where, shard.before, shard.after) for shard in report]
 
 
 @db_app.command("migrate")
 def db_migrate(
     store: Annotated[
-        str, typer.Option(help=_STORE_HELP)
-    ] = f"sqlite:{_data_dir() / 'sessions.sqlite3'}",
+        list[str] | None,
+        typer.Option(help=f"{_STORE_HELP} (default: SQLite in the user's data directory)"),
+    ] = None,
     verbose: _VerboseOption = 0,
     log_level: _LogLevelOption = None,
 ) -> None:
-    """Bring the store's schema up to date (creates the file or schema if missing)."""
+    """Bring the store's schema up to date (creates the file or schema if missing); with
+    --store repeated, every shard's, and the shard set is recorded in each."""
     _configure_logging(verbose, log_level)
-    if _is_postgres(store):
-        where, before, after = _postgres_db(store, migrate=True)
+    store = store or [f"sqlite:{_data_dir() / 'sessions.sqlite3'}"]
+    if len(store) > 1:
+        for where, before, after in _shards_db(store, migrate=True):
+            typer.echo(f"{where}: schema version {before} -> {after}")
+        return
+    [url] = store
+    if _is_postgres(url):
+        where, before, after = _postgres_db(url, migrate=True)
         typer.echo(f"{where}: schema version {before} -> {after}")
         return
     from acp_once.storage.sqlite import migrate_database
 
-    path = _sqlite_path(store)  # migrate_database creates the file and its directory, private
+    path = _sqlite_path(url)  # migrate_database creates the file and its directory, private
     before, after = anyio.run(migrate_database, path)
     typer.echo(f"{path}: schema version {before} -> {after}")
 
@@ -1119,19 +1175,32 @@ def db_migrate(
 @db_app.command("status")
 def db_status(
     store: Annotated[
-        str, typer.Option(help=_STORE_HELP)
-    ] = f"sqlite:{_data_dir() / 'sessions.sqlite3'}",
+        list[str] | None,
+        typer.Option(help=f"{_STORE_HELP} (default: SQLite in the user's data directory)"),
+    ] = None,
     verbose: _VerboseOption = 0,
     log_level: _LogLevelOption = None,
 ) -> None:
-    """Show the store's schema version; exits 1 when migrations are pending."""
+    """Show the store's schema version (every shard's, with --store repeated); exits 1 when
+    migrations are pending."""
     _configure_logging(verbose, log_level)
-    if _is_postgres(store):
-        where, current, latest = _postgres_db(store, migrate=False)
+    store = store or [f"sqlite:{_data_dir() / 'sessions.sqlite3'}"]
+    if len(store) > 1:
+        pending = False
+        for where, current, latest in _shards_db(store, migrate=False):
+            state = "up to date" if current == latest else f"{latest - current} pending"
+            typer.echo(f"{where}: schema version {current} of {latest} ({state})")
+            pending = pending or current != latest
+        if pending:
+            raise typer.Exit(1)
+        return
+    [url] = store
+    if _is_postgres(url):
+        where, current, latest = _postgres_db(url, migrate=False)
     else:
         from acp_once.storage.sqlite import database_status
 
-        path = _sqlite_path(store)
+        path = _sqlite_path(url)
         current, latest = anyio.run(database_status, path)
         where = str(path)
     state = "up to date" if current == latest else f"{latest - current} migration(s) pending"

@@ -20,6 +20,7 @@ from acp_once.storage.base import (
 if TYPE_CHECKING:
     from acp_once.cluster.fence import Fence
     from acp_once.storage.postgres import PostgresStore
+    from acp_once.storage.sharded import CopiedEntry
 
 __all__ = ["FencedStore", "Fencing"]
 
@@ -135,6 +136,16 @@ class FencedStore:
 
     async def fork_session(self, source_id: str, new_record: SessionRecord) -> None:
         await self._store.fork_session(source_id, new_record)
+
+    async def export_timeline(self, session_id: str) -> tuple[list[CopiedEntry], int] | None:
+        """`CopiesSessions.export_timeline` (a fork onto another shard reads its source)."""
+        return await self._store.export_timeline(session_id)
+
+    async def import_session(
+        self, record: SessionRecord, entries: Sequence[CopiedEntry], next_seq: int
+    ) -> None:
+        """`CopiesSessions.import_session`: a new session, unfenced as `fork_session`."""
+        await self._store.import_session(record, entries, next_seq)
 
     async def aclose(self) -> None:
         """The store belongs to the caller: closing the view closes nothing."""

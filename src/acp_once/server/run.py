@@ -36,6 +36,7 @@ from .tenants import TokensFileError, load_tokens
 
 if TYPE_CHECKING:
     from acp_once.agent.runtime import SessionAgent
+    from acp_once.cluster import PostgresCoordinator, ShardedCoordinator
     from acp_once.storage.base import SessionStore
 
 __all__ = ["clustered", "reference_factory", "serve_agent", "serve_bridge"]
@@ -49,20 +50,31 @@ _Agent = TypeVar("_Agent", bound="SessionAgent")
 def clustered(
     agent: _Agent, store: SessionStore, *, node_id: str | None, lease_ttl: float
 ) -> _Agent:
-    """`agent` as a cluster node when `store` is PostgreSQL (see `serve_agent`)."""
+    """`agent` as a cluster node when `store` is PostgreSQL, or sharded over PostgreSQL
+    databases (see `serve_agent`)."""
     from acp_once.storage.postgres import PostgresStore
+    from acp_once.storage.sharded import ShardedStore
 
+    coordinator: PostgresCoordinator | ShardedCoordinator
     if isinstance(store, PostgresStore):
         from acp_once.cluster import PostgresCoordinator
 
         coordinator = PostgresCoordinator(store, node_id=node_id, lease_ttl=lease_ttl)
-        agent.use_coordinator(coordinator)
-        logger.warning(
-            "cluster node %s (instance %s), lease TTL %.1f s",
-            coordinator.node_id,
-            coordinator.instance,
-            lease_ttl,
-        )
+    elif isinstance(store, ShardedStore) and all(
+        isinstance(shard, PostgresStore) for shard in store.shards
+    ):
+        from acp_once.cluster import ShardedCoordinator
+
+        coordinator = ShardedCoordinator(store, node_id=node_id, lease_ttl=lease_ttl)
+    else:
+        return agent
+    agent.use_coordinator(coordinator)
+    logger.warning(
+        "cluster node %s (instance %s), lease TTL %.1f s",
+        coordinator.node_id,
+        coordinator.instance,
+        lease_ttl,
+    )
     return agent
 
 
@@ -92,7 +104,7 @@ async def serve_agent(
     *,
     host: str = "127.0.0.1",
     port: int = 8765,
-    store: str = "memory:",
+    store: str | Sequence[str] = "memory:",
     token: str | None = None,
     max_connections: int = DEFAULT_MAX_CONNECTIONS,
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
@@ -116,7 +128,8 @@ async def serve_agent(
 
     `factory`: a `SessionAgent` subclass or a callable taking the opened store (or nothing)
     and returning an `Agent` (`acp_once.agent.factory`), e.g. `serve_agent(EchoAgent)`.
-    `store`: the URL `open_store` takes (`memory:`, `sqlite:PATH`, `postgresql://...`).
+    `store`: the URL `open_store` takes (`memory:`, `sqlite:PATH`, `postgresql://...`), or a
+    list of two or more `postgresql://` URLs: one store sharded over those databases.
 
     `tokens_file` (instead of `token`): the tenants' tokens (`acp_once.server.tenants`), read
     again on SIGHUP (with `handle_signals`): a removed token's new connections are refused,

@@ -35,7 +35,7 @@ from acp_once.storage.memory import MemoryStore
 from acp_once.storage.sqlite import SqliteStore, migrate_database
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from collections.abc import AsyncIterator, Sequence
 
 __all__ = [
     "UNCHANGED",
@@ -53,6 +53,7 @@ __all__ = [
     "TimelineEntry",
     "Unchanged",
     "check_store_url",
+    "check_store_urls",
     "migrate_database",
     "open_store",
 ]
@@ -83,8 +84,14 @@ def check_store_url(url: str) -> str:
 
 
 @asynccontextmanager
-async def open_store(url: str, *, migrate: bool = True) -> AsyncIterator[SessionStore]:
+async def open_store(
+    url: str | Sequence[str], *, migrate: bool = True
+) -> AsyncIterator[SessionStore]:
     """Open the store named by `url` for the duration of the `async with` block.
+
+    Several URLs (a list of two or more `postgresql://` URLs) open one store sharded over
+    those databases, in that order (`acp_once.storage.postgres.shards`); one URL in a list is
+    that URL.
 
     * `memory:` (or `memory`) a new, empty `MemoryStore`;
     * `sqlite:PATH` a `SqliteStore` on the file PATH (relative to the working directory,
@@ -98,6 +105,17 @@ async def open_store(url: str, *, migrate: bool = True) -> AsyncIterator[Session
         StorageError: the database cannot be opened.
         ModuleNotFoundError: a PostgreSQL URL without the `postgres` extra installed.
     """
+    if not isinstance(url, str):
+        urls = check_store_urls(url)
+        if len(urls) == 1:
+            url = urls[0]
+        else:
+            _postgres_extra()
+            from acp_once.storage.postgres.shards import open_shards
+
+            async with open_shards(urls, migrate=migrate) as sharded:
+                yield sharded
+            return
     scheme, _, rest = check_store_url(url).partition(":")
     if scheme == "memory":
         async with MemoryStore() as memory:
@@ -106,15 +124,40 @@ async def open_store(url: str, *, migrate: bool = True) -> AsyncIterator[Session
         async with SqliteStore.open(rest, migrate=migrate) as sqlite:
             yield sqlite
     else:  # postgresql:// or postgres://, as check_store_url says
-        try:
-            from acp_once.storage.postgres import PostgresStore, parse_postgres_url
-        except ModuleNotFoundError as exc:  # psycopg is an extra, not a base dependency
-            raise ModuleNotFoundError(
-                f"a PostgreSQL store needs the postgres extra ({exc.name} is missing): "
-                "pip install 'acp-once[postgres]'",
-                name=exc.name,
-            ) from exc
+        _postgres_extra()
+        from acp_once.storage.postgres import PostgresStore, parse_postgres_url
 
         dsn, schema = parse_postgres_url(url)
         async with PostgresStore.open(dsn, migrate=migrate, schema=schema) as postgres:
             yield postgres
+
+
+def check_store_urls(urls: Sequence[str]) -> list[str]:
+    """Several store URLs (`--store` repeated) checked as `check_store_url` checks one: one
+    URL of any kind, or two or more `postgresql://` URLs (the shards of one store, in order).
+
+    Raises:
+        ValueError: no URL, a bad URL, or several URLs that are not all PostgreSQL.
+    """
+    checked = [check_store_url(url) for url in urls]
+    if not checked:
+        raise ValueError(f"no store URL; {_SUPPORTED}")
+    if len(checked) > 1 and not all(
+        url.startswith(("postgresql:", "postgres:")) for url in checked
+    ):
+        raise ValueError(
+            "several store URLs shard one store over PostgreSQL databases:"
+            " each must be a postgresql:// URL"
+        )
+    return checked
+
+
+def _postgres_extra() -> None:
+    try:
+        import acp_once.storage.postgres  # noqa: F401
+    except ModuleNotFoundError as exc:  # psycopg is an extra, not a base dependency
+        raise ModuleNotFoundError(
+            f"a PostgreSQL store needs the postgres extra ({exc.name} is missing): "
+            "pip install 'acp-once[postgres]'",
+            name=exc.name,
+        ) from exc

@@ -59,7 +59,7 @@ def key_bytes(key: str) -> bytes:
     return key.encode("utf-8", "surrogatepass")
 
 
-async def execute(conn: Conn, query: Query, params: Sequence[Any] = ()) -> None:
+async def execute(conn: Conn, query: Query, params: Sequence[Any] | Mapping[str, Any] = ()) -> None:
     """Run one statement; its rows, if any, are dropped."""
     async with conn.cursor(binary=True, row_factory=tuple_row) as cur:
         await cur.execute(query, params)

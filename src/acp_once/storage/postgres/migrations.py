@@ -7,7 +7,7 @@ Every table is in the store's schema: `{s}` in a statement is that schema (quote
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import anyio
 import psycopg
@@ -161,6 +161,22 @@ MIGRATIONS: Final = Migrations(
                 " ON {s}.sessions (tenant, updated_at DESC, session_id)",
             ),
         ),
+        Migration(
+            "the shard set a database belongs to (see acp_once.storage.postgres.shards)",
+            (
+                # One row: this database's own id, and the ids of its set's shards in order
+                # (NULL while it is no shard). A session's shard is a hash of its id modulo
+                # the set's size, so the set is fixed once recorded.
+                """
+                CREATE TABLE {s}.shard_set (
+                    only_row    boolean PRIMARY KEY DEFAULT true CHECK (only_row),
+                    shard_id    text NOT NULL,
+                    members     text[],
+                    recorded_at timestamptz NOT NULL DEFAULT now()
+                )
+                """,
+            ),
+        ),
     ),
     version_table="schema_version",
 )
@@ -230,12 +246,21 @@ async def _read_version(conn: Conn, schema: str) -> int:
     return await transact(conn, functools.partial(current_version, schema=schema), begin=False)
 
 
-async def prepare_schema(conn: Conn, schema: str, *, migrate: bool, where: str) -> None:
-    """Bring the schema to the latest version (with `migrate`), or check that it is.
+_SHARD_OF: Final = (
+    "SELECT array_position(members, shard_id), cardinality(members) FROM {s}.shard_set"
+)
+
+
+async def prepare_schema(
+    conn: Conn, schema: str, *, migrate: bool, where: str, alone: bool = True
+) -> None:
+    """Bring the schema to the latest version (with `migrate`), or check that it is; with
+    `alone` (a store of its own, not a shard), check that it is no shard of a larger set.
 
     Raises:
         SchemaOutOfDate: `migrate` is False and the schema is older than required.
-        StorageError: the schema is newer than this code supports.
+        StorageError: the schema is newer than this code supports, or it is one shard of
+            several (opened alone, it would miss the sessions of the others).
         psycopg.Error: PostgreSQL refused.
     """
     found = await _read_version(conn, schema)
@@ -246,6 +271,21 @@ async def prepare_schema(conn: Conn, schema: str, *, migrate: bool, where: str) 
         found = await _read_version(conn, schema)
     if (message := MIGRATIONS.too_new(found, where)) is not None:
         raise StorageError(message)
+    if alone:
+        row = await transact(
+            conn,
+            functools.partial(_fetch_shard, query=compose(_SHARD_OF, schema)),
+            begin=False,
+        )
+        if row is not None and row[1] is not None and row[1] > 1:
+            raise StorageError(
+                f"{where}: this database is shard {row[0]} of {row[1]} of a sharded store;"
+                f" give all {row[1]} of them, in their order (--store repeated)"
+            )
+
+
+async def _fetch_shard(conn: Conn, query: sql.Composed) -> tuple[Any, ...] | None:
+    return await fetch_one(conn, query)
 
 
 async def _on_one_connection(dsn: str, schema: str, work: Callable[[Conn], Awaitable[_T]]) -> _T:

@@ -42,6 +42,9 @@ class Statements:
     fork_session: sql.Composed
     copy_timeline: sql.Composed
     append_many: sql.Composed
+    export_timeline: sql.Composed
+    import_session: sql.Composed
+    import_timeline: sql.Composed
     schema: str
 
 
@@ -156,6 +159,23 @@ def statements(schema: str) -> Statements:
             "  unnest(%(mids)s::text[], %(payloads)s::bytea[])"
             "  WITH ORDINALITY AS u(mid, payload, i)"
             " RETURNING seq"
+        ),
+        # A fork between shards (`acp_once.storage.sharded`): the source's timeline out, the
+        # new session in; keys and digests stay behind, as in `copy_timeline`.
+        export_timeline=q(
+            "SELECT seq, message_id, payload, is_user_message FROM {s}.timeline"
+            " WHERE session_id = %s ORDER BY seq"
+        ),
+        import_session=q(
+            f"INSERT INTO {{s}}.sessions ({SESSION_COLUMNS}, next_seq)"
+            " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)"
+            " ON CONFLICT (session_id) DO NOTHING RETURNING 1"
+        ),
+        import_timeline=q(
+            "INSERT INTO {s}.timeline (session_id, seq, message_id, payload, is_user_message)"
+            " SELECT %(sid)s, u.seq, u.mid, u.payload, u.is_user FROM"
+            " unnest(%(seqs)s::bigint[], %(mids)s::text[], %(payloads)s::bytea[],"
+            "  %(users)s::boolean[]) AS u(seq, mid, payload, is_user)"
         ),
         schema=schema,
     )

@@ -108,6 +108,7 @@ from acp_once.storage.postgres.guard import guarded_statements
 from acp_once.storage.postgres.migrations import prepare_schema
 from acp_once.storage.postgres.sql import SESSION_COLUMNS, from_row, statements, to_params
 from acp_once.storage.postgres.urls import DEFAULT_SCHEMA, check_schema, describe_postgres
+from acp_once.storage.sharded import CopiedEntry
 from acp_once.support.opening import AsyncClosing, Opening
 
 if TYPE_CHECKING:
@@ -175,6 +176,7 @@ class PostgresStore(AsyncClosing):
         connect_timeout: float = 30.0,
         clock: Callable[[], float] = time.time,
         group_commit: bool = True,
+        shard: bool = False,
     ) -> Opening[PostgresStore]:
         """Open the store in `schema`; await it or `async with` it.
 
@@ -194,6 +196,9 @@ class PostgresStore(AsyncClosing):
             group_commit: write the user messages and retained updates of many
                 sessions that arrive while a transaction is being written in the next one
                 (see `_write`); False gives every write a transaction of its own.
+            shard: opened as one shard of a `ShardedStore` (`acp_once.storage.postgres.shards`
+                checks the set); without it, a database recorded as one shard of several is
+                refused.
 
         Raises:
             SchemaOutOfDate: `migrate=False` and the schema is older than required.
@@ -213,7 +218,9 @@ class PostgresStore(AsyncClosing):
         async def open_given(pool: Pool) -> PostgresStore:
             await use(
                 pool,
-                functools.partial(prepare_schema, schema=schema, migrate=migrate, where=where),
+                functools.partial(
+                    prepare_schema, schema=schema, migrate=migrate, where=where, alone=not shard
+                ),
                 where=where,
             )
             return cls(
@@ -229,7 +236,7 @@ class PostgresStore(AsyncClosing):
             conn = await connect(conninfo, where, connect_timeout)
             error: StorageError | None = None
             try:
-                await prepare_schema(conn, schema, migrate=migrate, where=where)
+                await prepare_schema(conn, schema, migrate=migrate, where=where, alone=not shard)
             except psycopg.Error as exc:
                 error = storage_error(exc, where)
             finally:
@@ -380,6 +387,51 @@ class PostgresStore(AsyncClosing):
             if await fetch_one(conn, statements.fork_session, params) is None:
                 raise SessionExists(new_record.session_id)
             await execute(conn, statements.copy_timeline, (new_record.session_id, source_id))
+
+        await self._call(work, begin=True)
+
+    async def export_timeline(self, session_id: str) -> tuple[list[CopiedEntry], int] | None:
+        """`CopiesSessions.export_timeline`: the session row locked (as a fork locks its
+        source) while its timeline is read, so the copy is one point of its history."""
+        statements = self._sql
+
+        async def work(conn: Conn) -> tuple[list[CopiedEntry], int] | None:
+            locked = await fetch_one(conn, statements.lock_session, (session_id,))
+            if locked is None:
+                return None
+            rows = await fetch_all(conn, statements.export_timeline, (session_id,))
+            entries = [CopiedEntry(seq, mid, payload, user) for seq, mid, payload, user in rows]
+            return entries, int(locked[0])
+
+        return await self._call(work, begin=True)
+
+    async def import_session(
+        self, record: SessionRecord, entries: Sequence[CopiedEntry], next_seq: int
+    ) -> None:
+        """`CopiesSessions.import_session`: the session row and its entries in one
+        transaction (a fork onto this shard from another).
+
+        Raises:
+            SessionExists: the session id is taken (nothing is written).
+        """
+        statements = self._sql
+
+        async def work(conn: Conn) -> None:
+            params = (*to_params(record), next_seq)
+            if await fetch_one(conn, statements.import_session, params) is None:
+                raise SessionExists(record.session_id)
+            if entries:
+                await execute(
+                    conn,
+                    statements.import_timeline,
+                    {
+                        "sid": record.session_id,
+                        "seqs": [entry.seq for entry in entries],
+                        "mids": [entry.message_id for entry in entries],
+                        "payloads": [entry.update for entry in entries],
+                        "users": [entry.user_message for entry in entries],
+                    },
+                )
 
         await self._call(work, begin=True)
 
