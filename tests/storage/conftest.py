@@ -20,6 +20,8 @@ from psycopg import sql
 
 from acp_once.storage import MemoryStore, SqliteStore
 from acp_once.storage.postgres import PostgresStore
+from acp_once.storage.postgres.shards import open_shards
+from tests.sharding import postgres_dsn2, shard_urls
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Iterator
@@ -30,6 +32,8 @@ if TYPE_CHECKING:
     from acp_once.storage.contract import StoreFactory
 
 POSTGRES_DSN_VAR = "ACP_ONCE_TEST_POSTGRES_DSN"
+
+__all__ = ["postgres_dsn2", "shard_urls"]  # fixtures of tests.sharding, used here
 
 
 @pytest.fixture
@@ -78,12 +82,13 @@ STORE_KINDS = [
     pytest.param("postgres", marks=pytest.mark.postgres),
     pytest.param("postgres-batched", marks=pytest.mark.postgres),
     pytest.param("postgres-single", marks=pytest.mark.postgres),
+    pytest.param("postgres-sharded", marks=pytest.mark.postgres),
 ]
 """The store configurations every contract check runs on: the durable stores as opened by
 default (group commit: a lone write alone, writes that queue together in one transaction),
 `-batched` (every write through the path of a batch, even alone: one transaction of several
 writes, a pipeline on PostgreSQL) and `-single` (without group commit: a transaction per
-write)."""
+write); `postgres-sharded` is a `ShardedStore` over two PostgreSQL servers (two shards)."""
 
 
 def batch_everything(store: SqliteStore | PostgresStore) -> None:
@@ -109,6 +114,9 @@ def store_factory(request: pytest.FixtureRequest, tmp_path: Path) -> StoreFactor
     kind: str = request.param
     if kind == "memory":
         return MemoryStore
+    if kind == "postgres-sharded":
+        new_urls: Callable[[], list[str]] = request.getfixturevalue("shard_urls")
+        return lambda: open_shards(new_urls())
     backend, _, variant = kind.partition("-")
     group_commit = variant != "single"
     batched = variant == "batched"
