@@ -116,10 +116,17 @@ def _record(
 
 
 def open_shards(
-    urls: Sequence[str], *, migrate: bool = True, group_commit: bool = True
+    urls: Sequence[str],
+    *,
+    migrate: bool = True,
+    group_commit: bool = True,
+    min_size: int = 1,
+    max_size: int = 10,
 ) -> Opening[ShardedStore]:
     """Open a `ShardedStore` over one `PostgresStore` per `postgresql://` URL (in this order:
     the order places sessions); await it or `async with` it. Closing it closes every shard.
+    `migrate`, `group_commit`, `min_size` and `max_size` are those of `PostgresStore.open`,
+    for every shard (a pool per shard).
 
     Raises:
         ValueError: fewer than two URLs, or one that is not a PostgreSQL store URL.
@@ -134,7 +141,13 @@ def open_shards(
             shards = [
                 await stack.enter_async_context(
                     PostgresStore.open(
-                        dsn, schema=schema, migrate=migrate, group_commit=group_commit, shard=True
+                        dsn,
+                        schema=schema,
+                        migrate=migrate,
+                        group_commit=group_commit,
+                        min_size=min_size,
+                        max_size=max_size,
+                        shard=True,
                     )
                 )
                 for dsn, schema in parsed
