@@ -2,8 +2,9 @@
 
 One interface at the level of our records, `SessionStore`, and its backends: `MemoryStore`
 (the reference, enough for stdio while the process lives) and `SqliteStore` (survives
-restarts and is shared by the processes that open the same file). The backend-agnostic
-contract every backend must pass is `acp_once.storage.contract`.
+restarts and is shared by the processes that open the same file); `ShardedStore` spreads
+sessions over several stores (PostgreSQL databases, `open_store([url, ...])`). The
+backend-agnostic contract every backend must pass is `acp_once.storage.contract`.
 
     async with open_store("sqlite:sessions.db") as store:
         outcome = await store.insert_user_message(
@@ -32,6 +33,7 @@ from acp_once.storage.base import (
     Unchanged,
 )
 from acp_once.storage.memory import MemoryStore
+from acp_once.storage.sharded import ShardedStore
 from acp_once.storage.sqlite import SqliteStore, migrate_database
 
 if TYPE_CHECKING:
@@ -48,6 +50,7 @@ __all__ = [
     "SessionMissing",
     "SessionRecord",
     "SessionStore",
+    "ShardedStore",
     "SqliteStore",
     "StorageError",
     "TimelineEntry",
