@@ -264,5 +264,13 @@ def test_db_migrate_and_status_cover_every_shard(shard_urls: Callable[[], list[s
     )  # fmt: skip
     assert reordered.returncode == 2
     assert "recorded as shard 2 of 2" in reordered.stderr
+    # and serve refuses it in one line, before serving anything
+    serve = subprocess.run(
+        [sys.executable, "-m", "acp_once", "serve", "--port", "0",
+         "--store", urls[1], "--store", urls[0]],
+        capture_output=True, text=True, timeout=30, check=False, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert serve.returncode == 1, serve.stderr
+    assert "recorded as shard 2 of 2" in serve.stderr and "Traceback" not in serve.stderr
     versions = anyio.run(shards_status, urls)
     assert [(s.before, s.after) for s in versions] == [(LATEST_VERSION, LATEST_VERSION)] * 2
