@@ -274,3 +274,36 @@ def test_db_migrate_and_status_cover_every_shard(shard_urls: Callable[[], list[s
     assert "recorded as shard 2 of 2" in serve.stderr and "Traceback" not in serve.stderr
     versions = anyio.run(shards_status, urls)
     assert [(s.before, s.after) for s in versions] == [(LATEST_VERSION, LATEST_VERSION)] * 2
+
+
+@pytest.mark.anyio
+async def test_nodes_opening_a_new_set_at_once_record_one_set(
+    shard_urls: Callable[[], list[str]],
+) -> None:
+    urls = shard_urls()
+    opened: list[ShardedStore] = []
+    errors: list[BaseException] = []
+
+    async def node() -> None:
+        try:
+            store = await open_shards(urls, max_size=2)
+        except StorageError as exc:  # pragma: no cover - the failure this test looks for
+            errors.append(exc)
+            return
+        opened.append(store)
+
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tg:
+            for _ in range(4):
+                tg.start_soon(node)
+    try:
+        assert errors == [] and len(opened) == 4
+        # one set: a session written through one node is read through every other
+        await opened[0].create_session(record("sess-shared"))
+        for store in opened[1:]:
+            assert await store.get_session("sess-shared") == record("sess-shared")
+    finally:
+        for store in opened:
+            await store.aclose()
+    with pytest.raises(StorageError, match="recorded as shard 2 of 2"):
+        await open_shards([urls[1], urls[0]])
