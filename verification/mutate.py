@@ -14,6 +14,7 @@ Standard library only: `dev.py` imports it before the environment is checked.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -79,7 +80,8 @@ CAUGHT, MISSED, NOT_RUN = "caught", "missed", "not run"
 def run_one(root: Path, python: list[str], mutant: Mutant) -> tuple[str, str]:
     """Apply `mutant` to a copy of `root/src` and run its tests: (`CAUGHT`, `MISSED` or
     `NOT_RUN`, what happened). `NOT_RUN`: its tests were skipped or could not run for want
-    of PostgreSQL (`ACP_ONCE_TEST_POSTGRES_DSN`), which says nothing about the mutant."""
+    of PostgreSQL (`ACP_ONCE_TEST_POSTGRES_DSN`, or `ACP_ONCE_TEST_POSTGRES_DSN2`, the second
+    server of the sharded store's tests), which says nothing about the mutant."""
     target = root / mutant.file
     text = target.read_text(encoding="utf-8")
     count = text.count(mutant.find)
@@ -109,7 +111,7 @@ def run_one(root: Path, python: list[str], mutant: Mutant) -> tuple[str, str]:
             return MISSED, f"its tests ran over {_RUN_TIMEOUT} s"
     lines = [line for line in proc.stdout.splitlines() if line.strip()]
     last = lines[-1].strip("= ") if lines else proc.stderr.strip()[-200:]
-    if "ACP_ONCE_TEST_POSTGRES_DSN is not set" in proc.stdout or (
+    if re.search(r"ACP_ONCE_TEST_POSTGRES_DSN2? is not set", proc.stdout) or (
         proc.returncode == 0 and "skipped" in last and "passed" not in last
     ):
         return NOT_RUN, f"its tests need PostgreSQL: {last}"

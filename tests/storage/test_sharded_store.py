@@ -164,6 +164,14 @@ async def test_list_merges_the_shards_in_list_order_and_pages(
         # a page boundary that falls on the last session of the union has no next page
         page, cursor = await store.list_sessions(limit=11)
         assert len(page) == 11 and cursor is None
+        # sessions of one shard only: a full page from it, the other empty, still has a next
+        only = ids_on(1, 3, prefix="only")
+        for n, sid in enumerate(only):
+            await store.create_session(record(sid, updated_at=10.0 + n, cwd="/one"))
+        first, cursor = await store.list_sessions(cwd="/one", limit=2)
+        assert [r.session_id for r in first] == [only[2], only[1]] and cursor is not None
+        rest, cursor = await store.list_sessions(cwd="/one", cursor=cursor, limit=2)
+        assert [r.session_id for r in rest] == [only[0]] and cursor is None
 
 
 @pytest.mark.anyio
