@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import signal
 import socket
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, TypeVar
+from typing import TYPE_CHECKING, Literal, TypeGuard, TypeVar
 
 import anyio
 import anyio.to_thread
@@ -37,6 +38,7 @@ from .tenants import TokensFileError, load_tokens
 if TYPE_CHECKING:
     from acp_once.agent.runtime import SessionAgent
     from acp_once.storage.base import SessionStore
+    from acp_once.storage.postgres import PostgresStore
 
 __all__ = ["clustered", "reference_factory", "serve_agent", "serve_bridge"]
 
@@ -50,9 +52,7 @@ def clustered(
     agent: _Agent, store: SessionStore, *, node_id: str | None, lease_ttl: float
 ) -> _Agent:
     """`agent` as a cluster node when `store` is PostgreSQL (see `serve_agent`)."""
-    from acp_once.storage.postgres import PostgresStore
-
-    if isinstance(store, PostgresStore):
+    if _shared(store):
         from acp_once.cluster import PostgresCoordinator
 
         coordinator = PostgresCoordinator(store, node_id=node_id, lease_ttl=lease_ttl)
@@ -64,6 +64,34 @@ def clustered(
             lease_ttl,
         )
     return agent
+
+
+def _shared(store: SessionStore) -> TypeGuard[PostgresStore]:
+    """Whether several nodes may serve `store` (PostgreSQL): each is then a cluster node."""
+    from acp_once.storage.postgres import PostgresStore
+
+    return isinstance(store, PostgresStore)
+
+
+def _connection_prefix(store: SessionStore, node_id: str | None) -> str:
+    """What the `Acp-Connection-Id`s a node issues begin with: on a cluster store its node id
+    (`node_id`, default the host name) and a dot, so a load balancer routes a Streamable HTTP
+    connection's requests to the node holding it (`create_app`'s `connection_prefix`); else
+    nothing. A node id that is not made of letters, digits, `_` and `-` (a host name with
+    dots) cannot be matched that way: no prefix, and a warning says so."""
+    if not _shared(store):
+        return ""
+    from acp_once.cluster.coordinator import default_node_id
+
+    name = node_id or default_node_id()
+    if re.fullmatch(r"[A-Za-z0-9_-]{1,64}", name):
+        return f"{name}."
+    logger.warning(
+        "node id %r is not made of letters, digits, '_' and '-': the connection ids this node "
+        "issues do not name it, so a load balancer cannot route by them (give --node-id)",
+        name,
+    )
+    return ""
 
 
 def reference_factory(
@@ -137,7 +165,9 @@ async def serve_agent(
 
     On a PostgreSQL store a `SessionAgent` is a cluster node (`node_id`, default the host name;
     `lease_ttl` seconds before a dead node's sessions are taken over): any number of
-    processes may serve the same store behind a load balancer (`acp_once.cluster`).
+    processes may serve the same store behind a load balancer (`acp_once.cluster`); the
+    connection ids it issues begin with its node id and a dot (`connection_prefix`), which
+    the balancer routes a Streamable HTTP connection's requests by.
 
     Raises:
         InsecureListen: `host` is not loopback and there is no token.
@@ -160,11 +190,14 @@ async def serve_agent(
 
     async with open_store(store, migrate=migrate) as opened:
         made = await build_agent(factory, opened)
+        prefix = ""
         if isinstance(made, SessionAgent):
             made = clustered(made, opened, node_id=node_id, lease_ttl=lease_ttl)
+            prefix = _connection_prefix(opened, node_id)
         async with entered(made) as agent:
             await _serve_entered(
                 agent,
+                connection_prefix=prefix,
                 host=host,
                 port=port,
                 token=token,
@@ -189,6 +222,7 @@ async def serve_agent(
 async def _serve_entered(
     agent: Agent,
     *,
+    connection_prefix: str,
     host: str,
     port: int,
     token: str | None,
@@ -210,6 +244,7 @@ async def _serve_entered(
         allowed_origins=allowed_origins,
         allowed_hosts=allowed_hosts,
         forwarded_allow_ips=forwarded_allow_ips,
+        connection_prefix=connection_prefix,
         **options,
     )
     with contextlib.ExitStack() as owned:
