@@ -19,6 +19,8 @@ import anyio.abc
 import httpx
 import pytest
 
+from tests.cluster.harness import until_async
+
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "haproxy.cfg"
 FRONT = "127.0.0.1:8700"
@@ -98,8 +100,11 @@ class Balancer:
     async def until(self, name: str, state: str) -> None:
         """Wait until haproxy sees server `name` in `state` (bound it with fail_after): its
         health checks on /healthz decide."""
-        while (await self.servers()).get(name) != state:
-            await anyio.sleep(0.05)
+
+        async def seen() -> bool:
+            return (await self.servers()).get(name) == state
+
+        await until_async(seen)
 
 
 @asynccontextmanager
@@ -135,8 +140,12 @@ async def balancer(tmp: Path, ports: Sequence[int]) -> AsyncIterator[Balancer]:
             for name in NODES:
                 await lb.until(name, "UP")
             async with httpx.AsyncClient() as http:
-                while (await http.get(f"http://127.0.0.1:{lb.port}/healthz")).status_code != 200:
-                    await anyio.sleep(0.05)
+
+                async def answers() -> bool:
+                    response = await http.get(f"http://127.0.0.1:{lb.port}/healthz")
+                    return response.status_code == 200
+
+                await until_async(answers)
         yield lb
     finally:
         front.close()

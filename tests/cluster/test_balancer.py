@@ -21,6 +21,7 @@ import pytest
 
 from acp_once.client import AcpClient, HttpLauncher, WebSocketLauncher
 from acp_once.protocol.keys import new_key
+from acp_once.rpc.streams import FrameStream
 from acp_once.storage.postgres import PostgresStore
 from acp_once.support.backoff import Backoff
 from tests.cluster.balancer import Balancer, balancer, connection_node, haproxy_binary
@@ -53,7 +54,7 @@ class RecordingWs(WebSocketLauncher, _Recording):
         self.ids = []
 
     @asynccontextmanager
-    async def connect(self) -> AsyncIterator[object]:  # type: ignore[override]
+    async def connect(self) -> AsyncIterator[FrameStream]:
         async with super().connect() as frames:
             try:
                 yield frames
@@ -67,7 +68,7 @@ class RecordingHttp(HttpLauncher, _Recording):
         self.ids = []
 
     @asynccontextmanager
-    async def connect(self) -> AsyncIterator[object]:  # type: ignore[override]
+    async def connect(self) -> AsyncIterator[FrameStream]:
         async with super().connect() as frames:
             try:
                 yield frames
@@ -103,22 +104,22 @@ async def drive(client: AcpClient, load: Load, tag: str) -> None:
             tg.start_soon(one, k)
 
 
-async def kill_in_turn(nodes: list[ServeNode], lb: Balancer, load: Load) -> list[int]:
+async def progress(load: Load) -> None:
+    """Wait until STEP more prompts were answered (bounded by the caller's fail_after)."""
+    target = len(load.answered) + STEP
+    await until(lambda: len(load.answered) >= target)
+
+
+async def kill_in_turn(nodes: list[ServeNode], lb: Balancer, load: Load) -> None:
     """For each node: let STEP prompts be answered, SIGKILL it, let STEP more be answered by the
-    others, start it again and wait until haproxy sees it UP. Returns the reconnect-free
-    prompt count before the first kill (checked by the caller)."""
-    marks = []
+    others, start it again and wait until haproxy sees it UP."""
     for node in nodes:
-        mark = len(load.answered)
-        await until(lambda: len(load.answered) >= mark + STEP)
-        marks.append(len(load.answered))
+        await progress(load)
         await node.kill()
-        mark = len(load.answered)
-        await until(lambda: len(load.answered) >= mark + STEP)
+        await progress(load)
         await node.start()
         await node.ready()
         await lb.until(node.name, "UP")
-    return marks
 
 
 @pytest.mark.parametrize("transport", ["ws", "http"])
@@ -149,7 +150,7 @@ async def test_nodes_killed_in_turn_behind_haproxy_lose_and_duplicate_nothing(
                     tg.start_soon(drive, client, load, f"c{c}")
                 # before any kill, every client kept its first connection: over HTTP each
                 # POST and GET of a connection reached the node holding it
-                await until(lambda: len(load.answered) >= STEP)
+                await progress(load)
                 assert [client.reconnects for client in clients] == [0] * CLIENTS
                 await kill_in_turn(nodes, lb, load)
                 load.stop.set()
