@@ -1,7 +1,12 @@
 """HAProxy in front of `acp-once serve` nodes, for tests and benchmarks: a real `haproxy`
 process (Debian's package) run with the documented configuration, examples/haproxy.cfg, whose
 addresses are replaced by the test's (the frontend's inherited listening socket, the nodes'
-ports) and to which a stats socket is added (`Balancer.servers` reads it)."""
+ports) and to which a stats socket is added (`Balancer.servers` reads it).
+
+Also the keyed load through it (`drive`: `AcpClient`s sending prompts back to back), the node
+kills in turn (`kill_in_turn`) and the comparison of what the clients were answered with what
+the store holds (`outcomes`), shared by tests/cluster/test_balancer.py and
+benchmarks/bench_cluster.py."""
 
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ import socket
 import subprocess
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import anyio
@@ -19,7 +25,11 @@ import anyio.abc
 import httpx
 import pytest
 
-from tests.cluster.harness import until_async
+from acp_once.client import AcpClient, HttpLauncher, WebSocketLauncher
+from acp_once.protocol.keys import new_key
+from acp_once.rpc.streams import FrameStream
+from acp_once.storage.base import SessionStore
+from tests.cluster.harness import ServeNode, until, until_async
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "haproxy.cfg"
@@ -64,9 +74,10 @@ def render(front_fd: int, ports: Sequence[int], stats: Path) -> str:
 class Balancer:
     """A running haproxy (see `balancer`)."""
 
-    def __init__(self, port: int, stats: Path) -> None:
+    def __init__(self, port: int, stats: Path, pid: int) -> None:
         self.port = port
         self.stats = stats
+        self.pid = pid
 
     @property
     def ws(self) -> str:
@@ -131,7 +142,7 @@ async def balancer(tmp: Path, ports: Sequence[int]) -> AsyncIterator[Balancer]:
                 stderr=out,
                 pass_fds=(front.fileno(),),
             )
-        lb = Balancer(front.getsockname()[1], stats)
+        lb = Balancer(front.getsockname()[1], stats, process.pid)
         with anyio.fail_after(30):
             while not stats.exists():
                 if process.returncode is not None:
@@ -156,7 +167,155 @@ async def balancer(tmp: Path, ports: Sequence[int]) -> AsyncIterator[Balancer]:
                 await process.wait()
 
 
+class StoreNode(ServeNode):
+    """A `ServeNode` on the store URL(s) given as they are: `stores[0]` as its `--store`, and
+    each further one as one more `--store` option (sessions sharded over several databases)."""
+
+    def __init__(
+        self, tmp: Path, stores: Sequence[str], name: str, effects: Path, *extra: str
+    ) -> None:
+        more = [arg for url in stores[1:] for arg in ("--store", url)]
+        super().__init__(tmp, stores[0], "unused", name, effects, *more, *extra)
+        self.url = stores[0]
+
+
 def connection_node(connection_id: str) -> str | None:
     """The node id an `Acp-Connection-Id` begins with (`n1.…` -> "n1"), or None."""
     match = re.fullmatch(r"([A-Za-z0-9_-]+)\.[0-9a-f]{32}", connection_id)
     return match.group(1) if match else None
+
+
+# -- keyed load through the balancer, node kills, outcomes -------------------------------------
+
+
+class RecordingWs(WebSocketLauncher):
+    """A `WebSocketLauncher` noting the `Acp-Connection-Id` of every connection it opened."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url, open_timeout=5)
+        self.ids: list[str] = []
+
+    @asynccontextmanager
+    async def connect(self) -> AsyncIterator[FrameStream]:
+        async with super().connect() as frames:
+            try:
+                yield frames
+            finally:
+                if self.current is not None and self.current.connection_id:
+                    self.ids.append(self.current.connection_id)
+
+
+class RecordingHttp(HttpLauncher):
+    """An `HttpLauncher` noting the `Acp-Connection-Id` of every connection it opened."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url, timeout=5)
+        self.ids: list[str] = []
+
+    @asynccontextmanager
+    async def connect(self) -> AsyncIterator[FrameStream]:
+        async with super().connect() as frames:
+            try:
+                yield frames
+            finally:
+                if self.current is not None and self.current.connection_id:
+                    self.ids.append(self.current.connection_id)
+
+
+@dataclass
+class Load:
+    """What the clients sent and were answered."""
+
+    answered: list[tuple[str, str, str]] = field(default_factory=list)
+    """(session, key, messageId) per answered submission."""
+    pending: dict[str, str] = field(default_factory=dict)
+    """key -> session of each submission sent and not answered yet."""
+    stop: anyio.Event = field(default_factory=anyio.Event)
+
+    async def progress(self, step: int) -> None:
+        """Wait until `step` more prompts were answered (bound it with fail_after)."""
+        target = len(self.answered) + step
+        await until(lambda: len(self.answered) >= target)
+
+
+async def drive(client: AcpClient, load: Load, tag: str, sessions: int) -> None:
+    """Keyed prompts back to back on `sessions` new sessions of `client` until `load.stop`;
+    every fourth is slow (`[work:0.3]`), so prompts also arrive while a turn runs and wait in
+    the cluster's queue."""
+    opened = [await client.new_session("/lb") for _ in range(sessions)]
+
+    async def one(index: int) -> None:
+        session = opened[index]
+        i = 0
+        while not load.stop.is_set():
+            text = f"{tag}.{index} #{i}" + (" [work:0.3]" if i % 4 == 3 else "")
+            key = new_key()
+            load.pending[key] = session.session_id
+            message_id = await session.prompt(text, idempotency_key=key)
+            del load.pending[key]
+            load.answered.append((session.session_id, key, message_id))
+            i += 1
+
+    async with anyio.create_task_group() as tg:
+        for k in range(sessions):
+            tg.start_soon(one, k)
+
+
+async def kill_in_turn(nodes: Sequence[ServeNode], lb: Balancer, load: Load, step: int) -> None:
+    """For each node: let `step` prompts be answered, SIGKILL it, let `step` more be answered
+    by the others, start it again and wait until haproxy sees it UP."""
+    for node in nodes:
+        await load.progress(step)
+        await node.kill()
+        await load.progress(step)
+        await node.start()
+        await node.ready()
+        await lb.until(node.name, "UP")
+
+
+@dataclass
+class Outcomes:
+    """What the clients were answered, compared with what the store holds."""
+
+    answered: int
+    sessions: int
+    lost: int
+    """Submissions never answered, or answered with an id the store does not hold for the key."""
+    duplicated: int
+    """Extra user messages beyond one per key."""
+    wrong: int
+    """Answers whose messageId is not the one stored for their key."""
+    unasked: int
+    """User messages in the sessions beyond the answered and pending submissions."""
+
+
+async def outcomes(store: SessionStore, load: Load) -> Outcomes:
+    """Compare `load` with `store` (see `Outcomes`)."""
+    per_session: dict[str, int] = {}
+    lost = duplicated = wrong = 0
+    for session_id, key, message_id in load.answered:
+        per_session[session_id] = per_session.get(session_id, 0) + 1
+        found = await store.find_key(session_id, key)
+        if found is None:
+            lost += 1
+        elif found.message_id != message_id:
+            wrong += 1
+        duplicated += max(0, await store.count_user_messages(session_id, idempotency_key=key) - 1)
+    for key, session_id in load.pending.items():
+        lost += 1
+        per_session[session_id] = per_session.get(session_id, 0)
+        found = await store.find_key(session_id, key)
+        if found is not None:  # inserted, its answer never came: not asked for twice
+            per_session[session_id] += 1
+    unasked = 0
+    for session_id, expected in per_session.items():
+        unasked += max(0, await store.count_user_messages(session_id) - expected)
+    unique = len({(sid, mid) for sid, _, mid in load.answered})
+    return Outcomes(
+        answered=len(load.answered),
+        sessions=len(per_session),
+        lost=lost,
+        duplicated=duplicated + len(load.answered) - unique,
+        wrong=wrong,
+        unasked=unasked,
+    )

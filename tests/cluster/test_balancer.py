@@ -10,22 +10,28 @@ carried (0 wrong ids); no user message exists that no submission asked for.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass, field
+from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Literal
 
 import anyio
 import pytest
 
-from acp_once.client import AcpClient, HttpLauncher, WebSocketLauncher
-from acp_once.protocol.keys import new_key
-from acp_once.rpc.streams import FrameStream
+from acp_once.client import AcpClient
 from acp_once.storage.postgres import PostgresStore
 from acp_once.support.backoff import Backoff
-from tests.cluster.balancer import Balancer, balancer, connection_node, haproxy_binary
-from tests.cluster.harness import ServeNode, serve_nodes, until
+from tests.cluster.balancer import (
+    Load,
+    RecordingHttp,
+    RecordingWs,
+    balancer,
+    connection_node,
+    drive,
+    haproxy_binary,
+    kill_in_turn,
+    outcomes,
+)
+from tests.cluster.harness import serve_nodes
 
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres, pytest.mark.slow]
 
@@ -35,91 +41,6 @@ STEP = 12
 """Prompts answered between two chaos steps (before a kill, while the node is down)."""
 LEASE_TTL = "1.5"
 """Seconds before a killed node's sessions are taken over (the default, 10, is for real use)."""
-
-
-class _Recording:
-    """Notes the `Acp-Connection-Id` of every connection its launcher opened."""
-
-    ids: list[str]
-
-    def note(self, current: object) -> None:
-        connection_id = getattr(current, "connection_id", None)
-        if connection_id:
-            self.ids.append(connection_id)
-
-
-class RecordingWs(WebSocketLauncher, _Recording):
-    def __init__(self, url: str) -> None:
-        super().__init__(url, open_timeout=5)
-        self.ids = []
-
-    @asynccontextmanager
-    async def connect(self) -> AsyncIterator[FrameStream]:
-        async with super().connect() as frames:
-            try:
-                yield frames
-            finally:
-                self.note(self.current)
-
-
-class RecordingHttp(HttpLauncher, _Recording):
-    def __init__(self, url: str) -> None:
-        super().__init__(url, timeout=5)
-        self.ids = []
-
-    @asynccontextmanager
-    async def connect(self) -> AsyncIterator[FrameStream]:
-        async with super().connect() as frames:
-            try:
-                yield frames
-            finally:
-                self.note(self.current)
-
-
-@dataclass
-class Load:
-    """What the clients were answered: (session, key, messageId) per submission."""
-
-    answered: list[tuple[str, str, str]] = field(default_factory=list)
-    stop: anyio.Event = field(default_factory=anyio.Event)
-
-
-async def drive(client: AcpClient, load: Load, tag: str) -> None:
-    """Keyed prompts back to back on new sessions until `load.stop`; every few is slow, so
-    prompts also arrive while a turn runs and wait in the cluster's queue."""
-    sessions = [await client.new_session("/lb") for _ in range(SESSIONS_PER_CLIENT)]
-
-    async def one(session_index: int) -> None:
-        session = sessions[session_index]
-        i = 0
-        while not load.stop.is_set():
-            text = f"{tag}.{session_index} #{i}" + (" [work:0.3]" if i % 4 == 3 else "")
-            key = new_key()
-            message_id = await session.prompt(text, idempotency_key=key)
-            load.answered.append((session.session_id, key, message_id))
-            i += 1
-
-    async with anyio.create_task_group() as tg:
-        for k in range(SESSIONS_PER_CLIENT):
-            tg.start_soon(one, k)
-
-
-async def progress(load: Load) -> None:
-    """Wait until STEP more prompts were answered (bounded by the caller's fail_after)."""
-    target = len(load.answered) + STEP
-    await until(lambda: len(load.answered) >= target)
-
-
-async def kill_in_turn(nodes: list[ServeNode], lb: Balancer, load: Load) -> None:
-    """For each node: let STEP prompts be answered, SIGKILL it, let STEP more be answered by the
-    others, start it again and wait until haproxy sees it UP."""
-    for node in nodes:
-        await progress(load)
-        await node.kill()
-        await progress(load)
-        await node.start()
-        await node.ready()
-        await lb.until(node.name, "UP")
 
 
 @pytest.mark.parametrize("transport", ["ws", "http"])
@@ -147,12 +68,12 @@ async def test_nodes_killed_in_turn_behind_haproxy_lose_and_duplicate_nothing(
             ]
             async with anyio.create_task_group() as tg:
                 for c, client in enumerate(clients):
-                    tg.start_soon(drive, client, load, f"c{c}")
+                    tg.start_soon(drive, client, load, f"c{c}", SESSIONS_PER_CLIENT)
                 # before any kill, every client kept its first connection: over HTTP each
                 # POST and GET of a connection reached the node holding it
-                await progress(load)
+                await load.progress(STEP)
                 assert [client.reconnects for client in clients] == [0] * CLIENTS
-                await kill_in_turn(nodes, lb, load)
+                await kill_in_turn(nodes, lb, load, STEP)
                 load.stop.set()
             reconnects = sum(client.reconnects for client in clients)
 
@@ -164,18 +85,7 @@ async def test_nodes_killed_in_turn_behind_haproxy_lose_and_duplicate_nothing(
     assert served == {"n1", "n2", "n3"}  # round-robin: new connections landed on every node
 
     async with PostgresStore.open(postgres_dsn, schema=schema, migrate=False) as store:
-        by_session: dict[str, int] = {}
-        wrong, duplicated = [], []
-        for session_id, key, message_id in load.answered:
-            by_session[session_id] = by_session.get(session_id, 0) + 1
-            found = await store.find_key(session_id, key)
-            if found is None or found.message_id != message_id:
-                wrong.append((session_id, message_id, found))
-            if await store.count_user_messages(session_id, idempotency_key=key) != 1:
-                duplicated.append((session_id, message_id))
-        stored = {sid: await store.count_user_messages(sid) for sid in by_session}
-    assert len(by_session) == CLIENTS * SESSIONS_PER_CLIENT
-    assert wrong == [] and duplicated == []
-    # nothing inserted that no client was answered for, nothing answered twice
-    assert stored == by_session
-    assert len({(sid, mid) for sid, _, mid in load.answered}) == len(load.answered)
+        found = await outcomes(store, load)
+    assert found.sessions == CLIENTS * SESSIONS_PER_CLIENT
+    assert found.answered == len(load.answered) >= 7 * STEP and load.pending == {}
+    assert (found.lost, found.duplicated, found.wrong, found.unasked) == (0, 0, 0, 0), found
