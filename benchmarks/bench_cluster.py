@@ -23,9 +23,10 @@ costs a node from the transports and processes.
 HAProxy started with the documented configuration (examples/haproxy.cfg: round-robin, health
 checks on /healthz, Streamable HTTP routed by the node id its connection ids begin with):
 
-1. Steady load, per round and transport (ws, http alternating): the neutral load client of
-   bench_load.py (`benchmarks/load/client.mjs`, a Node process: `--connections` connections
-   through HAProxy, one session each, keyed prompts back to back, `--warmup` then `--duration`
+1. Steady load, per round, transport (ws, http) and route (through HAProxy, or straight to
+   the nodes, the client spreading its connections over them), alternating: the neutral load
+   client of bench_load.py (`benchmarks/load/client.mjs`, a Node process: `--connections`
+   connections, one session each, keyed prompts back to back, `--warmup` then `--duration`
    seconds): prompts/s, p99, and per prompt the CPU of the three nodes, of HAProxy and of
    PostgreSQL (its processes on the database, from /proc), transactions
    (`pg_stat_database`) and round trips (Sync and Query messages, counted by bench_load.py's
@@ -427,7 +428,9 @@ async def behind_balancer(args: argparse.Namespace, console: Console) -> None:
     bench_load.raise_fd_limit()
     bench_load.prepare_node_project(bench_load.LOAD_DIR)
     console.print(f"[bold]three nodes behind HAProxy[/bold]; {bench_load.load_average()}")
-    steady: dict[str, list[list[float]]] = {"ws": [], "http": []}
+    steady: dict[tuple[str, str], list[list[float]]] = {
+        (transport, route): [] for transport in ("ws", "http") for route in ("haproxy", "direct")
+    }
     kills: list[list[str]] = []
     with (
         tempfile.TemporaryDirectory(prefix="acp-once-bench-") as tmp,
@@ -467,29 +470,35 @@ async def behind_balancer(args: argparse.Namespace, console: Console) -> None:
             )
             for _ in range(args.rounds):
                 for transport in ("ws", "http"):
-                    pids = [n.process.pid for n in nodes if n.process is not None]
-                    running = bench_load.Running(pids, [f"127.0.0.1:{lb.port}"])
-                    window = Window(probes, counts, lb.pid)
-                    command = bench_load.client_command(
-                        transport, running.urls(transport), args.connections, args
-                    )
-                    run = await bench_load.run_client(command, running, extra_cpu=window)
-                    prompts = max(1, run.result["prompts"])
-                    steady[transport].append(
-                        [
-                            run.result["promptsPerSecond"],
-                            run.result["p99Ms"],
-                            run.server_cpu / prompts * 1e6,
-                            window.haproxy / prompts * 1e6,
-                            run.extra_cpu / prompts * 1e6,
-                            window.commits / prompts,
-                            window.round_trips / prompts,
-                        ]
-                    )
-                    console.print(
-                        f"[dim]{transport}: {run.result['promptsPerSecond']:.0f} prompts/s; "
-                        f"{bench_load.load_average()}[/dim]"
-                    )
+                    for route in ("haproxy", "direct"):
+                        pids = [n.process.pid for n in nodes if n.process is not None]
+                        hosts = (
+                            [f"127.0.0.1:{lb.port}"]
+                            if route == "haproxy"
+                            else [f"127.0.0.1:{n.port}" for n in nodes]
+                        )
+                        running = bench_load.Running(pids, hosts)
+                        window = Window(probes, counts, lb.pid)
+                        command = bench_load.client_command(
+                            transport, running.urls(transport), args.connections, args
+                        )
+                        run = await bench_load.run_client(command, running, extra_cpu=window)
+                        prompts = max(1, run.result["prompts"])
+                        steady[transport, route].append(
+                            [
+                                run.result["promptsPerSecond"],
+                                run.result["p99Ms"],
+                                run.server_cpu / prompts * 1e6,
+                                window.haproxy / prompts * 1e6,
+                                run.extra_cpu / prompts * 1e6,
+                                window.commits / prompts,
+                                window.round_trips / prompts,
+                            ]
+                        )
+                        console.print(
+                            f"[dim]{transport} {route}: {run.result['promptsPerSecond']:.0f} "
+                            f"prompts/s; {bench_load.load_average()}[/dim]"
+                        )
             for transport in ("ws", "http"):
                 kills.append(await kill_phase(transport, nodes, lb, stores[0], args))
                 console.print(
@@ -500,14 +509,15 @@ async def behind_balancer(args: argparse.Namespace, console: Console) -> None:
         f"(medians of {args.rounds} rounds; CPU in µs per prompt)"
     )
     for column in (
-        "transport", "prompts/s", "p99 ms", "nodes CPU", "HAProxy CPU", "PostgreSQL CPU",
-        "transactions", "round trips",
+        "transport", "route", "prompts/s", "p99 ms", "nodes CPU", "HAProxy CPU",
+        "PostgreSQL CPU", "transactions", "round trips",
     ):  # fmt: skip
         table.add_column(column, justify="right")
-    for transport, rows in steady.items():
+    for (transport, route), rows in steady.items():
         medians = [statistics.median(column) for column in zip(*rows, strict=True)]
         table.add_row(
             transport,
+            route,
             f"{medians[0]:.0f}",
             f"{medians[1]:.1f}",
             f"{medians[2]:.0f}",
@@ -554,7 +564,7 @@ async def main() -> None:
     args = parser.parse_args()
     console = Console()
     if args.balancer:
-        await behind_balancer(args, console)
+        await behind_balancer(args, Console(width=None if sys.stdout.isatty() else 170))
         return
     if args.in_process:
         console.print(f"load average at start: {os.getloadavg()[0]:.2f}")
