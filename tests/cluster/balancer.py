@@ -15,6 +15,7 @@ import re
 import shutil
 import socket
 import subprocess
+import sys
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ from acp_once.client import AcpClient, HttpLauncher, WebSocketLauncher
 from acp_once.protocol.keys import new_key
 from acp_once.rpc.streams import FrameStream
 from acp_once.storage.base import SessionStore
+from acp_once.storage.postgres import PostgresStore
 from tests.cluster.harness import ServeNode, until, until_async
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -179,6 +181,31 @@ class StoreNode(ServeNode):
         self.url = stores[0]
 
 
+@asynccontextmanager
+async def started_nodes(
+    tmp: Path, dsn: str, schema: str, count: int, *extra: str
+) -> AsyncIterator[list[ServeNode]]:
+    """`count` nodes `n1`...`nN` on `schema` (migrated here first, so they start at once
+    rather than one after the other as `harness.serve_nodes` does), ready."""
+    async with PostgresStore.open(dsn, schema=schema):
+        pass
+    effects = tmp / "effects"
+    nodes = [ServeNode(tmp, dsn, schema, f"n{i + 1}", effects, *extra) for i in range(count)]
+    try:
+        for node in nodes:
+            await node.start()
+        for node in nodes:
+            await node.ready()
+        yield nodes
+    except BaseException:
+        for node in nodes:  # what each node did, before pytest deletes the directory
+            print(f"--- node {node.name} ---\n{node.log()[-20_000:]}", file=sys.stderr)
+        raise
+    finally:
+        for node in nodes:
+            await node.close()
+
+
 def connection_node(connection_id: str) -> str | None:
     """The node id an `Acp-Connection-Id` begins with (`n1.…` -> "n1"), or None."""
     match = re.fullmatch(r"([A-Za-z0-9_-]+)\.[0-9a-f]{32}", connection_id)
@@ -192,7 +219,7 @@ class RecordingWs(WebSocketLauncher):
     """A `WebSocketLauncher` noting the `Acp-Connection-Id` of every connection it opened."""
 
     def __init__(self, url: str) -> None:
-        super().__init__(url, open_timeout=5)
+        super().__init__(url)
         self.ids: list[str] = []
 
     @asynccontextmanager
@@ -209,7 +236,7 @@ class RecordingHttp(HttpLauncher):
     """An `HttpLauncher` noting the `Acp-Connection-Id` of every connection it opened."""
 
     def __init__(self, url: str) -> None:
-        super().__init__(url, timeout=5)
+        super().__init__(url)
         self.ids: list[str] = []
 
     @asynccontextmanager
@@ -262,13 +289,16 @@ async def drive(client: AcpClient, load: Load, tag: str, sessions: int) -> None:
 
 
 async def kill_in_turn(nodes: Sequence[ServeNode], lb: Balancer, load: Load, step: int) -> None:
-    """For each node: let `step` prompts be answered, SIGKILL it, let `step` more be answered
-    by the others, start it again and wait until haproxy sees it UP."""
+    """For each node: let `step` prompts be answered, SIGKILL it, wait until haproxy sees it
+    DOWN, start it again, let `step` more be answered (by the others, while it starts), and
+    wait until haproxy sees it UP."""
     for node in nodes:
         await load.progress(step)
         await node.kill()
+        # once haproxy saw it down, new connections and resends go to the other nodes
+        await lb.until(node.name, "DOWN")
+        await node.start()  # starting takes a while: the others serve meanwhile
         await load.progress(step)
-        await node.start()
         await node.ready()
         await lb.until(node.name, "UP")
 

@@ -30,14 +30,14 @@ from tests.cluster.balancer import (
     haproxy_binary,
     kill_in_turn,
     outcomes,
+    started_nodes,
 )
-from tests.cluster.harness import serve_nodes
 
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres, pytest.mark.slow]
 
 CLIENTS = 4
 SESSIONS_PER_CLIENT = 2
-STEP = 12
+STEP = 10
 """Prompts answered between two chaos steps (before a kill, while the node is down)."""
 LEASE_TTL = "1.5"
 """Seconds before a killed node's sessions are taken over (the default, 10, is for real use)."""
@@ -52,7 +52,7 @@ async def test_nodes_killed_in_turn_behind_haproxy_lose_and_duplicate_nothing(
     load = Load()
     with anyio.fail_after(120):
         async with (
-            serve_nodes(tmp_path, postgres_dsn, schema, 3, *extra) as nodes,
+            started_nodes(tmp_path, postgres_dsn, schema, 3, *extra) as nodes,
             balancer(tmp_path, [n.port for n in nodes]) as lb,
             AsyncExitStack() as stack,
         ):
