@@ -16,6 +16,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -130,6 +131,10 @@ async def balancer(tmp: Path, ports: Sequence[int]) -> AsyncIterator[Balancer]:
     front.bind(("127.0.0.1", 0))
     front.listen(512)
     stats = tmp / "haproxy.sock"
+    short: Path | None = None
+    if len(str(stats)) > 100:  # a UNIX socket's path has at most 107 bytes
+        short = Path(tempfile.mkdtemp(prefix="acp-lb-"))
+        stats = short / "haproxy.sock"
     config = tmp / "haproxy.cfg"
     config.write_text(render(front.fileno(), ports, stats), encoding="utf-8")
     log = tmp / "haproxy.log"
@@ -167,6 +172,8 @@ async def balancer(tmp: Path, ports: Sequence[int]) -> AsyncIterator[Balancer]:
                 if process.returncode is None:
                     process.kill()
                 await process.wait()
+        if short is not None:
+            shutil.rmtree(short, ignore_errors=True)
 
 
 class StoreNode(ServeNode):
