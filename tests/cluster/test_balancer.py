@@ -50,8 +50,8 @@ async def test_nodes_killed_in_turn_behind_haproxy_lose_and_duplicate_nothing(
     haproxy_binary()  # fails under CI=true when missing, before anything starts
     extra = ("--lease-ttl", LEASE_TTL)
     load = Load()
-    # ~20 s on an idle machine; six node starts (three of them restarts, waited for one after
-    # the other) take most of it, and ~65 s with a load average of 12 on 2 cores
+    # six node starts (three of them restarts, waited for one after the other) take most of
+    # the time: 23-31 s seen at a load average of 7 on 2 cores, ~65 s at 12 with two running
     with anyio.fail_after(180):
         async with (
             started_nodes(tmp_path, postgres_dsn, schema, 3, *extra) as nodes,
