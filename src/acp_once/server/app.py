@@ -17,6 +17,10 @@
   written to a GET stream that dropped is lost, as on a dropped socket. An SSE stream silent
   for `sse_keepalive` seconds (15) gets a comment line, as from the TypeScript SDK's server.
 - `GET /healthz`: 200 `{"status": "ok"}`, without authentication (for load balancers).
+- `connection_prefix` (`acp-once serve` on PostgreSQL: the node id and a dot, `n1.`): every
+  `Acp-Connection-Id` issued begins with it, so a load balancer in front of several nodes
+  sends a Streamable HTTP connection's later requests to the node that holds it by matching
+  the header's beginning (docs/guide/postgres.md has an HAProxy configuration).
 - Timeouts: a connection with no message either way for `idle_timeout` seconds (300; None:
   never) is closed (WebSocket close 1000 "idle timeout", by one sweeper of the lifespan that
   looks four times per timeout, at least every 5 s; Streamable HTTP: the connection ends
@@ -53,6 +57,7 @@ import hashlib
 import hmac
 import json
 import logging
+import re
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Mapping
 from typing import Any, Unpack
@@ -125,6 +130,10 @@ CLOSE_REVOKED = 4401
 """WebSocket close code of a connection whose token was removed while it was open (the 4000s
 are for applications; 4401 mirrors HTTP's 401): a reconnect with that token gets 401."""
 
+# a header value a load balancer can match on, ended by a dot so that `n1.` never matches
+# the ids of `n10`
+_PREFIX = re.compile(r"[A-Za-z0-9_-]{1,64}\.")
+
 _ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 
 ConnectionHandler = Callable[[FrameStream, str, str | None], Awaitable[None]]
@@ -167,9 +176,14 @@ class AcpServer:
         allowed_origins: Iterable[str] = (),
         allowed_hosts: Iterable[str] = (),
         forwarded_allow_ips: Iterable[str] = (),
+        connection_prefix: str = "",
         **options: Unpack[ServerOptions],
     ) -> None:
         limits, timeouts = with_options(limits, timeouts, options)
+        if connection_prefix and not _PREFIX.fullmatch(connection_prefix):
+            raise ValueError("connection_prefix: letters, digits, '_' and '-', then one '.'")
+        self.connection_prefix = connection_prefix
+        """What every issued `Acp-Connection-Id` begins with (see the module docstring)."""
         if agent is None and handler is None:
             raise ValueError("pass an agent, or a handler that serves each connection")
         if token is not None and not token:
@@ -401,7 +415,7 @@ class AcpServer:
             logger.warning("refused a WebSocket: %d connections open", len(self.connections))
             await _deny(websocket, 503, "too many connections", {"Retry-After": "1"})
             return
-        connection_id = uuid.uuid4().hex
+        connection_id = self.connection_prefix + uuid.uuid4().hex
         frames = server_websocket_frames(
             websocket, max_frame=self.max_message_bytes, write_timeout=self.write_timeout
         )
@@ -527,7 +541,7 @@ class AcpServer:
         if refused is not None:
             self.rejected += 1
             return _error(503, refused, {"Retry-After": "1"})
-        connection_id = uuid.uuid4().hex
+        connection_id = self.connection_prefix + uuid.uuid4().hex
         frames = ServerHttpFrames(
             connection_id, write_timeout=self.write_timeout, keepalive=self.sse_keepalive
         )
@@ -724,6 +738,7 @@ def create_app(
     allowed_origins: Iterable[str] = (),
     allowed_hosts: Iterable[str] = (),
     forwarded_allow_ips: Iterable[str] = (),
+    connection_prefix: str = "",
     **options: Unpack[ServerOptions],
 ) -> Starlette:
     """A Starlette app serving `agent` (entered by the caller) at `path`; see the module
@@ -742,9 +757,13 @@ def create_app(
     `tokens` ({tenant name: token}) serves several tenants instead of one `token` (module
     docstring).
 
+    `connection_prefix`: what every issued `Acp-Connection-Id` begins with, e.g. `n1.` (up to
+    64 letters, digits, `_` or `-`, then a dot; module docstring); none by default.
+
     Raises:
         ValueError: neither an agent nor a handler, an empty token, both `token` and
-            `tokens`, a non-positive limit or timeout, or a proxy that is not an address.
+            `tokens`, a non-positive limit or timeout, a proxy that is not an address, or a
+            `connection_prefix` of other characters.
         TypeError: an unknown option.
     """
     server = AcpServer(
@@ -758,6 +777,7 @@ def create_app(
         allowed_origins=allowed_origins,
         allowed_hosts=allowed_hosts,
         forwarded_allow_ips=forwarded_allow_ips,
+        connection_prefix=connection_prefix,
         **options,
     )
     # a WebSocket to any other path is answered 404, not Starlette's bare close (403, which a

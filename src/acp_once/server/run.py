@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import signal
 import socket
 import threading
@@ -76,6 +77,38 @@ def clustered(
         lease_ttl,
     )
     return agent
+
+
+def _shared(store: SessionStore) -> bool:
+    """Whether several nodes may serve `store` (PostgreSQL, or sharded over PostgreSQL
+    databases): each is then a cluster node."""
+    from acp_once.storage.postgres import PostgresStore
+    from acp_once.storage.sharded import ShardedStore
+
+    if isinstance(store, ShardedStore):
+        return all(isinstance(shard, PostgresStore) for shard in store.shards)
+    return isinstance(store, PostgresStore)
+
+
+def _connection_prefix(store: SessionStore, node_id: str | None) -> str:
+    """What the `Acp-Connection-Id`s a node issues begin with: on a cluster store its node id
+    (`node_id`, default the host name) and a dot, so a load balancer routes a Streamable HTTP
+    connection's requests to the node holding it (`create_app`'s `connection_prefix`); else
+    nothing. A node id that is not made of letters, digits, `_` and `-` (a host name with
+    dots) cannot be matched that way: no prefix, and a warning says so."""
+    if not _shared(store):
+        return ""
+    from acp_once.cluster.coordinator import default_node_id
+
+    name = node_id or default_node_id()
+    if re.fullmatch(r"[A-Za-z0-9_-]{1,64}", name):
+        return f"{name}."
+    logger.warning(
+        "node id %r is not made of letters, digits, '_' and '-': the connection ids this node "
+        "issues do not name it, so a load balancer cannot route by them (give --node-id)",
+        name,
+    )
+    return ""
 
 
 def reference_factory(
@@ -150,7 +183,9 @@ async def serve_agent(
 
     On a PostgreSQL store a `SessionAgent` is a cluster node (`node_id`, default the host name;
     `lease_ttl` seconds before a dead node's sessions are taken over): any number of
-    processes may serve the same store behind a load balancer (`acp_once.cluster`).
+    processes may serve the same store behind a load balancer (`acp_once.cluster`); the
+    connection ids it issues begin with its node id and a dot (`connection_prefix`), which
+    the balancer routes a Streamable HTTP connection's requests by.
 
     Raises:
         InsecureListen: `host` is not loopback and there is no token.
@@ -173,11 +208,14 @@ async def serve_agent(
 
     async with open_store(store, migrate=migrate) as opened:
         made = await build_agent(factory, opened)
+        prefix = ""
         if isinstance(made, SessionAgent):
             made = clustered(made, opened, node_id=node_id, lease_ttl=lease_ttl)
+            prefix = _connection_prefix(opened, node_id)
         async with entered(made) as agent:
             await _serve_entered(
                 agent,
+                connection_prefix=prefix,
                 host=host,
                 port=port,
                 token=token,
@@ -202,6 +240,7 @@ async def serve_agent(
 async def _serve_entered(
     agent: Agent,
     *,
+    connection_prefix: str,
     host: str,
     port: int,
     token: str | None,
@@ -223,6 +262,7 @@ async def _serve_entered(
         allowed_origins=allowed_origins,
         allowed_hosts=allowed_hosts,
         forwarded_allow_ips=forwarded_allow_ips,
+        connection_prefix=connection_prefix,
         **options,
     )
     with contextlib.ExitStack() as owned:
