@@ -529,7 +529,10 @@ class AcpServer:
             return _error(503, refused, {"Retry-After": "1"})
         connection_id = uuid.uuid4().hex
         frames = ServerHttpFrames(
-            connection_id, write_timeout=self.write_timeout, keepalive=self.sse_keepalive
+            connection_id,
+            write_timeout=self.write_timeout,
+            keepalive=self.sse_keepalive,
+            on_close=lambda: self._forget_http(connection_id),
         )
         self.http_connections[connection_id] = frames
         self._http_tenants[connection_id] = tenant
@@ -568,11 +571,15 @@ class AcpServer:
         except Exception:
             logger.exception("the HTTP connection %s failed", connection_id)
         finally:
-            self.http_connections.pop(connection_id, None)
-            self._http_tenants.pop(connection_id, None)
-            self._http_addresses.pop(connection_id, None)
-            self._credentials.pop(connection_id, None)
+            self._forget_http(connection_id)
             await frames.aclose()
+
+    def _forget_http(self, connection_id: str) -> None:
+        """Drop an HTTP connection from the tables (once it ends: its id then answers 404)."""
+        self.http_connections.pop(connection_id, None)
+        self._http_tenants.pop(connection_id, None)
+        self._http_addresses.pop(connection_id, None)
+        self._credentials.pop(connection_id, None)
 
     async def _serve_frames(self, frames: FrameStream, name: str, tenant: str | None) -> None:
         if self._tg is not None and isinstance(frames, ServerWebSocketFrames):

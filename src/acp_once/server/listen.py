@@ -30,6 +30,7 @@ from .guard import (
     guarded_protocol,
     is_loopback,
 )
+from .http_protocol import direct_http_protocol
 
 __all__ = [
     "VERIFIED_UVICORN",
@@ -129,6 +130,11 @@ def _stock_websocket() -> str:
     return "websockets-sansio" if importlib.util.find_spec(sansio) is not None else "auto"
 
 
+def _verified() -> bool:
+    """Whether this uvicorn is one the direct paths were verified against (`VERIFIED_UVICORN`)."""
+    return ".".join(uvicorn.__version__.split(".")[:2]) in VERIFIED_UVICORN
+
+
 def websocket_protocol() -> tuple[type[asyncio.Protocol] | str, str]:
     """The WebSocket protocol for `uvicorn.Config(ws=...)` and a sentence saying which: the
     direct path (`DirectWebSocketProtocol`) on a uvicorn in `VERIFIED_UVICORN`, else (or with
@@ -224,7 +230,8 @@ def uvicorn_config(
         app,
         host=host,
         port=port,
-        http=guarded_protocol(guard),
+        # with direct SSE writers where verified (`acp_once.server.http_protocol`)
+        http=direct_http_protocol(guard) if _verified() else guarded_protocol(guard),
         # an idle kept-alive connection is also closed by the guard's header deadline
         timeout_keep_alive=5,
         # the app reads forwarded addresses itself, from trusted proxies only
