@@ -1,6 +1,7 @@
 """uvicorn's h11 protocol (with `acp_once.server.guard`'s limits) offering SSE responses a
 direct writer beside ASGI.
 
+A `POST` whose whole body arrived with its headers says so (`BODY_COMPLETE_EXTENSION`).
 Every `GET` gets a `DirectSseWriter` in its scope's extensions
 (`acp_once.transports.http.SSE_EXTENSION`). An SSE response that takes it (`SseResponse` does,
 once its response has started through ASGI) writes the events of its stream as the engine
@@ -27,7 +28,11 @@ from acp_once.transports.http import SSE_EXTENSION
 
 from .guard import HalfOpenGuard, _GuardedH11
 
-__all__ = ["DirectSseWriter", "direct_http_protocol"]
+__all__ = ["BODY_COMPLETE_EXTENSION", "DirectSseWriter", "direct_http_protocol"]
+
+BODY_COMPLETE_EXTENSION = "acp_once.body_complete"
+"""In a POST's scope extensions when its whole body had arrived before the app was called:
+its first `receive` returns all of it at once (the app then needs no deadline for it)."""
 
 
 class DirectSseWriter:
@@ -81,10 +86,14 @@ class _DirectSseH11(_GuardedH11):
         super().handle_events()
         cycle = self.cycle
         # a new request's cycle: its task has not started yet, so the app sees the extension
-        if cycle is not None and cycle is not before and cycle.scope["method"] == "GET":
+        if cycle is None or cycle is before:
+            return
+        method = cycle.scope["method"]
+        if method == "GET":
             writer = self._sse_writer = DirectSseWriter(self, cycle)
-            extensions: dict[str, Any] = cycle.scope.setdefault("extensions", {})
-            extensions[SSE_EXTENSION] = {"writer": writer}
+            cycle.scope.setdefault("extensions", {})[SSE_EXTENSION] = {"writer": writer}
+        elif method == "POST" and not cycle.more_body:
+            cycle.scope.setdefault("extensions", {})[BODY_COMPLETE_EXTENSION] = {}
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
