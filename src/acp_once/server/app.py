@@ -53,6 +53,7 @@ import hashlib
 import hmac
 import json
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Mapping
 from typing import Any, Unpack
@@ -322,6 +323,7 @@ class AcpServer:
             self._tg = tg
             if self.idle_timeout is not None:
                 tg.start_soon(self._sweep_idle_websockets, self.idle_timeout)
+            tg.start_soon(self._sweep_http)
             try:
                 yield
             finally:
@@ -635,6 +637,10 @@ class AcpServer:
         self._credentials.pop(connection_id, None)
 
     async def _serve_frames(self, frames: FrameStream, name: str, tenant: str | None) -> None:
+        if self._tg is not None and isinstance(frames, ServerHttpFrames):
+            # the lifespan's HTTP sweeper ends it when idle or never opened (`_sweep_http`)
+            await self._serve_connection(frames, name, tenant)
+            return
         if self._tg is not None and isinstance(frames, ServerWebSocketFrames):
             # the lifespan's sweeper closes it when idle: no watching task of its own (with
             # 10,000 connections, a task group and a task each are ~4 KB per connection)
@@ -673,6 +679,35 @@ class AcpServer:
                 if frames not in closing and frames.idle_for() >= timeout:
                     closing.add(frames)
                     tg.start_soon(self._close_idle, frames, f"ws-{connection_id[:12]}")
+
+    async def _sweep_http(self) -> None:
+        """End the HTTP connections idle for `idle_timeout` seconds, and those that opened no
+        stream within `http_open_timeout` of their initialize, looking four times per timeout
+        (at least every 5 s): one task for every connection, instead of a timer task each."""
+        timeouts = [t for t in (self.idle_timeout, self.http_open_timeout) if t is not None]
+        period = min([t / 4 for t in timeouts] + [5.0])
+        idle = self.idle_timeout
+        while True:
+            await anyio.sleep(period)
+            now = time.monotonic()
+            self._unopened()  # forgets those opened or gone
+            for connection_id in list(self._unopened_http):
+                frames = self.http_connections[connection_id]
+                if now - frames.created >= self.http_open_timeout:
+                    self.unopened_closed += 1
+                    logger.info(
+                        "closing the connection http-%s: no stream opened", connection_id[:12]
+                    )
+                    frames.close()
+            if idle is None:
+                continue
+            for connection_id, frames in list(self.http_connections.items()):
+                if frames.idle_for() >= idle:
+                    self.idle_closed += 1
+                    logger.info(
+                        "closing the connection http-%s: idle for %g s", connection_id[:12], idle
+                    )
+                    frames.close()
 
     async def _close_idle(self, frames: ServerWebSocketFrames, name: str) -> None:
         self.idle_closed += 1
