@@ -446,7 +446,7 @@ class AcpServer:
             answer = await self._post(request.headers, request.scope, request.receive, tenant)
             return _ACCEPTED if answer is None else answer
         if request.method == "GET":
-            return self._get(request, tenant)
+            return self._get(request.headers, tenant)
         if request.method == "DELETE":
             return await self._delete(request, tenant)
         return _error(405, "use POST, GET or DELETE", {"Allow": "GET, POST, DELETE"})
@@ -467,9 +467,10 @@ class AcpServer:
             return _error(404, f"unknown {CONNECTION_ID_HEADER}")
         return frames
 
-    async def post_asgi(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """A `POST` at `path` as plain ASGI: what the `/acp` route does for it, without a
-        `Request`, the router or a `Response` for the 202 (`create_app` sends POSTs here)."""
+    async def http_asgi(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """A `POST` or `GET` at `path` as plain ASGI: what the route does for it, without a
+        `Request`, the router, or a `Response` for the 202 (`create_app` sends them here):
+        one POST per prompt, and an SSE stream holds fewer frames for its whole life."""
         headers: dict[str, str] = {}
         for name, value in scope["headers"]:
             key = name.decode("latin-1").lower()
@@ -480,8 +481,11 @@ class AcpServer:
             tenant = self._authenticate(headers)
             if isinstance(tenant, _Refused):
                 answer = _unauthorized()
+            elif scope["method"] == "GET":
+                answer = self._get(headers, tenant)
             else:
                 answer = await self._post(headers, scope, receive, tenant)
+        del headers  # not held for the life of an SSE stream
         if answer is None:
             await send(_ACCEPTED_START)
             await send(_EMPTY_BODY)
@@ -737,13 +741,13 @@ class AcpServer:
         else:
             await frames.aclose()
 
-    def _get(self, request: Request, tenant: str | None) -> Response:
-        if "text/event-stream" not in request.headers.get("accept", ""):
+    def _get(self, headers: Mapping[str, str], tenant: str | None) -> Response:
+        if "text/event-stream" not in headers.get("accept", ""):
             return _error(406, "GET needs Accept: text/event-stream (or a WebSocket upgrade)")
-        found = self._connection(request.headers, tenant)
+        found = self._connection(headers, tenant)
         if isinstance(found, Response):
             return found
-        session_id = request.headers.get(SESSION_ID_HEADER) or None
+        session_id = headers.get(_SESSION_ID) or None
         if found.reading(session_id):
             return _error(409, "this stream already has a reader")
         return SseResponse(found, session_id)
@@ -827,10 +831,10 @@ _ACCEPTED_START: dict[str, Any] = {
 _EMPTY_BODY: dict[str, Any] = {"type": "http.response.body", "body": b"", "more_body": False}
 
 
-class _PostFirst:
-    """The app's outermost layer below Starlette's error handler: a `POST` at the ACP path goes
-    straight to `AcpServer.post_asgi` (no router, no `Request`, no `Response` for its 202: one
-    such POST per prompt); everything else to the router."""
+class _HttpFirst:
+    """The app's outermost layer below Starlette's error handler: a `POST` or `GET` at the ACP
+    path goes straight to `AcpServer.http_asgi`; everything else (WebSocket upgrades too) to
+    the router."""
 
     def __init__(self, app: ASGIApp, server: AcpServer) -> None:
         self.app = app
@@ -838,8 +842,12 @@ class _PostFirst:
         self.path = server.path
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] == self.path:
-            await self.server.post_asgi(scope, receive, send)
+        if (
+            scope["type"] == "http"
+            and scope["path"] == self.path
+            and scope["method"] in ("POST", "GET")
+        ):
+            await self.server.http_asgi(scope, receive, send)
         else:
             await self.app(scope, receive, send)
 
@@ -898,7 +906,7 @@ def create_app(
     app = Starlette(
         routes=routes,
         lifespan=server.lifespan,
-        middleware=[Middleware(_PostFirst, server=server)],
+        middleware=[Middleware(_HttpFirst, server=server)],
     )
     app.state.acp = server
     return app

@@ -426,9 +426,11 @@ class ServerHttpFrames:
         send: Send,
         receive: Receive,
         direct: SseWriter | None = None,
+        started: Callable[[], object] | None = None,
     ) -> None:
         """Serve one SSE reader of a scope until the connection ends or the peer leaves.
-        The caller has checked `outlet(session_id).reading` (409).
+        The caller has checked `outlet(session_id).reading` (409). `started` is called once
+        the response has started (to drop the request's data).
 
         Through the server's `SseWriter` (`direct`) when it offers one: messages are then
         written as the engine sends them, and the end of the socket is reported by the server;
@@ -444,6 +446,8 @@ class ServerHttpFrames:
                 if self.closed.is_set():
                     cancel.cancel()
                 await send(_SSE_START)
+                if started is not None:
+                    started()
                 if direct is not None:
                     direct.on_lost(cancel.cancel)
                     await self._pump(outlet, send, direct)
@@ -547,7 +551,10 @@ class SseResponse(Response):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         offered = scope.get("extensions", {}).get(SSE_EXTENSION)
         direct = offered.get("writer") if isinstance(offered, dict) else None
-        await self.frames.stream(self.session_id, send, receive, direct)
+        headers = scope.get("headers")
+        # read by nobody once the response has started: not kept for the life of the stream
+        forget = headers.clear if isinstance(headers, list) else None
+        await self.frames.stream(self.session_id, send, receive, direct, forget)
 
 
 class HttpRejected(ConnectionError):
