@@ -12,7 +12,7 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from acp_once.transports.http import ServerHttpFrames
+from acp_once.transports.http import Flag, ServerHttpFrames
 
 pytestmark = pytest.mark.anyio
 
@@ -254,3 +254,25 @@ async def test_posts_wait_for_room_and_end_with_the_connection() -> None:
             await frames.receive()
         with pytest.raises(anyio.ClosedResourceError):
             await frames.post(b"x", message, None)
+
+
+async def test_flag_wakes_every_waiter_once_set_and_survives_a_cancelled_one() -> None:
+    flag = Flag()
+    woken: list[int] = []
+
+    async def waiter(n: int) -> None:
+        await flag.wait()
+        woken.append(n)
+
+    with anyio.fail_after(TIMEOUT):
+        async with anyio.create_task_group() as tg:
+            with anyio.CancelScope() as gone:
+                gone.cancel()
+                await flag.wait()  # cancelled while waiting: the flag is unaffected
+            tg.start_soon(waiter, 1)
+            tg.start_soon(waiter, 2)
+            await wait_for(lambda: flag._waiter is not None)
+            assert not flag.is_set()
+            flag.set()
+        assert sorted(woken) == [1, 2] and flag.is_set()
+        await flag.wait()  # set: returns at once

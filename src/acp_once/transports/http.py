@@ -27,7 +27,6 @@ know no method names.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import json
 import logging
@@ -37,6 +36,7 @@ from typing import Any, Protocol
 
 import anyio
 import anyio.abc
+import anyio.lowlevel
 import httpx
 import orjson
 from starlette.responses import Response
@@ -50,6 +50,7 @@ __all__ = [
     "CONNECTION_ID_HEADER",
     "DEFAULT_SSE_KEEPALIVE",
     "DEFAULT_STREAM_BUFFER",
+    "Flag",
     "SESSION_ID_HEADER",
     "SSE_EXTENSION",
     "ClientHttpFrames",
@@ -148,6 +149,35 @@ SSE_EXTENSION = "acp_once.sse_writer"
 """The ASGI scope extension (`{"writer": SseWriter}`) an SSE response may write through."""
 
 
+class Flag:
+    """A one-way flag with `anyio.Event`'s `set`, `is_set` and `wait`, holding no event (and
+    no queue of waiters) until someone waits: a connection has two, and there may be many
+    connections."""
+
+    __slots__ = ("_set", "_waiter")
+
+    def __init__(self) -> None:
+        self._set = False
+        self._waiter: asyncio.Future[None] | None = None
+
+    def set(self) -> None:
+        self._set = True
+        waiter, self._waiter = self._waiter, None
+        _wake(waiter)
+
+    def is_set(self) -> bool:
+        return self._set
+
+    async def wait(self) -> None:
+        """Return once `set` was called (at once if it was)."""
+        if self._set:
+            await anyio.lowlevel.checkpoint()
+            return
+        if self._waiter is None:
+            self._waiter = asyncio.get_running_loop().create_future()
+        await asyncio.shield(self._waiter)
+
+
 class _Outlet:
     """One scope's stream: the messages waiting for its reader, and whether one is attached.
 
@@ -157,7 +187,7 @@ class _Outlet:
     __slots__ = ("direct", "frames", "reading", "waiter", "written")
 
     def __init__(self) -> None:
-        self.frames: collections.deque[bytes] = collections.deque()
+        self.frames: list[bytes] = []  # always taken whole: a list is smaller than a deque
         self.reading = False
         self.waiter: asyncio.Future[None] | None = None
         """Set while the reader task waits for messages (a direct reader may be written to)."""
@@ -205,16 +235,16 @@ class ServerHttpFrames:
         """True once an SSE reader stopped reading for longer than `write_timeout`."""
         self.created = time.monotonic()
         self._last_activity = self.created
-        self._inbox: collections.deque[bytes] = collections.deque()
+        self._inbox: list[bytes] = []  # at most INBOX: a list is smaller than a deque
         self._inbox_waiter: asyncio.Future[None] | None = None
         self._room: list[asyncio.Future[None]] = []  # POSTs waiting for room in the inbox
         self._outlets: dict[str | None, _Outlet] = {}
         self._session_requests: dict[str, str] = {}
         self._calls: dict[str, asyncio.Future[bytes | None]] = {}
         self._readers: set[anyio.CancelScope] = set()
-        self.closed = anyio.Event()
+        self.closed = Flag()
         self.overflowed = False
-        self.opened = anyio.Event()
+        self.opened = Flag()
         """Set once an SSE stream was opened (the connection is in use, not a lone POST)."""
 
     def idle_for(self) -> float:
@@ -297,7 +327,7 @@ class ServerHttpFrames:
                 await waiter
             finally:
                 self._inbox_waiter = None
-        frame = inbox.popleft()
+        frame = inbox.pop(0)
         if self._room:
             _wake(self._room[0])
         return frame
@@ -471,13 +501,10 @@ class ServerHttpFrames:
             outlet.direct = None
             self._readers.discard(cancel)
             outlet.reading = False
-            # a session's entry ends with its reader unless messages wait in it: the ids are
-            # the client's to choose, so entries for any number of them must not accumulate
-            if (
-                session_id is not None
-                and self._outlets.get(session_id) is outlet
-                and not outlet.frames
-            ):
+            # an entry ends with its reader unless messages wait in it: session ids are the
+            # client's to choose, so entries for any number of them must not accumulate, and
+            # an idle connection holds no entry for a stream it closed
+            if self._outlets.get(session_id) is outlet and not outlet.frames:
                 del self._outlets[session_id]
 
     async def _pump(self, outlet: _Outlet, send: Send, direct: SseWriter | None) -> None:
