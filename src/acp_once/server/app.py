@@ -16,11 +16,14 @@
   not JSON), 503 (connection limit), 405 (other methods). Nothing is replayed: a response
   written to a GET stream that dropped is lost, as on a dropped socket. An SSE stream silent
   for `sse_keepalive` seconds (15) gets a comment line, as from the TypeScript SDK's server.
+  The messages of one event loop turn for one stream leave as one write; `create_app` answers
+  POSTs and GETs at `path` ahead of the router (the same code as the route's).
 - `GET /healthz`: 200 `{"status": "ok"}`, without authentication (for load balancers).
 - Timeouts: a connection with no message either way for `idle_timeout` seconds (300; None:
-  never) is closed (WebSocket close 1000 "idle timeout", by one sweeper of the lifespan that
-  looks four times per timeout, at least every 5 s; Streamable HTTP: the connection ends
-  with its SSE streams, its id then answers 404); a client that stops reading (its socket's
+  never) is closed (WebSocket close 1000 "idle timeout"; Streamable HTTP: the connection ends
+  with its SSE streams, its id then answers 404), as is an HTTP connection that opened no
+  stream within `http_open_timeout` (30), each kind by one sweeper of the lifespan that looks
+  four times per timeout, at least every 5 s; a client that stops reading (its socket's
   send buffer full) for `write_timeout` seconds (30) is dropped, so a turn waits on it no
   longer than that. Under `acp-once serve` (its uvicorn protocol's direct channel) the stalled
   socket is dropped at once; plain ASGI has no way to reset one: the ASGI server closes it

@@ -117,8 +117,10 @@ def listen(host: str, port: int) -> socket.socket:
 
 VERIFIED_UVICORN = frozenset({"0.55"})
 """The uvicorn minor versions the direct WebSocket path (`acp_once.server.websocket_protocol`,
-which subclasses uvicorn's `websockets-sansio` protocol and uses its internals) was checked
-against. On any other version `uvicorn_config` uses uvicorn's own WebSocket protocol."""
+which subclasses uvicorn's `websockets-sansio` protocol and uses its internals) and the direct
+SSE writers (`acp_once.server.http_protocol`, over its h11 protocol) were checked against. On
+any other version `uvicorn_config` uses uvicorn's own WebSocket protocol, and h11 without
+SSE writers."""
 WEBSOCKET_PATH_ENV = "ACP_ONCE_WEBSOCKET_PATH"
 """`stock`: use uvicorn's own WebSocket protocol even on a verified uvicorn (unset or `auto`:
 the direct path where verified)."""

@@ -6,7 +6,10 @@
   the session stream when its request was posted with `Acp-Session-Id`, else to the connection
   stream; a notification or request goes to the stream of its `params.sessionId`, if any.
   While no reader of a scope is attached, its messages wait in a bounded buffer; overflowing
-  it closes the connection. Nothing is replayed: a message written to a reader that vanished
+  it closes the connection. The engine hands over the messages of one event loop turn together
+  (a `NowaitFrameStream`), and each stream writes those of its scope as one chunk: through the
+  server's `SseWriter` (`SSE_EXTENSION`) as they are sent, else by the stream's task with one
+  ASGI event. Nothing is replayed: a message written to a reader that vanished
   is lost (its request's outcome is unknown to the client).
 - `connect_http(url)`: the client side with httpx. The first frame sent (initialize) is
   POSTed without `Acp-Connection-Id` and its 200 body is the first frame received; then the
