@@ -79,8 +79,6 @@ class DirectSseWriter:
 
 
 class _DirectSseH11(_GuardedH11):
-    _sse_writer: DirectSseWriter | None = None
-
     def handle_events(self) -> None:
         before = self.cycle
         super().handle_events()
@@ -90,16 +88,21 @@ class _DirectSseH11(_GuardedH11):
             return
         method = cycle.scope["method"]
         if method == "GET":
-            writer = self._sse_writer = DirectSseWriter(self, cycle)
+            # kept in the scope only: one more attribute would grow every protocol's __dict__
+            writer = DirectSseWriter(self, cycle)
             cycle.scope.setdefault("extensions", {})[SSE_EXTENSION] = {"writer": writer}
         elif method == "POST" and not cycle.more_body:
             cycle.scope.setdefault("extensions", {})[BODY_COMPLETE_EXTENSION] = {}
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
-        writer, self._sse_writer = self._sse_writer, None
-        if writer is not None:
-            writer._connection_lost()
+        cycle = self.cycle
+        if cycle is not None:
+            extensions: dict[str, Any] = cycle.scope.get("extensions") or {}
+            offered = extensions.get(SSE_EXTENSION)
+            writer = offered.get("writer") if isinstance(offered, dict) else None
+            if isinstance(writer, DirectSseWriter):
+                writer._connection_lost()
 
 
 def direct_http_protocol(guard: HalfOpenGuard) -> type[_GuardedH11]:
