@@ -68,7 +68,8 @@ const WARMUP_MS = Number(opts.warmup) * 1000;
 const DURATION_MS = Number(opts.duration) * 1000;
 // Defaults below `acp-once serve`'s caps: 256 half-open connections per address (1,024 in all),
 // 100 HTTP connections that have not opened a stream yet, 512 connections per address. An HTTP
-// client holds up to three sockets (its two SSE streams and one for POSTs).
+// client holds up to three sockets (its two SSE streams and one for POSTs). Beyond 10 HTTP
+// connections per address without a stream, `serve` answers initialize 503: it is tried again.
 const OPEN_CONCURRENCY = Number(opts["open-concurrency"] ?? (TRANSPORT === "ws" ? 200 : 50));
 const PER_ADDRESS = TRANSPORT === "ws" ? 400 : 150;
 const ADDRESSES = Number(opts.addresses) > 0 ? Number(opts.addresses) : Math.max(1, Math.ceil(N / PER_ADDRESS));
@@ -302,13 +303,21 @@ class HttpPeer extends Peer {
   async call(method, params) {
     if (method !== "initialize") return super.call(method, params);
     const id = this.nextId++;
-    const res = await request(this.url, {
-      method: "POST",
-      dispatcher: this.dispatcher,
-      headers: { "content-type": "application/json", accept: "application/json, text/event-stream" },
-      body: JSON.stringify({ jsonrpc: "2.0", id, method, params }),
-    });
-    const body = await res.body.text();
+    let res;
+    let body;
+    // 503 with Retry-After: a client opening many connections at once waits a moment and tries
+    // again, as a real one would (shorter than the header's second: opening is not measured)
+    for (let attempt = 0; ; attempt++) {
+      res = await request(this.url, {
+        method: "POST",
+        dispatcher: this.dispatcher,
+        headers: { "content-type": "application/json", accept: "application/json, text/event-stream" },
+        body: JSON.stringify({ jsonrpc: "2.0", id, method, params }),
+      });
+      body = await res.body.text();
+      if (res.statusCode !== 503 || res.headers["retry-after"] === undefined || attempt >= 20) break;
+      await new Promise((resolve) => setTimeout(resolve, 50 + Math.random() * 200));
+    }
     if (res.statusCode !== 200) throw new Error(`initialize: HTTP ${res.statusCode} ${body.slice(0, 200)}`);
     this.connectionId = res.headers["acp-connection-id"];
     if (!this.connectionId) throw new Error("initialize: no Acp-Connection-Id");

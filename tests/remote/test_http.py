@@ -11,10 +11,15 @@ from typing import Any
 import anyio
 import httpx
 import pytest
+import uvicorn
 
+from acp_once.agent.reference import ReferenceAgent
 from acp_once.client import AcpClient, HttpLauncher
+from acp_once.server import create_app
+from acp_once.server.http_protocol import _DirectSseH11
+from acp_once.storage import open_store
 from acp_once.transports.http import CONNECTION_ID_HEADER, SESSION_ID_HEADER, ServerHttpFrames
-from tests.remote.harness import Running, running
+from tests.remote.harness import Running, listening_socket, running
 from tests.remote.test_websocket import FAST, KEY, TIMEOUT, effects, prompt_params
 
 pytestmark = pytest.mark.anyio
@@ -289,10 +294,10 @@ async def test_server_frames_route_by_scope_and_close_on_overflow() -> None:
         await frames.send(b'{"jsonrpc": "2.0", "id": 8, "result": {}}')
         update = {"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": "s1"}}
         await frames.send(json.dumps(update).encode())
-        assert json.loads(frames.outlet(None).recv.receive_nowait())["id"] == 8
-        session = frames.outlet("s1").recv
-        assert json.loads(session.receive_nowait())["id"] == 7
-        assert json.loads(session.receive_nowait())["method"] == "session/update"
+        assert [json.loads(f)["id"] for f in frames.waiting(None)] == [8]
+        session = [json.loads(f) for f in frames.waiting("s1")]
+        assert [m.get("id", m.get("method")) for m in session] == [7, "session/update"]
+        frames.outlet("s1").frames.clear()  # as a reader would have taken them
         for _ in range(2):
             await frames.send(json.dumps(update).encode())
         assert not frames.closed.is_set()
@@ -303,3 +308,77 @@ async def test_server_frames_route_by_scope_and_close_on_overflow() -> None:
             await frames.receive()
         with pytest.raises(anyio.ClosedResourceError):
             await frames.post(json.dumps(plain).encode(), plain, None)
+
+
+async def _keyed_turn_events(srv_http: str) -> tuple[list[Message], str]:
+    """One connection: a session, a keyed prompt; the session stream's messages up to the
+    turn's end (in the order they arrived) and the session id."""
+    async with httpx.AsyncClient(timeout=httpx.Timeout(TIMEOUT, read=None)) as http:
+        conn = Raw(http, f"{srv_http}/acp")
+        await conn.initialize()
+        async with conn.stream() as c_stream:
+            sid = await new_session(conn, c_stream)
+            async with conn.stream(sid) as s_stream:
+                for n in (2, 3):
+                    params = prompt_params(sid, f"turn {n} [tool]", key=f"key-{n}")
+                    r = await conn.post(request(n, "session/prompt", params), sid)
+                    assert r.status_code == 202 and r.content == b""
+                    await s_stream.until(
+                        lambda m: m.get("params", {}).get("update", {}).get("state") == "idle"
+                    )
+                return s_stream.seen, sid
+
+
+def _check_turns(seen: list[Message], sid: str) -> None:
+    """Every message of both turns arrived once, in order: each answer before its turn's
+    idle state, the second turn's messages after the first turn's idle state."""
+    answers = [m["id"] for m in seen if "method" not in m]
+    assert answers == [2, 3]
+    assert all(m["params"]["sessionId"] == sid for m in seen if "method" in m)
+    idle = [
+        i
+        for i, m in enumerate(seen)
+        if m.get("params", {}).get("update", {}).get("state") == "idle"
+    ]
+    first_answer, second_answer = (i for i, m in enumerate(seen) if "method" not in m)
+    assert len(idle) == 2 and first_answer < idle[0] < second_answer < idle[1]
+    assert all(
+        "result" in m and m["result"]["messageId"].startswith("msg_user_")
+        for m in seen
+        if "method" not in m
+    )
+
+
+async def test_serve_streams_through_direct_sse_writers(tmp_path: Path) -> None:
+    """Under `uvicorn_config` (serve) the h11 protocol offers SSE writers and the turn's
+    messages all arrive, in order, with their ids."""
+    with anyio.fail_after(TIMEOUT):
+        async with running(tmp_path) as srv:
+            assert issubclass(srv.server.config.http, _DirectSseH11)  # type: ignore[arg-type]
+            seen, sid = await _keyed_turn_events(srv.http)
+            _check_turns(seen, sid)
+            assert await srv.agent.store.count_user_messages(sid) == 2
+
+
+async def test_plain_uvicorn_h11_streams_through_asgi_events(tmp_path: Path) -> None:
+    """The same app under uvicorn's own h11 protocol (no SSE writer, no complete-body mark):
+    each stream's task writes through ASGI events, with the same messages in the same order."""
+    sock = listening_socket()
+    port = sock.getsockname()[1]
+    with anyio.fail_after(TIMEOUT):
+        async with (
+            open_store(f"sqlite:{tmp_path / 'agent.sqlite3'}") as store,
+            ReferenceAgent(store, side_effects=tmp_path / "effects") as agent,
+        ):
+            app = create_app(agent)
+            config = uvicorn.Config(app, http="h11", lifespan="on", log_level="warning")
+            server = uvicorn.Server(config)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(server.serve, [sock])
+                try:  # the socket listens already: clients wait in its backlog
+                    seen, sid = await _keyed_turn_events(f"http://127.0.0.1:{port}")
+                finally:
+                    await app.state.acp.close_all()
+                    server.should_exit = True
+            _check_turns(seen, sid)
+            assert await store.count_user_messages(sid) == 2

@@ -16,15 +16,18 @@
   not JSON), 503 (connection limit), 405 (other methods). Nothing is replayed: a response
   written to a GET stream that dropped is lost, as on a dropped socket. An SSE stream silent
   for `sse_keepalive` seconds (15) gets a comment line, as from the TypeScript SDK's server.
+  The messages of one event loop turn for one stream leave as one write; `create_app` answers
+  POSTs and GETs at `path` ahead of the router (the same code as the route's).
 - `GET /healthz`: 200 `{"status": "ok"}`, without authentication (for load balancers).
 - `connection_prefix` (`acp-once serve` on PostgreSQL: the node id and a dot, `n1.`): every
   `Acp-Connection-Id` issued begins with it, so a load balancer in front of several nodes
   sends a Streamable HTTP connection's later requests to the node that holds it by matching
   the header's beginning (docs/guide/postgres.md has an HAProxy configuration).
 - Timeouts: a connection with no message either way for `idle_timeout` seconds (300; None:
-  never) is closed (WebSocket close 1000 "idle timeout", by one sweeper of the lifespan that
-  looks four times per timeout, at least every 5 s; Streamable HTTP: the connection ends
-  with its SSE streams, its id then answers 404); a client that stops reading (its socket's
+  never) is closed (WebSocket close 1000 "idle timeout"; Streamable HTTP: the connection ends
+  with its SSE streams, its id then answers 404), as is an HTTP connection that opened no
+  stream within `http_open_timeout` (30), each kind by one sweeper of the lifespan that looks
+  four times per timeout, at least every 5 s; a client that stops reading (its socket's
   send buffer full) for `write_timeout` seconds (30) is dropped, so a turn waits on it no
   longer than that. Under `acp-once serve` (its uvicorn protocol's direct channel) the stalled
   socket is dropped at once; plain ASGI has no way to reset one: the ASGI server closes it
@@ -58,6 +61,7 @@ import hmac
 import json
 import logging
 import re
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Mapping
 from typing import Any, Unpack
@@ -65,9 +69,11 @@ from typing import Any, Unpack
 import anyio
 from anyio.abc import TaskGroup
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route, WebSocketRoute
+from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
 from acp_once.agent.connection import AgentSideConnection
@@ -75,6 +81,7 @@ from acp_once.agent.interface import Agent
 from acp_once.protocol.methods import INITIALIZE
 from acp_once.rpc.streams import FrameStream
 from acp_once.server.guard import RequestGuard
+from acp_once.server.http_protocol import BODY_COMPLETE_EXTENSION
 from acp_once.server.proxies import TrustedProxies
 from acp_once.support.server_options import (
     DEFAULT_BODY_TIMEOUT,
@@ -230,6 +237,8 @@ class AcpServer:
         self.connections: dict[str, ServerWebSocketFrames] = {}
         self.http_connections: dict[str, ServerHttpFrames] = {}
         """The live Streamable HTTP connections by `Acp-Connection-Id`."""
+        self._unopened_http: set[str] = set()
+        """Ids of HTTP connections that may have opened no stream yet (`_unopened` prunes)."""
         self._http_tasks: set[asyncio.Task[None]] = set()
         self._tg: TaskGroup | None = None
         self.accepted = 0
@@ -331,6 +340,7 @@ class AcpServer:
             self._tg = tg
             if self.idle_timeout is not None:
                 tg.start_soon(self._sweep_idle_websockets, self.idle_timeout)
+            tg.start_soon(self._sweep_http)
             try:
                 yield
             finally:
@@ -358,7 +368,16 @@ class AcpServer:
         return self.proxies.client(peer, scope.get("headers") or ())
 
     def _unopened(self) -> int:
-        return sum(not f.opened.is_set() for f in self.http_connections.values())
+        """How many HTTP connections have opened no stream yet (at most `max_unopened_http`:
+        counted without going through every connection)."""
+        unopened = self._unopened_http
+        for connection_id in [c for c in unopened if self._opened_or_gone(c)]:
+            unopened.discard(connection_id)
+        return len(unopened)
+
+    def _opened_or_gone(self, connection_id: str) -> bool:
+        frames = self.http_connections.get(connection_id)
+        return frames is None or frames.opened.is_set()
 
     def _unopened_refusal(self, address: str, tenant: str | None) -> str | None:
         """Why one more HTTP connection without a stream is refused (None: it is not): the
@@ -366,9 +385,7 @@ class AcpServer:
         if self._unopened() >= self.max_unopened_http:
             return "too many connections"
         by_address = by_tenant = 0
-        for connection_id, frames in self.http_connections.items():
-            if frames.opened.is_set():
-                continue
+        for connection_id in self._unopened_http:
             by_address += self._http_addresses.get(connection_id) == address
             if tenant is not None:
                 by_tenant += self._http_tenants.get(connection_id) == tenant
@@ -441,21 +458,20 @@ class AcpServer:
             return refused
         tenant = self._authenticate(request.headers)
         if isinstance(tenant, _Refused):
-            return JSONResponse(
-                {"error": "missing or wrong bearer token"},
-                401,
-                headers={"WWW-Authenticate": 'Bearer realm="acp"'},
-            )
+            return _unauthorized()
         if request.method == "POST":
-            return await self._post(request, tenant)
+            answer = await self._post(request.headers, request.scope, request.receive, tenant)
+            return _ACCEPTED if answer is None else answer
         if request.method == "GET":
-            return self._get(request, tenant)
+            return self._get(request.headers, tenant)
         if request.method == "DELETE":
             return await self._delete(request, tenant)
         return _error(405, "use POST, GET or DELETE", {"Allow": "GET, POST, DELETE"})
 
-    def _connection(self, request: Request, tenant: str | None) -> ServerHttpFrames | Response:
-        connection_id = request.headers.get(CONNECTION_ID_HEADER)
+    def _connection(
+        self, headers: Mapping[str, str], tenant: str | None
+    ) -> ServerHttpFrames | Response:
+        connection_id = headers.get(_CONNECTION_ID)
         if not connection_id:
             return _error(400, f"missing {CONNECTION_ID_HEADER}")
         frames = self.http_connections.get(connection_id)
@@ -468,11 +484,40 @@ class AcpServer:
             return _error(404, f"unknown {CONNECTION_ID_HEADER}")
         return frames
 
-    async def _post(self, request: Request, tenant: str | None) -> Response:
-        content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    async def http_asgi(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """A `POST` or `GET` at `path` as plain ASGI: what the route does for it, without a
+        `Request`, the router, or a `Response` for the 202 (`create_app` sends them here):
+        one POST per prompt, and an SSE stream holds fewer frames for its whole life."""
+        headers: dict[str, str] = {}
+        for name, value in scope["headers"]:
+            key = name.decode("latin-1").lower()
+            if key not in headers:  # the first of repeated headers, as Starlette's `Headers`
+                headers[key] = value.decode("latin-1")
+        answer = self._refusal(headers, scope)
+        if answer is None:
+            tenant = self._authenticate(headers)
+            if isinstance(tenant, _Refused):
+                answer = _unauthorized()
+            elif scope["method"] == "GET":
+                answer = self._get(headers, tenant)
+            else:
+                answer = await self._post(headers, scope, receive, tenant)
+        del headers  # not held for the life of an SSE stream
+        if answer is None:
+            await send(_ACCEPTED_START)
+            await send(_EMPTY_BODY)
+        else:
+            await answer(scope, receive, send)
+
+    async def _post(
+        self, headers: Mapping[str, str], scope: Scope, receive: Receive, tenant: str | None
+    ) -> Response | None:
+        """The answer to a POST (lower-case `headers`), None for 202 Accepted."""
+        content_type = headers.get("content-type", "").split(";")[0].strip().lower()
         if content_type != "application/json":
             return _error(415, "POST a JSON-RPC message as application/json")
-        body = await self._read_body(request)
+        complete = BODY_COMPLETE_EXTENSION in scope.get("extensions", ())
+        body = await self._read_body(headers, receive, complete)
         if isinstance(body, Response):
             return body
         try:
@@ -483,49 +528,64 @@ class AcpServer:
             return _error(400, "batches are not supported")
         if not isinstance(message, dict):
             return _error(400, "the body must be a JSON-RPC message (an object)")
-        if CONNECTION_ID_HEADER.lower() not in request.headers:
+        if _CONNECTION_ID not in headers:
             if message.get("method") != INITIALIZE:
                 return _error(400, f"missing {CONNECTION_ID_HEADER}")
             if "id" not in message:
                 return _error(400, "initialize must be a request (with an id)")
-            address = self.client_address(request.scope)
-            credential = self._credential(request.headers, tenant)
+            address = self.client_address(scope)
+            credential = self._credential(headers, tenant)
             return await self._initialize(body, message, tenant, address, credential)
         if message.get("method") == INITIALIZE:
             return _error(400, f"initialize opens a connection: no {CONNECTION_ID_HEADER}")
-        found = self._connection(request, tenant)
+        found = self._connection(headers, tenant)
         if isinstance(found, Response):
             return found
-        header_sid = request.headers.get(SESSION_ID_HEADER)
-        scope: str | None = None
+        header_sid = headers.get(_SESSION_ID)
+        message_scope: str | None = None
         if "method" in message:
             params_sid = message_session_id(message)
             if (params_sid is not None or header_sid is not None) and header_sid != params_sid:
                 return _error(400, f"{SESSION_ID_HEADER} must equal params.sessionId")
-            scope = params_sid
+            message_scope = params_sid
         try:
-            await found.post(body, message, scope)
+            await found.post(body, message, message_scope)
         except anyio.ClosedResourceError:
             return _error(404, f"unknown {CONNECTION_ID_HEADER}")
-        return Response(status_code=202)
+        return None
 
-    async def _read_body(self, request: Request) -> bytes | Response:
+    async def _read_body(
+        self, headers: Mapping[str, str], receive: Receive, complete: bool
+    ) -> bytes | Response:
         """The body, read as it arrives against `max_message_bytes`: 413 as soon as it is
         exceeded (the rest is discarded by the ASGI server, never held), 408 when it takes
-        longer than `body_timeout`."""
+        longer than `body_timeout`. `complete`: the server has the whole body already (its
+        `BODY_COMPLETE_EXTENSION`), so one `receive` returns it without waiting."""
         limit = self.max_message_bytes
-        declared = request.headers.get("content-length", "")
+        declared = headers.get("content-length", "")
         if declared.isdigit() and int(declared) > limit:
             return _error(413, "message too large")
+        first: Mapping[str, Any] | None = None
+        if complete:
+            first = await receive()
+            if first["type"] == "http.request" and not first.get("more_body", False):
+                body: bytes = first.get("body", b"")
+                return body if len(body) <= limit else _error(413, "message too large")
         chunks: list[bytes] = []
         size = 0
         with anyio.move_on_after(self.body_timeout):
-            async for chunk in request.stream():
+            while True:
+                message = first if first is not None else await receive()
+                first = None
+                if message["type"] != "http.request":
+                    return _error(400, "the client left before its body arrived")
+                chunk = message.get("body", b"")
                 size += len(chunk)
                 if size > limit:
                     return _error(413, "message too large")
                 chunks.append(chunk)
-            return b"".join(chunks)
+                if not message.get("more_body", False):
+                    return b"".join(chunks)
         return _error(408, "the body took too long", {"Connection": "close"})
 
     async def _initialize(
@@ -543,9 +603,13 @@ class AcpServer:
             return _error(503, refused, {"Retry-After": "1"})
         connection_id = self.connection_prefix + uuid.uuid4().hex
         frames = ServerHttpFrames(
-            connection_id, write_timeout=self.write_timeout, keepalive=self.sse_keepalive
+            connection_id,
+            write_timeout=self.write_timeout,
+            keepalive=self.sse_keepalive,
+            on_close=lambda: self._forget_http(connection_id),
         )
         self.http_connections[connection_id] = frames
+        self._unopened_http.add(connection_id)
         self._http_tenants[connection_id] = tenant
         self._http_addresses[connection_id] = address
         if credential is not None and tenant is not None:
@@ -582,13 +646,22 @@ class AcpServer:
         except Exception:
             logger.exception("the HTTP connection %s failed", connection_id)
         finally:
-            self.http_connections.pop(connection_id, None)
-            self._http_tenants.pop(connection_id, None)
-            self._http_addresses.pop(connection_id, None)
-            self._credentials.pop(connection_id, None)
+            self._forget_http(connection_id)
             await frames.aclose()
 
+    def _forget_http(self, connection_id: str) -> None:
+        """Drop an HTTP connection from the tables (once it ends: its id then answers 404)."""
+        self.http_connections.pop(connection_id, None)
+        self._unopened_http.discard(connection_id)
+        self._http_tenants.pop(connection_id, None)
+        self._http_addresses.pop(connection_id, None)
+        self._credentials.pop(connection_id, None)
+
     async def _serve_frames(self, frames: FrameStream, name: str, tenant: str | None) -> None:
+        if self._tg is not None and isinstance(frames, ServerHttpFrames):
+            # the lifespan's HTTP sweeper ends it when idle or never opened (`_sweep_http`)
+            await self._serve_connection(frames, name, tenant)
+            return
         if self._tg is not None and isinstance(frames, ServerWebSocketFrames):
             # the lifespan's sweeper closes it when idle: no watching task of its own (with
             # 10,000 connections, a task group and a task each are ~4 KB per connection)
@@ -628,6 +701,35 @@ class AcpServer:
                     closing.add(frames)
                     tg.start_soon(self._close_idle, frames, f"ws-{connection_id[:12]}")
 
+    async def _sweep_http(self) -> None:
+        """End the HTTP connections idle for `idle_timeout` seconds, and those that opened no
+        stream within `http_open_timeout` of their initialize, looking four times per timeout
+        (at least every 5 s): one task for every connection, instead of a timer task each."""
+        timeouts = [t for t in (self.idle_timeout, self.http_open_timeout) if t is not None]
+        period = min([t / 4 for t in timeouts] + [5.0])
+        idle = self.idle_timeout
+        while True:
+            await anyio.sleep(period)
+            now = time.monotonic()
+            self._unopened()  # forgets those opened or gone
+            for connection_id in list(self._unopened_http):
+                frames = self.http_connections[connection_id]
+                if now - frames.created >= self.http_open_timeout:
+                    self.unopened_closed += 1
+                    logger.info(
+                        "closing the connection http-%s: no stream opened", connection_id[:12]
+                    )
+                    frames.close()
+            if idle is None:
+                continue
+            for connection_id, frames in list(self.http_connections.items()):
+                if frames.idle_for() >= idle:
+                    self.idle_closed += 1
+                    logger.info(
+                        "closing the connection http-%s: idle for %g s", connection_id[:12], idle
+                    )
+                    frames.close()
+
     async def _close_idle(self, frames: ServerWebSocketFrames, name: str) -> None:
         self.idle_closed += 1
         logger.info("closing the connection %s: idle for %g s", name, self.idle_timeout)
@@ -656,19 +758,19 @@ class AcpServer:
         else:
             await frames.aclose()
 
-    def _get(self, request: Request, tenant: str | None) -> Response:
-        if "text/event-stream" not in request.headers.get("accept", ""):
+    def _get(self, headers: Mapping[str, str], tenant: str | None) -> Response:
+        if "text/event-stream" not in headers.get("accept", ""):
             return _error(406, "GET needs Accept: text/event-stream (or a WebSocket upgrade)")
-        found = self._connection(request, tenant)
+        found = self._connection(headers, tenant)
         if isinstance(found, Response):
             return found
-        session_id = request.headers.get(SESSION_ID_HEADER) or None
+        session_id = headers.get(_SESSION_ID) or None
         if found.reading(session_id):
             return _error(409, "this stream already has a reader")
         return SseResponse(found, session_id)
 
     async def _delete(self, request: Request, tenant: str | None) -> Response:
-        found = self._connection(request, tenant)
+        found = self._connection(request.headers, tenant)
         if isinstance(found, Response):
             return found
         await found.aclose()  # sessions survive, inactive (D30)
@@ -724,6 +826,47 @@ async def _run(closing: Coroutine[Any, Any, None]) -> None:
 
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
     return JSONResponse({"error": message}, status, headers=headers)
+
+
+def _unauthorized() -> Response:
+    return JSONResponse(
+        {"error": "missing or wrong bearer token"},
+        401,
+        headers={"WWW-Authenticate": 'Bearer realm="acp"'},
+    )
+
+
+_CONNECTION_ID = CONNECTION_ID_HEADER.lower()
+_SESSION_ID = SESSION_ID_HEADER.lower()
+_ACCEPTED = Response(status_code=202)
+"""The answer to every POST but initialize (a Response may be sent any number of times)."""
+_ACCEPTED_START: dict[str, Any] = {
+    "type": "http.response.start",
+    "status": 202,
+    "headers": _ACCEPTED.raw_headers,
+}
+_EMPTY_BODY: dict[str, Any] = {"type": "http.response.body", "body": b"", "more_body": False}
+
+
+class _HttpFirst:
+    """The app's outermost layer below Starlette's error handler: a `POST` or `GET` at the ACP
+    path goes straight to `AcpServer.http_asgi`; everything else (WebSocket upgrades too) to
+    the router."""
+
+    def __init__(self, app: ASGIApp, server: AcpServer) -> None:
+        self.app = app
+        self.server = server
+        self.path = server.path
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            scope["type"] == "http"
+            and scope["path"] == self.path
+            and scope["method"] in ("POST", "GET")
+        ):
+            await self.server.http_asgi(scope, receive, send)
+        else:
+            await self.app(scope, receive, send)
 
 
 def create_app(
@@ -783,7 +926,11 @@ def create_app(
     # a WebSocket to any other path is answered 404, not Starlette's bare close (403, which a
     # client would take for a refused token)
     routes = [*server.routes(), WebSocketRoute("/{path:path}", _no_endpoint)]
-    app = Starlette(routes=routes, lifespan=server.lifespan)
+    app = Starlette(
+        routes=routes,
+        lifespan=server.lifespan,
+        middleware=[Middleware(_HttpFirst, server=server)],
+    )
     app.state.acp = server
     return app
 

@@ -30,6 +30,7 @@ from .guard import (
     guarded_protocol,
     is_loopback,
 )
+from .http_protocol import direct_http_protocol
 
 __all__ = [
     "VERIFIED_UVICORN",
@@ -116,8 +117,10 @@ def listen(host: str, port: int) -> socket.socket:
 
 VERIFIED_UVICORN = frozenset({"0.55"})
 """The uvicorn minor versions the direct WebSocket path (`acp_once.server.websocket_protocol`,
-which subclasses uvicorn's `websockets-sansio` protocol and uses its internals) was checked
-against. On any other version `uvicorn_config` uses uvicorn's own WebSocket protocol."""
+which subclasses uvicorn's `websockets-sansio` protocol and uses its internals) and the direct
+SSE writers (`acp_once.server.http_protocol`, over its h11 protocol) were checked against. On
+any other version `uvicorn_config` uses uvicorn's own WebSocket protocol, and h11 without
+SSE writers."""
 WEBSOCKET_PATH_ENV = "ACP_ONCE_WEBSOCKET_PATH"
 """`stock`: use uvicorn's own WebSocket protocol even on a verified uvicorn (unset or `auto`:
 the direct path where verified)."""
@@ -127,6 +130,11 @@ def _stock_websocket() -> str:
     # websockets-sansio where this uvicorn has it (no deprecated websockets API), else its default
     sansio = "uvicorn.protocols.websockets.websockets_sansio_impl"
     return "websockets-sansio" if importlib.util.find_spec(sansio) is not None else "auto"
+
+
+def _verified() -> bool:
+    """Whether this uvicorn is one the direct paths were verified against (`VERIFIED_UVICORN`)."""
+    return ".".join(uvicorn.__version__.split(".")[:2]) in VERIFIED_UVICORN
 
 
 def websocket_protocol() -> tuple[type[asyncio.Protocol] | str, str]:
@@ -224,7 +232,8 @@ def uvicorn_config(
         app,
         host=host,
         port=port,
-        http=guarded_protocol(guard),
+        # with direct SSE writers where verified (`acp_once.server.http_protocol`)
+        http=direct_http_protocol(guard) if _verified() else guarded_protocol(guard),
         # an idle kept-alive connection is also closed by the guard's header deadline
         timeout_keep_alive=5,
         # the app reads forwarded addresses itself, from trusted proxies only

@@ -6,7 +6,10 @@
   the session stream when its request was posted with `Acp-Session-Id`, else to the connection
   stream; a notification or request goes to the stream of its `params.sessionId`, if any.
   While no reader of a scope is attached, its messages wait in a bounded buffer; overflowing
-  it closes the connection. Nothing is replayed: a message written to a reader that vanished
+  it closes the connection. The engine hands over the messages of one event loop turn together
+  (a `NowaitFrameStream`), and each stream writes those of its scope as one chunk: through the
+  server's `SseWriter` (`SSE_EXTENSION`) as they are sent, else by the stream's task with one
+  ASGI event. Nothing is replayed: a message written to a reader that vanished
   is lost (its request's outcome is unknown to the client).
 - `connect_http(url)`: the client side with httpx. The first frame sent (initialize) is
   POSTed without `Acp-Connection-Id` and its 200 body is the first frame received; then the
@@ -26,17 +29,19 @@ know no method names.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from typing import Any, Protocol
 
 import anyio
 import anyio.abc
+import anyio.lowlevel
 import httpx
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+import orjson
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
@@ -48,11 +53,14 @@ __all__ = [
     "CONNECTION_ID_HEADER",
     "DEFAULT_SSE_KEEPALIVE",
     "DEFAULT_STREAM_BUFFER",
+    "Flag",
     "SESSION_ID_HEADER",
+    "SSE_EXTENSION",
     "ClientHttpFrames",
     "HttpRejected",
     "ServerHttpFrames",
     "SseResponse",
+    "SseWriter",
     "connect_http",
     "message_session_id",
 ]
@@ -84,27 +92,129 @@ def message_session_id(message: Mapping[str, Any]) -> str | None:
 
 
 def _id_key(value: Any) -> str:
+    kind = type(value)
+    if kind is str:
+        return f"s{value}"
+    if kind is int:
+        return "i" + str(value)
     return json.dumps(value, sort_keys=True)
 
 
-class _Outlet:
-    """One scope's stream: a bounded buffer and at most one reader."""
+def _parse(frame: bytes) -> Any:
+    """The JSON value of `frame`, or None when it is not JSON (orjson first: it is faster, and
+    json where orjson refuses what json reads, such as integers beyond 64 bits)."""
+    try:
+        return orjson.loads(frame)
+    except orjson.JSONDecodeError:
+        try:
+            return json.loads(frame)
+        except (ValueError, RecursionError):
+            return None
 
-    def __init__(self, size: int) -> None:
-        self.send: MemoryObjectSendStream[bytes]
-        self.recv: MemoryObjectReceiveStream[bytes]
-        self.send, self.recv = anyio.create_memory_object_stream[bytes](size)
+
+def _wake(waiter: asyncio.Future[None] | None) -> None:
+    if waiter is not None and not waiter.done():
+        waiter.set_result(None)
+
+
+def _sse(frames: Iterable[bytes]) -> bytes:
+    """`frames` as SSE events, one `data:` line each (a frame holds no newline)."""
+    return b"".join([b"data: " + frame + b"\n\n" for frame in frames])
+
+
+class SseWriter(Protocol):
+    """A server's way to write a started SSE response's body without an ASGI event per write
+    (`acp-once serve`'s HTTP protocol offers one as the scope extension `SSE_EXTENSION`)."""
+
+    @property
+    def writable(self) -> bool:
+        """False while the socket's write buffer is above its high-water mark: write nothing."""
+        ...
+
+    def write(self, data: bytes) -> None:
+        """Write `data` as body bytes now (into the socket or its transport's buffer).
+
+        Raises:
+            anyio.BrokenResourceError: the connection is gone.
+        """
+        ...
+
+    async def wait_writable(self) -> None:
+        """Wait until `writable`, or the connection is gone."""
+        ...
+
+    def on_lost(self, callback: Callable[[], object] | None) -> None:
+        """Call `callback` (once) when the connection is lost; None: no longer."""
+        ...
+
+
+SSE_EXTENSION = "acp_once.sse_writer"
+"""The ASGI scope extension (`{"writer": SseWriter}`) an SSE response may write through."""
+
+
+class Flag:
+    """A one-way flag with `anyio.Event`'s `set`, `is_set` and `wait`, holding no event (and
+    no queue of waiters) until someone waits: a connection has two, and there may be many
+    connections."""
+
+    __slots__ = ("_set", "_waiter")
+
+    def __init__(self) -> None:
+        self._set = False
+        self._waiter: asyncio.Future[None] | None = None
+
+    def set(self) -> None:
+        self._set = True
+        waiter, self._waiter = self._waiter, None
+        _wake(waiter)
+
+    def is_set(self) -> bool:
+        return self._set
+
+    async def wait(self) -> None:
+        """Return once `set` was called (at once if it was)."""
+        if self._set:
+            await anyio.lowlevel.checkpoint()
+            return
+        if self._waiter is None:
+            self._waiter = asyncio.get_running_loop().create_future()
+        await asyncio.shield(self._waiter)
+
+
+class _Outlet:
+    """One scope's stream: the messages waiting for its reader, and whether one is attached.
+
+    With a reader that writes directly (`direct`), messages are written as they are sent, and
+    wait here only while its socket's buffer is full."""
+
+    __slots__ = ("direct", "frames", "reading", "waiter", "written")
+
+    def __init__(self) -> None:
+        self.frames: list[bytes] = []  # always taken whole: a list is smaller than a deque
         self.reading = False
+        self.waiter: asyncio.Future[None] | None = None
+        """Set while the reader task waits for messages (a direct reader may be written to)."""
+        self.direct: SseWriter | None = None
+        self.written = 0.0
+        """`time.monotonic()` of the last write to the reader (for the keep-alive comment)."""
 
 
 class ServerHttpFrames:
     """The agent side of one Streamable HTTP connection (see the module docstring).
 
-    `write_timeout`: seconds an SSE event may wait for a reader that stopped reading (its
-    socket's send buffer full) before the connection ends (`stalled`); the engine never waits
-    on a reader, only on the bounded buffer. `keepalive`: seconds of silence on an SSE stream
-    before a comment line is written on it (`DEFAULT_SSE_KEEPALIVE`; None: never).
+    A `NowaitFrameStream`: the engine hands over the messages of one event loop turn together
+    (`send_frames_nowait`), and each SSE stream writes those of its scope as one body chunk (one
+    system call), never waiting on a reader: messages wait in a bounded buffer per scope.
+
+    `write_timeout`: seconds an SSE write may wait for a reader that stopped reading (its
+    socket's send buffer full) before the connection ends (`stalled`). `keepalive`: seconds of
+    silence on an SSE stream before a comment line is written on it (`DEFAULT_SSE_KEEPALIVE`;
+    None: never). `on_close`: called once, when the connection ends, before its streams do.
     """
+
+    burst = True
+    """Always (see `NowaitFrameStream.burst`): the messages of one event loop turn for one
+    stream leave in one write."""
 
     def __init__(
         self,
@@ -113,27 +223,31 @@ class ServerHttpFrames:
         buffer: int = DEFAULT_STREAM_BUFFER,
         write_timeout: float | None = None,
         keepalive: float | None = DEFAULT_SSE_KEEPALIVE,
+        on_close: Callable[[], object] | None = None,
     ) -> None:
         if buffer < 1:
             raise ValueError("buffer must be positive")
         if keepalive is not None and keepalive <= 0:
             raise ValueError("keepalive must be positive (or None)")
         self.connection_id = connection_id
+        self._on_close = on_close
         self.buffer = buffer
         self.write_timeout = write_timeout
         self.keepalive = keepalive
         self.stalled = False
         """True once an SSE reader stopped reading for longer than `write_timeout`."""
-        self._last_activity = time.monotonic()
-        self._in_send, self._in_recv = anyio.create_memory_object_stream[bytes](16)
+        self.created = time.monotonic()
+        self._last_activity = self.created
+        self._inbox: list[bytes] = []  # at most INBOX: a list is smaller than a deque
+        self._inbox_waiter: asyncio.Future[None] | None = None
+        self._room: list[asyncio.Future[None]] = []  # POSTs waiting for room in the inbox
         self._outlets: dict[str | None, _Outlet] = {}
         self._session_requests: dict[str, str] = {}
-        self._calls: dict[str, list[bytes]] = {}
-        self._call_events: dict[str, anyio.Event] = {}
+        self._calls: dict[str, asyncio.Future[bytes | None]] = {}
         self._readers: set[anyio.CancelScope] = set()
-        self.closed = anyio.Event()
+        self.closed = Flag()
         self.overflowed = False
-        self.opened = anyio.Event()
+        self.opened = Flag()
         """Set once an SSE stream was opened (the connection is in use, not a lone POST)."""
 
     def idle_for(self) -> float:
@@ -150,11 +264,19 @@ class ServerHttpFrames:
         outlet = self._outlets.get(session_id)
         return outlet is not None and outlet.reading
 
+    def waiting(self, session_id: str | None) -> list[bytes]:
+        """The messages of `session_id`'s stream not written yet (a copy)."""
+        outlet = self._outlets.get(session_id)
+        return list(outlet.frames) if outlet is not None else []
+
     def outlet(self, session_id: str | None) -> _Outlet:
         outlet = self._outlets.get(session_id)
         if outlet is None:
-            outlet = self._outlets[session_id] = _Outlet(self.buffer)
+            outlet = self._outlets[session_id] = _Outlet()
         return outlet
+
+    INBOX = 16
+    """POSTed messages the engine has not taken yet; a POST beyond them waits for room."""
 
     async def post(self, frame: bytes, message: Mapping[str, Any], session_id: str | None) -> None:
         """Hand one POSTed message to the engine; `session_id`: the scope its response goes to.
@@ -167,100 +289,161 @@ class ServerHttpFrames:
             self._session_requests[_id_key(message["id"])] = session_id
             if len(self._session_requests) > MAX_SESSION_REQUESTS:
                 del self._session_requests[next(iter(self._session_requests))]
-        try:
-            await self._in_send.send(frame)
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-            raise anyio.ClosedResourceError from None
+        while len(self._inbox) >= self.INBOX:
+            room = asyncio.get_running_loop().create_future()
+            self._room.append(room)
+            try:
+                await room
+            finally:
+                with contextlib.suppress(ValueError):
+                    self._room.remove(room)
+            if self.closed.is_set():
+                raise anyio.ClosedResourceError
+        self._inbox.append(frame)
+        _wake(self._inbox_waiter)
 
     async def call(self, frame: bytes, message: Mapping[str, Any]) -> bytes:
-        """Post a request and return its response frame (the initialize POST's body)."""
+        """Post a request and return its response frame (the initialize POST's body).
+
+        Raises `anyio.ClosedResourceError` when the connection ends before the answer."""
         key = _id_key(message.get("id"))
-        event = self._call_events[key] = anyio.Event()
-        self._calls[key] = []
+        answer: asyncio.Future[bytes | None] = asyncio.get_running_loop().create_future()
+        self._calls[key] = answer
         try:
             await self.post(frame, message, None)
-            async with anyio.create_task_group() as tg:
-
-                async def closed() -> None:
-                    await self.closed.wait()
-                    tg.cancel_scope.cancel()
-
-                tg.start_soon(closed)
-                await event.wait()
-                tg.cancel_scope.cancel()
-            if not self._calls[key]:
-                raise anyio.ClosedResourceError
-            return self._calls[key][0]
+            got = await answer
         finally:
-            self._call_events.pop(key, None)
             self._calls.pop(key, None)
+        if got is None:
+            raise anyio.ClosedResourceError
+        return got
 
     # FrameStream, for the engine
 
     async def receive(self) -> FrameEvent:
-        try:
-            return await self._in_recv.receive()
-        except (anyio.EndOfStream, anyio.ClosedResourceError):
-            raise anyio.EndOfStream from None
+        inbox = self._inbox
+        while not inbox:
+            if self.closed.is_set():
+                raise anyio.EndOfStream
+            waiter = self._inbox_waiter = asyncio.get_running_loop().create_future()
+            try:
+                await waiter
+            finally:
+                self._inbox_waiter = None
+        frame = inbox.pop(0)
+        if self._room:
+            _wake(self._room[0])
+        return frame
 
-    async def send(self, frame: bytes) -> None:
+    def _scope(self, frame: bytes) -> tuple[bool, str | None]:
+        """(False, scope) for a message going to that scope's stream; (True, None) for the
+        answer to a `call`, handed over here."""
+        message = _parse(frame)
+        if not isinstance(message, dict):
+            return False, None
+        if "method" not in message and "id" in message:
+            key = _id_key(message["id"])
+            answer = self._calls.get(key)
+            if answer is not None:
+                if not answer.done():
+                    answer.set_result(frame)
+                return True, None
+            return False, self._session_requests.pop(key, None)
+        return False, message_session_id(message)
+
+    def send_frames_nowait(self, frames: Sequence[bytes]) -> None:
+        """Route `frames` to their streams, in order; each stream writes what it got in one
+        chunk, now (a direct reader) or once its reader task runs. Never waits.
+
+        Raises:
+            anyio.ClosedResourceError: the connection has ended.
+            anyio.BrokenResourceError: a stream without a reader has `buffer` messages waiting
+                already: the connection is closed (`overflowed`).
+        """
         if self.closed.is_set():
             raise anyio.ClosedResourceError
         self._last_activity = time.monotonic()
-        try:
-            message = json.loads(frame)
-        except (ValueError, RecursionError):
-            message = None
-        scope: str | None = None
-        if isinstance(message, dict):
-            if "method" not in message and "id" in message:
-                key = _id_key(message["id"])
-                if key in self._call_events:
-                    self._calls[key].append(frame)
-                    self._call_events[key].set()
-                    return
-                scope = self._session_requests.pop(key, None)
-            else:
-                scope = message_session_id(message)
-        try:
-            self.outlet(scope).send.send_nowait(frame)
-        except anyio.WouldBlock:
-            logger.warning(
-                "HTTP connection %s: more than %d messages waiting for a reader; closing it",
-                self.connection_id,
-                self.buffer,
-            )
-            self.overflowed = True
-            await self.aclose()
-            raise anyio.BrokenResourceError from None
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-            raise anyio.ClosedResourceError from None
+        touched: _Outlet | None = None
+        more: list[_Outlet] | None = None
+        for frame in frames:
+            handed, scope = self._scope(frame)
+            if handed:
+                continue
+            outlet = self._outlets.get(scope)
+            if outlet is None:
+                outlet = self.outlet(scope)
+            if len(outlet.frames) >= self.buffer:
+                logger.warning(
+                    "HTTP connection %s: more than %d messages waiting for a reader; closing it",
+                    self.connection_id,
+                    self.buffer,
+                )
+                self.overflowed = True
+                self.close()
+                raise anyio.BrokenResourceError
+            outlet.frames.append(frame)
+            if touched is None:
+                touched = outlet
+            elif outlet is not touched:
+                if more is None:
+                    more = []
+                if outlet not in more:
+                    more.append(outlet)
+        if touched is not None:
+            self._flush(touched)
+            for outlet in more or ():
+                self._flush(outlet)
 
-    async def aclose(self) -> None:
+    def _flush(self, outlet: _Outlet) -> None:
+        """Write what waits in `outlet` now if its reader writes directly and can, else wake
+        its reader task."""
+        direct = outlet.direct
+        if direct is None or outlet.waiter is None or not direct.writable:
+            _wake(outlet.waiter)
+            return
+        frames = outlet.frames
+        data = _sse(frames)
+        frames.clear()
+        try:
+            direct.write(data)
+        except anyio.BrokenResourceError:
+            _wake(outlet.waiter)  # the reader ends: its socket is gone
+            return
+        outlet.written = self._last_activity
+
+    def send_nowait(self, frame: bytes) -> None:
+        """`send_frames_nowait` for one frame."""
+        self.send_frames_nowait((frame,))
+
+    async def send_rest(self, rest: memoryview) -> None:
+        """Never needed: `send_nowait` takes every frame whole (or raises)."""
+        raise AssertionError("ServerHttpFrames takes every frame whole")  # pragma: no cover
+
+    async def send(self, frame: bytes) -> None:
+        self.send_frames_nowait((frame,))
+
+    def close(self) -> None:
         """End the connection: the engine sees the end of its input, SSE readers end."""
         if self.closed.is_set():
             return
         self.closed.set()
-        self._in_send.close()
-        self._in_recv.close()
+        if self._on_close is not None:
+            self._on_close()  # before any stream ends: the id is unknown from then on
+        _wake(self._inbox_waiter)
+        for room in self._room:
+            _wake(room)
+        for answer in self._calls.values():
+            if not answer.done():
+                answer.set_result(None)
         for outlet in self._outlets.values():
-            outlet.send.close()
-            outlet.recv.close()
+            outlet.frames.clear()
+            _wake(outlet.waiter)
         for scope in list(self._readers):
             scope.cancel()
 
-    async def _write(self, send: Send, event: bytes) -> None:
-        """Write one SSE event; a reader that takes nothing for `write_timeout` seconds ends
-        the connection (the ASGI server's send waits while the socket's buffer is full)."""
-        try:
-            with anyio.fail_after(self.write_timeout):
-                await send({"type": "http.response.body", "body": event, "more_body": True})
-        except TimeoutError:
-            logger.warning(
-                "HTTP connection %s: an SSE reader stopped reading; closing it", self.connection_id
-            )
-            self.stalled = True
-            await self.aclose()  # cancels this reader too
+    async def aclose(self) -> None:
+        """`close`, for the `FrameStream` interface."""
+        self.close()
 
     def drop_readers(self) -> int:
         """End every attached SSE stream without ending the connection (a test's injected
@@ -270,9 +453,22 @@ class ServerHttpFrames:
             scope.cancel()
         return len(readers)
 
-    async def stream(self, session_id: str | None, send: Send, receive: Receive) -> None:
+    async def stream(
+        self,
+        session_id: str | None,
+        send: Send,
+        receive: Receive,
+        direct: SseWriter | None = None,
+        started: Callable[[], object] | None = None,
+    ) -> None:
         """Serve one SSE reader of a scope until the connection ends or the peer leaves.
-        The caller has checked `outlet(session_id).reading` (409)."""
+        The caller has checked `outlet(session_id).reading` (409). `started` is called once
+        the response has started (to drop the request's data).
+
+        Through the server's `SseWriter` (`direct`) when it offers one: messages are then
+        written as the engine sends them, and the end of the socket is reported by the server;
+        else through ASGI events, by this task, with a second one watching for the peer's
+        disconnect."""
         outlet = self.outlet(session_id)
         outlet.reading = True
         self.opened.set()
@@ -282,63 +478,96 @@ class ServerHttpFrames:
             with cancel:
                 if self.closed.is_set():
                     cancel.cancel()
-                await send(
-                    {
-                        "type": "http.response.start",
-                        "status": 200,
-                        "headers": [
-                            (b"content-type", b"text/event-stream"),
-                            (b"cache-control", b"no-store"),
-                        ],
-                    }
-                )
-                lock = anyio.Lock()  # events and keep-alive comments, one write at a time
-                last_write = anyio.current_time()
+                await send(_SSE_START)
+                if started is not None:
+                    started()
+                if direct is not None:
+                    direct.on_lost(cancel.cancel)
+                    await self._pump(outlet, send, direct)
+                else:
+                    async with anyio.create_task_group() as tg:
 
-                async def write(event: bytes) -> None:
-                    nonlocal last_write
-                    async with lock:
-                        await self._write(send, event)
-                        last_write = anyio.current_time()
+                        async def watch_disconnect() -> None:
+                            while (await receive())["type"] != "http.disconnect":
+                                pass
+                            tg.cancel_scope.cancel()
 
-                async with anyio.create_task_group() as tg:
-
-                    async def watch_disconnect() -> None:
-                        while (await receive())["type"] != "http.disconnect":
-                            pass
+                        tg.start_soon(watch_disconnect)
+                        await self._pump(outlet, send, None)
                         tg.cancel_scope.cancel()
-
-                    async def keep_alive(interval: float) -> None:
-                        while True:
-                            await anyio.sleep(last_write + interval - anyio.current_time())
-                            if anyio.current_time() >= last_write + interval:
-                                await write(b":\n\n")
-
-                    tg.start_soon(watch_disconnect)
-                    if self.keepalive is not None:
-                        tg.start_soon(keep_alive, self.keepalive)
-                    # aclose() (a DELETE, the server ending) closes the outlet under a waiting
-                    # reader: that is the end of this stream, not an error of the app
-                    with contextlib.suppress(anyio.ClosedResourceError):
-                        async for frame in outlet.recv:
-                            await write(b"data: " + frame + b"\n\n")
-                    tg.cancel_scope.cancel()
             if not self.stalled:  # else the end could not be written either
                 with contextlib.suppress(OSError, RuntimeError):
-                    await send({"type": "http.response.body", "body": b"", "more_body": False})
+                    await send(_SSE_END)
         finally:
+            if direct is not None:
+                direct.on_lost(None)
+            outlet.direct = None
             self._readers.discard(cancel)
             outlet.reading = False
-            # a session's entry ends with its reader unless messages wait in it: the ids are
-            # the client's to choose, so entries for any number of them must not accumulate
-            if (
-                session_id is not None
-                and self._outlets.get(session_id) is outlet
-                and outlet.recv.statistics().current_buffer_used == 0
-            ):
+            # an entry ends with its reader unless messages wait in it: session ids are the
+            # client's to choose, so entries for any number of them must not accumulate, and
+            # an idle connection holds no entry for a stream it closed
+            if self._outlets.get(session_id) is outlet and not outlet.frames:
                 del self._outlets[session_id]
-                outlet.send.close()
-                outlet.recv.close()
+
+    async def _pump(self, outlet: _Outlet, send: Send, direct: SseWriter | None) -> None:
+        """Write `outlet`'s messages until the connection ends (or this reader is cancelled),
+        a comment line after `keepalive` seconds of silence."""
+        loop = asyncio.get_running_loop()
+        keepalive = self.keepalive
+        frames = outlet.frames
+        outlet.direct = direct
+        outlet.written = time.monotonic()
+        while not self.closed.is_set():
+            if frames:
+                data = _sse(frames)
+                frames.clear()
+                await self._write(send, direct, data)
+                outlet.written = time.monotonic()
+                continue
+            timer = None
+            if keepalive is not None:
+                silent = time.monotonic() - outlet.written
+                if silent >= keepalive:
+                    await self._write(send, direct, b":\n\n")
+                    outlet.written = time.monotonic()
+                    continue
+            waiter = outlet.waiter = loop.create_future()
+            if keepalive is not None:
+                timer = loop.call_later(keepalive - silent, _wake, waiter)
+            try:
+                await waiter
+            finally:
+                outlet.waiter = None
+                if timer is not None:
+                    timer.cancel()
+
+    async def _write(self, send: Send, direct: SseWriter | None, data: bytes) -> None:
+        """Write SSE events; a reader that takes nothing for `write_timeout` seconds ends the
+        connection (the ASGI server's send waits while the socket's buffer is full)."""
+        try:
+            if direct is not None:
+                if not direct.writable:
+                    with anyio.fail_after(self.write_timeout):
+                        await direct.wait_writable()
+                direct.write(data)
+                return
+            with anyio.fail_after(self.write_timeout):
+                await send({"type": "http.response.body", "body": data, "more_body": True})
+        except TimeoutError:
+            logger.warning(
+                "HTTP connection %s: an SSE reader stopped reading; closing it", self.connection_id
+            )
+            self.stalled = True
+            self.close()  # cancels this reader too
+
+
+_SSE_START: dict[str, Any] = {
+    "type": "http.response.start",
+    "status": 200,
+    "headers": [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-store")],
+}
+_SSE_END: dict[str, Any] = {"type": "http.response.body", "body": b"", "more_body": False}
 
 
 class SseResponse(Response):
@@ -350,7 +579,12 @@ class SseResponse(Response):
         self.session_id = session_id
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await self.frames.stream(self.session_id, send, receive)
+        offered = scope.get("extensions", {}).get(SSE_EXTENSION)
+        direct = offered.get("writer") if isinstance(offered, dict) else None
+        headers = scope.get("headers")
+        # read by nobody once the response has started: not kept for the life of the stream
+        forget = headers.clear if isinstance(headers, list) else None
+        await self.frames.stream(self.session_id, send, receive, direct, forget)
 
 
 class HttpRejected(ConnectionError):

@@ -1,0 +1,110 @@
+"""uvicorn's h11 protocol (with `acp_once.server.guard`'s limits) offering SSE responses a
+direct writer beside ASGI.
+
+A `POST` whose whole body arrived with its headers says so (`BODY_COMPLETE_EXTENSION`).
+Every `GET` gets a `DirectSseWriter` in its scope's extensions
+(`acp_once.transports.http.SSE_EXTENSION`). An SSE response that takes it (`SseResponse` does,
+once its response has started through ASGI) writes the events of its stream as the engine
+sends them, from the engine's own turn of the event loop, instead of waking a task per batch
+that then sends one ASGI event; and it learns that the socket is gone from the protocol, with
+no task waiting on ASGI `receive` for the disconnect. The response's start and end, keep-alive
+and flow control stay uvicorn's: the writer refuses to write while the transport's buffer is
+above its high-water mark (`writable`), as uvicorn's own `send` would wait.
+
+An app that ignores the extension (any ASGI app) sees plain uvicorn behaviour. Used by
+`uvicorn_config` on the uvicorn versions in `acp_once.server.listen.VERIFIED_UVICORN` only: it
+reads uvicorn's request cycle (`conn`, `disconnected`, `flow`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import h11
+
+from acp_once.transports.http import SSE_EXTENSION
+
+from .guard import HalfOpenGuard, _GuardedH11
+
+__all__ = ["BODY_COMPLETE_EXTENSION", "DirectSseWriter", "direct_http_protocol"]
+
+BODY_COMPLETE_EXTENSION = "acp_once.body_complete"
+"""In a POST's scope extensions when its whole body had arrived before the app was called:
+its first `receive` returns all of it at once (the app then needs no deadline for it)."""
+
+
+class DirectSseWriter:
+    """Writes body chunks of one started response on an h11 connection (implements
+    `acp_once.transports.http.SseWriter`)."""
+
+    __slots__ = ("_cycle", "_lost", "_protocol")
+
+    def __init__(self, protocol: _DirectSseH11, cycle: Any) -> None:
+        self._protocol = protocol
+        self._cycle = cycle
+        self._lost: Callable[[], object] | None = None
+
+    @property
+    def writable(self) -> bool:
+        return not self._protocol.flow.write_paused
+
+    def write(self, data: bytes) -> None:
+        cycle = self._cycle
+        transport = self._protocol.transport
+        if cycle.disconnected or cycle.response_complete or transport.is_closing():
+            raise anyio.BrokenResourceError
+        try:
+            output = cycle.conn.send(h11.Data(data=data))
+        except h11.LocalProtocolError as exc:  # the response is not in its body
+            raise anyio.BrokenResourceError from exc
+        transport.write(output)
+
+    async def wait_writable(self) -> None:
+        protocol = self._protocol
+        while protocol.flow.write_paused and not self._cycle.disconnected:
+            await protocol.flow.drain()
+
+    def on_lost(self, callback: Callable[[], object] | None) -> None:
+        self._lost = callback
+        if callback is not None and self._cycle.disconnected:
+            self._lost = None
+            callback()
+
+    def _connection_lost(self) -> None:
+        callback, self._lost = self._lost, None
+        if callback is not None:
+            callback()
+
+
+class _DirectSseH11(_GuardedH11):
+    def handle_events(self) -> None:
+        before = self.cycle
+        super().handle_events()
+        cycle = self.cycle
+        # a new request's cycle: its task has not started yet, so the app sees the extension
+        if cycle is None or cycle is before:
+            return
+        method = cycle.scope["method"]
+        if method == "GET":
+            # kept in the scope only: one more attribute would grow every protocol's __dict__
+            writer = DirectSseWriter(self, cycle)
+            cycle.scope.setdefault("extensions", {})[SSE_EXTENSION] = {"writer": writer}
+        elif method == "POST" and not cycle.more_body:
+            cycle.scope.setdefault("extensions", {})[BODY_COMPLETE_EXTENSION] = {}
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        cycle = self.cycle
+        if cycle is not None:
+            extensions: dict[str, Any] = cycle.scope.get("extensions") or {}
+            offered = extensions.get(SSE_EXTENSION)
+            writer = offered.get("writer") if isinstance(offered, dict) else None
+            if isinstance(writer, DirectSseWriter):
+                writer._connection_lost()
+
+
+def direct_http_protocol(guard: HalfOpenGuard) -> type[_GuardedH11]:
+    """uvicorn's h11 protocol bound to `guard`, with direct SSE writers (module docstring)."""
+    return type("GuardedH11Protocol", (_DirectSseH11,), {"guard": guard})
