@@ -92,8 +92,9 @@ def settle_each(batch: list[Write[_W]], outcomes: list[tuple[bool, object]]) -> 
     """Give each write of a committed batch its own outcome: `(True, result)` or
     `(False, exception)`, in the batch's order."""
     for write, (ok, value) in zip(batch, outcomes, strict=True):
-        if ok:
-            write.settle(value)
+        if ok:  # `Write.settle`, inline: once per write of every batch
+            write._result = value
+            write.done = True
         else:
             assert isinstance(value, BaseException)
             write.fail(value)
@@ -139,7 +140,8 @@ class GroupCommit(Generic[_W]):
         write takes the path of a batch."""
         self._queue: list[Write[_W]] = []
         self._writing = False
-        self._loop: asyncio.AbstractEventLoop | bool | None = False  # False: not looked up
+        self._loop: asyncio.AbstractEventLoop | None = None  # `_event_loop`
+        self._loop_known = False
         self._last_session: str | None = None
         self.stats = GroupStats()
 
@@ -170,7 +172,9 @@ class GroupCommit(Generic[_W]):
         else:
             self._writing = True
             await self._lead(item)
-        return item.outcome()
+        if item._error is not None:  # `Write.outcome`, inline
+            raise item._error
+        return item._result
 
     def _count(self, size: int, last_session: str) -> None:
         stats = self.stats
@@ -183,20 +187,17 @@ class GroupCommit(Generic[_W]):
     def _event_loop(self) -> asyncio.AbstractEventLoop | None:
         """The running asyncio loop (looked up once: each lookup is a getpid() system call on
         3.11), None elsewhere (trio)."""
-        loop = self._loop
-        if loop is False:
-            loop = None
+        if not self._loop_known:
             with contextlib.suppress(RuntimeError):
-                loop = asyncio.get_running_loop()
-            self._loop = loop
-        assert loop is not True
-        return loop
+                self._loop = asyncio.get_running_loop()
+            self._loop_known = True
+        return self._loop
 
     async def _wait(self, item: Write[_W]) -> None:
         """Wait until `item` is rung (`_ring`). On asyncio on a bare future of the loop: an
         `anyio.Event` would first look up the backend and build an `asyncio.Event` around a
         future of its own, for every follower of every batch."""
-        loop = self._event_loop()
+        loop = self._loop if self._loop_known else self._event_loop()
         if loop is None:
             event = item._woken = anyio.Event()
             await event.wait()

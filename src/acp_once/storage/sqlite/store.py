@@ -93,7 +93,7 @@ from acp_once.support.opening import AsyncClosing, Opening
 from acp_once.support.sqlite import Connection, Synchronous, prepare_file
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Awaitable, Callable, Sequence
 
 __all__ = ["BUMP_RESOLUTION", "FIND_KEY_SQL", "SqliteStore", "Synchronous"]
 
@@ -284,9 +284,9 @@ def _after_conflict(
 
 
 def _bump(cur: sqlite3.Cursor, tail: _Tail, session_id: str, now: float) -> None:
-    if tail.updated_at <= now - BUMP_RESOLUTION:
-        cur.execute(_BUMP_SESSION, (now, session_id))
-        tail.updated_at = now
+    """Store `now` as the session's `updated_at` (the caller checked `BUMP_RESOLUTION`)."""
+    cur.execute(_BUMP_SESSION, (now, session_id))
+    tail.updated_at = now
 
 
 def _find_key(cur: sqlite3.Cursor, session_id: str, key: str) -> KeyRecord | None:
@@ -331,13 +331,15 @@ def _insert_user_row(
             tail = _load_tail(conn.cur, tails, session_id)
     cur = conn.cur
     seq = tail.next_seq
+    # `_blob`, inline (the hot path)
+    payload = bytearray(update) if len(update) <= _BLOB_COPY_LIMIT else update
     try:
         if key is None:
-            cur.execute(_INSERT_USER, (session_id, seq, message_id, _blob(update)))
+            cur.execute(_INSERT_USER, (session_id, seq, message_id, payload))
         else:
-            blob_digest = None if digest is None else _blob(digest)
+            blob_digest = None if digest is None else bytearray(digest)
             cur.execute(
-                _INSERT_KEYED_USER, (session_id, seq, message_id, _blob(update), key, blob_digest)
+                _INSERT_KEYED_USER, (session_id, seq, message_id, payload, key, blob_digest)
             )
     except sqlite3.IntegrityError as exc:
         if key is not None and exc.sqlite_errorcode == sqlite3.SQLITE_CONSTRAINT_UNIQUE:
@@ -351,7 +353,8 @@ def _insert_user_row(
             )
         return _insert_user_row(conn, tails, session_id, message_id, update, key, digest, now, True)
     tail.next_seq = seq + 1
-    _bump(cur, tail, session_id, now)  # after the INSERT: a recorded key bumps nothing
+    if tail.updated_at <= now - BUMP_RESOLUTION:  # after the INSERT: a key recorded bumps nothing
+        _bump(cur, tail, session_id, now)
     return InsertOutcome(message_id, True, digest)
 
 
@@ -388,7 +391,7 @@ def _append_statement(
         else:
             shape.append(True)
             params.append(message_id)
-        params.append(_blob(update))
+        params.append(bytearray(update) if len(update) <= _BLOB_COPY_LIMIT else update)
     key = tuple(shape)
     sql = _INSERT_UPDATES.get(key)
     if sql is None:
@@ -422,7 +425,8 @@ def _append_rows(
             return db.write(conn, _append_rows, tails, session_id, entries, now)
         return _append_rows(conn, tails, session_id, entries, now, True)
     tail.next_seq = first + len(entries)
-    _bump(cur, tail, session_id, now)
+    if tail.updated_at <= now - BUMP_RESOLUTION:
+        _bump(cur, tail, session_id, now)
     return first
 
 
@@ -653,7 +657,7 @@ class SqliteStore(AsyncClosing):
         # a thread call runs or waits (queue behind it), or the database was busy
         return await self._threaded(fn if threaded is None else threaded)
 
-    async def _write(self, session_id: str, work: Callable[[Connection], _T]) -> _T:
+    def _write(self, session_id: str, work: Callable[[Connection], _T]) -> Awaitable[_T]:
         """Run `work(connection)` in a write transaction: its own, or with group commit the
         next batch's (`acp_once.storage.grouping`).
 
@@ -663,11 +667,15 @@ class SqliteStore(AsyncClosing):
         and /proc at 8 and 20 busy sessions), else in the worker thread, which waits for the
         lock while the writes that arrive queue for the next batch. `work` must write nothing
         when it raises a `StorageError` (it then answers its caller alone).
+
+        Not a coroutine itself: it hands back the one its caller awaits (one frame fewer to
+        suspend and resume per write).
         """
-        if self._group is None:
-            return await self._write_alone(work)
-        result: _T = await self._group.submit(session_id, work)
-        return result
+        group = self._group
+        if group is None:
+            return self._write_alone(work)
+        written: Awaitable[_T] = group.submit(session_id, work)
+        return written
 
     async def _write_alone(self, work: Callable[[Connection], _T]) -> _T:
         # Inline, `work` runs in autocommit mode: its one INSERT is its own transaction (two
