@@ -20,11 +20,17 @@ Concurrency and durability:
 * Every call runs in a worker thread through `anyio.to_thread.run_sync` with a
   `CapacityLimiter(1)` owned by the store, so calls on one store are serialised on its one
   connection (opened with `check_same_thread=False` for exactly this reason).
-* Writes are `BEGIN IMMEDIATE ... COMMIT` transactions: the write lock is taken up front, so
-  the key lookup and the insert cannot interleave with another writer, even one in another
-  process using the same file (the agent restarted while a test counts messages, or two
-  stores on one file). `busy_timeout` (5000 ms by default) makes the second writer wait
-  instead of failing with "database is locked" (the LangGraph #8136 lesson).
+* A user message or a set of retained updates is one INSERT statement at the session's next
+  `seq`, which the store remembers between writes (`_Tail`; read on the session's first
+  write, and again when an INSERT meets a primary key taken by another writer on the file):
+  the key and its message are one row of that statement, and a turn's final update and end
+  record two rows of one. Inline, on a free database, a lone write is that statement alone
+  in autocommit mode (its own transaction). Every other write is a `BEGIN IMMEDIATE ...
+  COMMIT` transaction: the write lock is taken up front, so what it reads cannot change
+  before it writes, even from another process using the same file (the agent restarted
+  while a test counts messages, or two stores on one file). `busy_timeout` (5000 ms by
+  default) makes the second writer wait instead of failing with "database is locked" (the
+  LangGraph #8136 lesson).
 * Group commit (`group_commit=True`, the default; `acp_once.storage.grouping`): user
   messages and retained updates go through one queue with one writer. A lone write is
   written at once, as above. Writes of several sessions that queue together (while the
