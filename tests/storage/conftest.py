@@ -137,3 +137,43 @@ def store_factory(request: pytest.FixtureRequest, tmp_path: Path) -> StoreFactor
         return _opened(SqliteStore.open(path, group_commit=group_commit), batched)
 
     return open_sqlite
+
+
+DURABLE_KINDS = [kind for kind in STORE_KINDS if kind != "memory"]
+"""The store configurations of `STORE_KINDS` whose storage outlives a store."""
+
+
+@pytest.fixture(params=DURABLE_KINDS)
+def new_storage(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[], StoreFactory]:
+    """Hands out shared-storage factories (`acp_once.storage.contract.DURABLE_CHECKS`): each
+    on fresh storage (a new file or a new schema), every store it opens on that one."""
+    kind: str = request.param
+    backend, _, variant = kind.partition("-")
+    group_commit = variant != "single"
+    batched = variant == "batched"
+    counter = itertools.count()
+    if backend == "postgres":
+        dsn: str = request.getfixturevalue("postgres_dsn")
+        new_schema: Callable[[], str] = request.getfixturevalue("new_schema")
+
+        def postgres_storage() -> StoreFactory:
+            schema = new_schema()
+
+            def open_postgres() -> AbstractAsyncContextManager[SessionStore]:
+                return _opened(
+                    PostgresStore.open(dsn, schema=schema, group_commit=group_commit), batched
+                )
+
+            return open_postgres
+
+        return postgres_storage
+
+    def sqlite_storage() -> StoreFactory:
+        path = tmp_path / f"shared-{next(counter)}.db"
+
+        def open_sqlite() -> AbstractAsyncContextManager[SessionStore]:
+            return _opened(SqliteStore.open(path, group_commit=group_commit), batched)
+
+        return open_sqlite
+
+    return sqlite_storage

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -40,12 +40,15 @@ def stall_before_commit() -> None:
     calls = 0
 
     def stalling(
-        conn: Connection, works: Sequence[Callable[[Connection], object]], path: str
+        conn: Connection,
+        works: Sequence[Callable[[Connection], object]],
+        path: str,
+        tails: Any,  # the store's remembered session tails
     ) -> list[tuple[bool, object]]:
         nonlocal calls
         calls += 1
         if calls != STALL_AT:
-            return write_together(conn, works, path)
+            return write_together(conn, works, path, tails)
         *first, last = works
 
         def last_then_stall(conn: Connection) -> object:
@@ -54,7 +57,7 @@ def stall_before_commit() -> None:
             threading.Event().wait()  # until SIGKILL: the COMMIT is never sent
             return result
 
-        return write_together(conn, [*first, last_then_stall], path)
+        return write_together(conn, [*first, last_then_stall], path, tails)
 
     sqlite_store._write_together = stalling
 

@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pytest
 
 from acp_once.storage import MemoryStore, SessionStore, SqliteStore
-from acp_once.storage.contract import CHECKS, Check, StoreFactory, run_contract
+from acp_once.storage.contract import (
+    CHECKS,
+    DURABLE_CHECKS,
+    Check,
+    StoreFactory,
+    run_contract,
+    run_durable_contract,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 
 @pytest.mark.anyio
@@ -17,6 +29,19 @@ async def test_contract(check: Check, store_factory: StoreFactory) -> None:
 @pytest.mark.anyio
 async def test_run_contract_reports_no_failures(store_factory: StoreFactory) -> None:
     assert await run_contract(store_factory) == []
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("check", DURABLE_CHECKS, ids=lambda check: check.__name__)
+async def test_durable_contract(check: Check, new_storage: Callable[[], StoreFactory]) -> None:
+    await check(new_storage())
+
+
+@pytest.mark.anyio
+async def test_run_durable_contract_reports_no_failures(
+    new_storage: Callable[[], StoreFactory],
+) -> None:
+    assert await run_durable_contract(new_storage) == []
 
 
 class _ForgetfulStore(MemoryStore):

@@ -14,6 +14,11 @@ With pytest (see tests/storage/test_contract.py)::
 
 Without pytest: `failures = await run_contract(factory)`; an empty list means it passed.
 
+A durable backend also runs `DURABLE_CHECKS` with a *shared-storage factory*: each call opens a
+store on one and the same storage (empty at the first call), so that a check can close a store
+and open the storage again, or hold two stores on it at once (two processes on one file, two
+nodes on one database). `run_durable_contract(new_storage)` runs them without pytest.
+
 The checks assume that the store's clock is the real time (stores bump `updated_at` to "now"
 on timeline writes); the records they create use small `updated_at` values.
 """
@@ -46,7 +51,15 @@ from acp_once.storage.base import (
 )
 from acp_once.support.contract import ContractViolation, equal, expect, raises, run_checks
 
-__all__ = ["CHECKS", "Check", "ContractViolation", "StoreFactory", "run_contract"]
+__all__ = [
+    "CHECKS",
+    "DURABLE_CHECKS",
+    "Check",
+    "ContractViolation",
+    "StoreFactory",
+    "run_contract",
+    "run_durable_contract",
+]
 
 StoreFactory: TypeAlias = Callable[[], AbstractAsyncContextManager[SessionStore]]
 """Opens a store on fresh, empty storage for the duration of an `async with` block."""
@@ -748,6 +761,106 @@ async def check_timeline_tail(factory: StoreFactory) -> None:
         expect(tail[-1].update == b'{"n":4}', "tail keeps the payload")
         whole = await store.read_timeline_tail("s", limit=50)
         expect([e.seq for e in whole] == seqs, "a long limit returns the whole timeline")
+
+
+# -- durable storage (a shared-storage factory: every store on one and the same storage) ------
+
+
+def _in_order(entries: list[TimelineEntry], what: str) -> None:
+    seqs = [e.seq for e in entries]
+    expect(all(a < b for a, b in itertools.pairwise(seqs)), f"{what}: seqs {seqs} increase")
+
+
+async def check_timeline_continues_after_reopen(factory: StoreFactory) -> None:
+    """A store opened again on the same storage continues each timeline after its last entry
+    (a restart never reuses a `seq` or reorders history) and still knows the keys."""
+    async with factory() as store:
+        await store.create_session(_session("s"))
+        await _insert(store, "s", "u1", "k1", b"d1")
+        await store.append_update("s", _agent_update("a1", "one"), message_id="a1")
+        appends = getattr(store, "append_updates", None)
+        if appends is not None:
+            await appends("s", [(_agent_update("a2", "two"), "a2"), (b'{"end":1}', None)])
+        before = await store.read_timeline("s")
+    async with factory() as store:
+        equal(await store.read_timeline("s"), before, "the timeline as it was stored")
+        equal(await store.find_key("s", "k1"), KeyRecord("u1", b"d1"), "the key after reopening")
+        retry = await _insert(store, "s", "u1-again", "k1", b"d1")
+        equal(retry, InsertOutcome("u1", False, b"d1"), "a retry after reopening")
+        await _insert(store, "s", "u2", "k2")
+        seq = await store.append_update("s", b'{"after":1}')
+        after = await store.read_timeline("s")
+        equal(after[: len(before)], before, "earlier entries unchanged")
+        equal(
+            [e.message_id for e in after[len(before) :]],
+            ["u2", None],
+            "the new entries follow the old ones",
+        )
+        equal(after[-1].seq, seq, "the seq append_update returned")
+        _in_order(after, "after reopening")
+
+
+async def check_second_writer_on_one_session(factory: StoreFactory) -> None:
+    """Two stores open on one storage write to one session in turn (two processes on one
+    file): every write lands after the other's, whatever either remembered of the session;
+    no `seq` is used twice, and a key recorded through one is recorded for the other."""
+    async with factory() as first, factory() as second:
+        await first.create_session(_session("s"))
+        await _insert(first, "s", "u1", "k1")
+        await _insert(second, "s", "u2", "k2")
+        one = await first.append_update("s", b'{"n":1}')  # after the other store's write
+        appends = getattr(second, "append_updates", None)
+        if appends is not None:
+            await appends("s", [(b'{"n":2}', None), (_agent_update("a3", "three"), "a3")])
+        else:
+            await second.append_update("s", b'{"n":2}')
+            await second.append_update("s", _agent_update("a3", "three"), message_id="a3")
+        retry = await _insert(second, "s", "u1-again", "k1")
+        equal(retry, InsertOutcome("u1", False, None), "a key recorded through the other store")
+        await _insert(first, "s", "u4", None)
+        timeline = await second.read_timeline("s")
+        equal(await first.read_timeline("s"), timeline, "both stores read one timeline")
+        equal(
+            [e.message_id for e in timeline],
+            ["u1", "u2", None, None, "a3", "u4"],
+            "every write, in the order written",
+        )
+        equal(timeline[2].seq, one, "the seq append_update returned")
+        _in_order(timeline, "two writers")
+        equal(await first.count_user_messages("s"), 3, "user messages")
+
+
+async def check_session_deleted_by_another_store(factory: StoreFactory) -> None:
+    """A session deleted through one store is gone for another that wrote to it: its writes
+    raise SessionMissing and write nothing."""
+    async with factory() as first, factory() as second:
+        await first.create_session(_session("s"))
+        await _insert(first, "s", "u1", "k1")
+        await first.append_update("s", b"{}")
+        expect(await second.delete_session("s"), "deleted through the other store")
+        await raises(SessionMissing, _insert(first, "s", "u2", "k2"), "insert after the delete")
+        await raises(SessionMissing, first.append_update("s", b"{}"), "append after the delete")
+        equal(await first.get_session("s"), None, "no session appears")
+        equal(await second.read_timeline("s"), [], "nothing written")
+
+
+DURABLE_CHECKS: Final[tuple[Check, ...]] = (
+    check_timeline_continues_after_reopen,
+    check_second_writer_on_one_session,
+    check_session_deleted_by_another_store,
+)
+"""The checks of a durable backend, each taking a shared-storage factory (module docstring)."""
+
+
+async def run_durable_contract(
+    new_storage: Callable[[], StoreFactory],
+) -> list[tuple[str, Exception]]:
+    """Run every durable check, each with a shared-storage factory of its own from
+    `new_storage()` (fresh, empty storage); return the failures (name, error)."""
+    failures: list[tuple[str, Exception]] = []
+    for check in DURABLE_CHECKS:
+        failures += await run_checks((check,), new_storage())
+    return failures
 
 
 CHECKS: Final[tuple[Check, ...]] = (

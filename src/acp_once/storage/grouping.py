@@ -26,6 +26,8 @@ the PostgreSQL store's insert timeout), so these waits are bounded.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import anyio
@@ -45,7 +47,17 @@ class Write(Generic[_W]):
     """One queued write: the session it writes to, the store's own description of the work
     (`work`), and, once written, its outcome."""
 
-    __slots__ = ("_error", "_result", "_woken", "done", "lead", "session_id", "taken", "work")
+    __slots__ = (
+        "_error",
+        "_result",
+        "_woken",
+        "done",
+        "lead",
+        "rung",
+        "session_id",
+        "taken",
+        "work",
+    )
 
     def __init__(self, session_id: str, work: _W) -> None:
         self.session_id = session_id
@@ -53,9 +65,11 @@ class Write(Generic[_W]):
         self.taken = False  # in a batch being written: no longer withdrawable
         self.lead = False  # asked to write the next batch
         self.done = False
+        self.rung = False  # woken: its batch is written, or it is to write the next one
         self._result: Any = None
         self._error: BaseException | None = None
-        self._woken: anyio.Event | None = None
+        # what its caller waits on: a bare future of the loop on asyncio (`_follow`)
+        self._woken: asyncio.Future[None] | anyio.Event | None = None
 
     def settle(self, result: object) -> None:
         """Record the result of a write that is committed (or that rightly wrote nothing)."""
@@ -78,8 +92,9 @@ def settle_each(batch: list[Write[_W]], outcomes: list[tuple[bool, object]]) -> 
     """Give each write of a committed batch its own outcome: `(True, result)` or
     `(False, exception)`, in the batch's order."""
     for write, (ok, value) in zip(batch, outcomes, strict=True):
-        if ok:
-            write.settle(value)
+        if ok:  # `Write.settle`, inline: once per write of every batch
+            write._result = value
+            write.done = True
         else:
             assert isinstance(value, BaseException)
             write.fail(value)
@@ -125,6 +140,8 @@ class GroupCommit(Generic[_W]):
         write takes the path of a batch."""
         self._queue: list[Write[_W]] = []
         self._writing = False
+        self._loop: asyncio.AbstractEventLoop | None = None  # `_event_loop`
+        self._loop_known = False
         self._last_session: str | None = None
         self.stats = GroupStats()
 
@@ -155,7 +172,9 @@ class GroupCommit(Generic[_W]):
         else:
             self._writing = True
             await self._lead(item)
-        return item.outcome()
+        if item._error is not None:  # `Write.outcome`, inline
+            raise item._error
+        return item._result
 
     def _count(self, size: int, last_session: str) -> None:
         stats = self.stats
@@ -165,15 +184,36 @@ class GroupCommit(Generic[_W]):
             stats.largest = size
         self._last_session = last_session
 
+    def _event_loop(self) -> asyncio.AbstractEventLoop | None:
+        """The running asyncio loop (looked up once: each lookup is a getpid() system call on
+        3.11), None elsewhere (trio)."""
+        if not self._loop_known:
+            with contextlib.suppress(RuntimeError):
+                self._loop = asyncio.get_running_loop()
+            self._loop_known = True
+        return self._loop
+
+    async def _wait(self, item: Write[_W]) -> None:
+        """Wait until `item` is rung (`_ring`). On asyncio on a bare future of the loop: an
+        `anyio.Event` would first look up the backend and build an `asyncio.Event` around a
+        future of its own, for every follower of every batch."""
+        loop = self._loop if self._loop_known else self._event_loop()
+        if loop is None:
+            event = item._woken = anyio.Event()
+            await event.wait()
+        else:
+            future = item._woken = loop.create_future()
+            await future
+
     async def _follow(self, item: Write[_W]) -> None:
-        woken = item._woken = anyio.Event()
         try:
-            await woken.wait()
+            await self._wait(item)
         except BaseException:
             if item.taken:
                 # Its batch is being written: learn the outcome first (bounded by the batch).
                 with anyio.CancelScope(shield=True):
-                    await woken.wait()
+                    while not item.rung:
+                        await self._wait(item)
                 return
             self._queue.remove(item)  # withdrawn: nothing of it was written
             if item.lead:
@@ -216,8 +256,7 @@ class GroupCommit(Generic[_W]):
             _fail_unsettled(batch, StorageError("the store left a write unsettled"))
             self._count(len(batch), batch[-1].session_id)
             for write in batch:
-                if write._woken is not None:
-                    write._woken.set()
+                _ring(write)
             self._hand_over()
 
     def _hand_over(self) -> None:
@@ -225,9 +264,22 @@ class GroupCommit(Generic[_W]):
             first = self._queue[0]
             first.lead = True
             assert first._woken is not None  # every queued item but a writer's own follows
-            first._woken.set()
+            _ring(first)
         else:
             self._writing = False
+
+
+def _ring(write: Write[_W]) -> None:
+    """Wake the caller of `write` if it waits (`GroupCommit._wait`)."""
+    write.rung = True
+    woken = write._woken
+    if woken is None:
+        return
+    if isinstance(woken, asyncio.Future):
+        if not woken.done():  # not cancelled meanwhile (its caller then sees `rung`)
+            woken.set_result(None)
+    else:
+        woken.set()
 
 
 def _fail_unsettled(batch: list[Write[_W]], error: BaseException) -> None:

@@ -20,11 +20,17 @@ Concurrency and durability:
 * Every call runs in a worker thread through `anyio.to_thread.run_sync` with a
   `CapacityLimiter(1)` owned by the store, so calls on one store are serialised on its one
   connection (opened with `check_same_thread=False` for exactly this reason).
-* Writes are `BEGIN IMMEDIATE ... COMMIT` transactions: the write lock is taken up front, so
-  the key lookup and the insert cannot interleave with another writer, even one in another
-  process using the same file (the agent restarted while a test counts messages, or two
-  stores on one file). `busy_timeout` (5000 ms by default) makes the second writer wait
-  instead of failing with "database is locked" (the LangGraph #8136 lesson).
+* A user message or a set of retained updates is one INSERT statement at the session's next
+  `seq`, which the store remembers between writes (`_Tail`; read on the session's first
+  write, and again when an INSERT meets a primary key taken by another writer on the file):
+  the key and its message are one row of that statement, and a turn's final update and end
+  record two rows of one. Inline, on a free database, a lone write is that statement alone
+  in autocommit mode (its own transaction). Every other write is a `BEGIN IMMEDIATE ...
+  COMMIT` transaction: the write lock is taken up front, so what it reads cannot change
+  before it writes, even from another process using the same file (the agent restarted
+  while a test counts messages, or two stores on one file). `busy_timeout` (5000 ms by
+  default) makes the second writer wait instead of failing with "database is locked" (the
+  LangGraph #8136 lesson).
 * Group commit (`group_commit=True`, the default; `acp_once.storage.grouping`): user
   messages and retained updates go through one queue with one writer. A lone write is
   written at once, as above. Writes of several sessions that queue together (while the
@@ -93,7 +99,7 @@ from acp_once.support.opening import AsyncClosing, Opening
 from acp_once.support.sqlite import Connection, Synchronous, prepare_file
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Awaitable, Callable, Sequence
 
 __all__ = ["BUMP_RESOLUTION", "FIND_KEY_SQL", "SqliteStore", "Synchronous"]
 
@@ -116,11 +122,15 @@ _AFTER_CURSOR: Final = "(updated_at < ? OR (updated_at = ? AND session_id > ?))"
 # stay clean (3 of the ~5 pages a turn's transaction would write), and nothing visible changes,
 # as `session/list` shows `updatedAt` in whole seconds.
 BUMP_RESOLUTION: Final = 1.0
-"""Seconds within which a write leaves `updated_at` as it is (see `_touch`)."""
-_BUMP_SESSION: Final = "UPDATE sessions SET updated_at = ? WHERE session_id = ?"
+"""Seconds within which a write leaves `updated_at` as it is (see `_bump`)."""
+# Never moves `updated_at` back: another connection (or a clock that went back) may have
+# stored a later one than the store remembers.
+_BUMP_SESSION: Final = (
+    "UPDATE sessions SET updated_at = ?1 WHERE session_id = ?2 AND updated_at < ?1"
+)
 # The session's `updated_at` and its next `seq` in one statement (no row: no such session):
-# with the bump decided in Python from it, a write runs one statement before its INSERTs where
-# it ran three (a bump that matched no row, a check that the session exists, the next seq).
+# what the store remembers of a session it writes to (`_Tail`), read on its first write and
+# after a conflict.
 _SESSION_FOR_WRITE: Final = (
     "SELECT updated_at,"
     " (SELECT COALESCE(MAX(seq), 0) + 1 FROM timeline WHERE session_id = ?1)"
@@ -146,6 +156,8 @@ _INSERT_UPDATE: Final = (
     "INSERT INTO timeline (session_id, seq, message_id, payload) VALUES (?, ?, ?, ?)"
 )
 _INSERT_ANONYMOUS_UPDATE: Final = "INSERT INTO timeline (session_id, seq, payload) VALUES (?, ?, ?)"
+_INSERT_UPDATES: dict[tuple[bool, ...], str] = {}
+"""Multi-row INSERTs of retained updates, by which rows have a message id (`_append_sql`)."""
 _BLOB_COPY_LIMIT: Final = 4096
 
 
@@ -211,19 +223,76 @@ def _insert_session(conn: Connection, record: SessionRecord) -> None:
         raise SessionExists(record.session_id) from None
 
 
-def _touch(cur: sqlite3.Cursor, session_id: str, now: float) -> int:
-    """Bump `updated_at` (unless it is within `BUMP_RESOLUTION` of `now`) and return the next
-    `seq` of the session (inside a write).
+class _Tail:
+    """What the store remembers of a session it writes to: the `seq` of its next entry and
+    the `updated_at` it last stored (or read).
+
+    Kept so that a write is one INSERT, with no SELECT before it. Read from the file on the
+    session's first write (`_SESSION_FOR_WRITE`), and again whenever an INSERT fails: a second
+    writer on the file (another process, another store) that appended meanwhile makes the
+    remembered `seq` stale, and the INSERT then hits the primary key (seqs of a session have no
+    gaps, so the stale one is always taken), writes nothing, and runs again with the `seq` read
+    in a write transaction. A remembered `seq` is never ahead of the file: each write advances
+    it only after its INSERT succeeded, and every path that rolls back forgets all of them
+    (`SqliteStore._forget_tails`). One case is not detected: a session deleted and created
+    again under the same id by another connection (session ids are random, so the runtime
+    never does this).
+    """
+
+    __slots__ = ("next_seq", "updated_at")
+
+    def __init__(self, next_seq: int, updated_at: float) -> None:
+        self.next_seq = next_seq
+        self.updated_at = updated_at
+
+
+_Tails = dict[str, _Tail]
+_TAILS_KEPT: Final = 65_536
+"""Sessions remembered at most: beyond, all are forgotten (each costs one SELECT again)."""
+
+
+def _load_tail(cur: sqlite3.Cursor, tails: _Tails, session_id: str) -> _Tail:
+    """Read what `_Tail` remembers of a session (inside a write transaction).
 
     Raises:
         SessionMissing: no such session.
     """
     row: tuple[float, int] | None = cur.execute(_SESSION_FOR_WRITE, (session_id,)).fetchone()
     if row is None:
+        tails.pop(session_id, None)
         raise SessionMissing(session_id)
-    if row[0] <= now - BUMP_RESOLUTION:
-        cur.execute(_BUMP_SESSION, (now, session_id))
-    return row[1]
+    if len(tails) >= _TAILS_KEPT:
+        tails.clear()
+    tail = tails[session_id] = _Tail(row[1], row[0])
+    return tail
+
+
+def _after_conflict(
+    cur: sqlite3.Cursor, tails: _Tails, session_id: str, exc: sqlite3.IntegrityError, fresh: bool
+) -> None:
+    """Return when the failed INSERT (which wrote nothing) met a stale `_Tail` and should
+    run again with the `seq` read in a write transaction; raise otherwise.
+
+    Raises:
+        SessionMissing: the session does not exist (the foreign key failed).
+        sqlite3.IntegrityError: `exc`, any other failure.
+    """
+    tails.pop(session_id, None)
+    code = exc.sqlite_errorcode
+    if code == sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY and not fresh:
+        return
+    if (
+        code == sqlite3.SQLITE_CONSTRAINT_FOREIGNKEY
+        and cur.execute(_SESSION_EXISTS, (session_id,)).fetchone() is None
+    ):
+        raise SessionMissing(session_id) from None
+    raise exc
+
+
+def _bump(cur: sqlite3.Cursor, tail: _Tail, session_id: str, now: float) -> None:
+    """Store `now` as the session's `updated_at` (the caller checked `BUMP_RESOLUTION`)."""
+    cur.execute(_BUMP_SESSION, (now, session_id))
+    tail.updated_at = now
 
 
 def _find_key(cur: sqlite3.Cursor, session_id: str, key: str) -> KeyRecord | None:
@@ -237,43 +306,134 @@ def _find_key_call(conn: Connection, session_id: str, key: str) -> KeyRecord | N
 
 def _insert_user_row(
     conn: Connection,
+    tails: _Tails,
     session_id: str,
     message_id: str,
     update: bytes,
     key: str | None,
     digest: bytes | None,
     now: float,
+    fresh: bool = False,
 ) -> InsertOutcome:
-    """Insert a user message inside a write transaction (alone, or one of a batch): next
-    seq, the row with its key, then the bump.
+    """Insert a user message with its key: one INSERT at the session's remembered next `seq`
+    (`_Tail`), in a transaction of a batch, or alone (in autocommit mode on the inline
+    connection: the statement is its own transaction). A write that needs more statements
+    (the session's first write here, a bump of `updated_at`, a stale `seq`) runs in a write
+    transaction of its own when it is not in one.
 
     A recorded key is found by the unique index itself (no lookup first): the INSERT fails
     before writing anything (SQLite undoes the failed statement alone) and the recorded row
-    is read in the same transaction. Nothing else has been written by then, so a retry
-    writes nothing (not even `updated_at`), and the transaction, which may hold other
-    writes of a batch, goes on. `SessionMissing` is also raised before any write.
+    is read. Nothing has been written then, so a retry writes nothing (not even `updated_at`),
+    and a transaction, which may hold other writes of a batch, goes on. `SessionMissing` is
+    also raised before any write.
     """
-    cur = conn.cur
-    row: tuple[float, int] | None = cur.execute(_SESSION_FOR_WRITE, (session_id,)).fetchone()
-    if row is None:
-        raise SessionMissing(session_id)
-    if key is None:
-        cur.execute(_INSERT_USER, (session_id, row[1], message_id, _blob(update)))
-    else:
-        try:
-            blob_digest = None if digest is None else _blob(digest)
-            cur.execute(
-                _INSERT_KEYED_USER,
-                (session_id, row[1], message_id, _blob(update), key, blob_digest),
+    tail = tails.get(session_id)
+    if tail is None or tail.updated_at <= now - BUMP_RESOLUTION:
+        if not conn.in_transaction:
+            return db.write(
+                conn, _insert_user_row, tails, session_id, message_id, update, key, digest, now
             )
-        except sqlite3.IntegrityError:
+        if tail is None:
+            tail = _load_tail(conn.cur, tails, session_id)
+    cur = conn.cur
+    seq = tail.next_seq
+    # `_blob`, inline (the hot path)
+    payload = bytearray(update) if len(update) <= _BLOB_COPY_LIMIT else update
+    try:
+        if key is None:
+            cur.execute(_INSERT_USER, (session_id, seq, message_id, payload))
+        else:
+            blob_digest = None if digest is None else bytearray(digest)
+            cur.execute(
+                _INSERT_KEYED_USER, (session_id, seq, message_id, payload, key, blob_digest)
+            )
+    except sqlite3.IntegrityError as exc:
+        if key is not None and exc.sqlite_errorcode == sqlite3.SQLITE_CONSTRAINT_UNIQUE:
             recorded = _find_key(cur, session_id, key)
-            if recorded is None:
-                raise  # not the key's index: a real failure
-            return InsertOutcome(recorded.message_id, False, recorded.prompt_digest)
-    if row[0] <= now - BUMP_RESOLUTION:  # after the INSERT: a recorded key bumps nothing
-        cur.execute(_BUMP_SESSION, (now, session_id))
+            if recorded is not None:
+                return InsertOutcome(recorded.message_id, False, recorded.prompt_digest)
+        _after_conflict(cur, tails, session_id, exc, fresh)
+        if not conn.in_transaction:
+            return db.write(
+                conn, _insert_user_row, tails, session_id, message_id, update, key, digest, now
+            )
+        return _insert_user_row(conn, tails, session_id, message_id, update, key, digest, now, True)
+    tail.next_seq = seq + 1
+    if tail.updated_at <= now - BUMP_RESOLUTION:  # after the INSERT: a key recorded bumps nothing
+        _bump(cur, tail, session_id, now)
     return InsertOutcome(message_id, True, digest)
+
+
+def _append_sql(shape: tuple[bool, ...]) -> str:
+    """One INSERT of len(shape) retained updates at seqs ?2, ?2 + 1, ... of session ?1; each
+    row takes its message id (when `shape` says it has one) and its payload, in order."""
+    rows: list[str] = []
+    n = 2
+    for i, named in enumerate(shape):
+        seq = "?2" if i == 0 else f"?2 + {i}"
+        if named:
+            rows.append(f"(?1, {seq}, ?{n + 1}, ?{n + 2})")
+            n += 2
+        else:
+            rows.append(f"(?1, {seq}, NULL, ?{n + 1})")
+            n += 1
+    return "INSERT INTO timeline (session_id, seq, message_id, payload) VALUES " + ", ".join(rows)
+
+
+def _append_statement(
+    session_id: str, first: int, entries: Sequence[tuple[bytes, str | None]]
+) -> tuple[str, tuple[object, ...]]:
+    """The one INSERT that appends `entries` from seq `first`, with its parameters."""
+    if len(entries) == 1:
+        update, message_id = entries[0]
+        if message_id is None:
+            return _INSERT_ANONYMOUS_UPDATE, (session_id, first, _blob(update))
+        return _INSERT_UPDATE, (session_id, first, message_id, _blob(update))
+    params: list[object] = [session_id, first]
+    shape: list[bool] = []
+    for update, message_id in entries:
+        if message_id is None:
+            shape.append(False)
+        else:
+            shape.append(True)
+            params.append(message_id)
+        params.append(bytearray(update) if len(update) <= _BLOB_COPY_LIMIT else update)
+    key = tuple(shape)
+    sql = _INSERT_UPDATES.get(key)
+    if sql is None:
+        sql = _INSERT_UPDATES[key] = _append_sql(key)
+    return sql, tuple(params)
+
+
+def _append_rows(
+    conn: Connection,
+    tails: _Tails,
+    session_id: str,
+    entries: Sequence[tuple[bytes, str | None]],
+    now: float,
+    fresh: bool = False,
+) -> int:
+    """Append `entries` in one INSERT (its own transaction or a batch's, as
+    `_insert_user_row` writes); return the seq of the first."""
+    tail = tails.get(session_id)
+    if tail is None or tail.updated_at <= now - BUMP_RESOLUTION:
+        if not conn.in_transaction:
+            return db.write(conn, _append_rows, tails, session_id, entries, now)
+        if tail is None:
+            tail = _load_tail(conn.cur, tails, session_id)
+    cur = conn.cur
+    first = tail.next_seq
+    try:
+        cur.execute(*_append_statement(session_id, first, entries))
+    except sqlite3.IntegrityError as exc:
+        _after_conflict(cur, tails, session_id, exc, fresh)
+        if not conn.in_transaction:
+            return db.write(conn, _append_rows, tails, session_id, entries, now)
+        return _append_rows(conn, tails, session_id, entries, now, True)
+    tail.next_seq = first + len(entries)
+    if tail.updated_at <= now - BUMP_RESOLUTION:
+        _bump(cur, tail, session_id, now)
+    return first
 
 
 _Outcome = tuple[bool, object]
@@ -281,15 +441,19 @@ _Outcome = tuple[bool, object]
 
 
 def _write_together(
-    conn: Connection, works: Sequence[Callable[[Connection], object]], path: str
+    conn: Connection,
+    works: Sequence[Callable[[Connection], object]],
+    path: str,
+    tails: _Tails,
 ) -> list[_Outcome]:
     """Write a batch in one `BEGIN IMMEDIATE` transaction (in the worker thread); return each
     write's outcome, in order.
 
     A write that raises a `StorageError` (`SessionMissing`) has written nothing (see
     `_insert_user_row`, `_append_rows`): that is its answer, and the others go on. A SQLite
-    error inside a write leaves the transaction in doubt: it is rolled back and each write
-    runs alone, so only the one at fault fails. A failure to begin or to commit fails all.
+    error inside a write leaves the transaction in doubt: it is rolled back (and `tails`, which
+    the rolled-back writes advanced, forgotten) and each write runs alone, so only the one at
+    fault fails. A failure to begin or to commit fails all.
     """
     cur = conn.cur
     cur.execute("BEGIN IMMEDIATE")
@@ -301,14 +465,17 @@ def _write_together(
             except StorageError as exc:
                 outcomes.append((False, exc))
     except sqlite3.Error:
+        tails.clear()
         cur.execute("ROLLBACK")
     except BaseException:
+        tails.clear()
         cur.execute("ROLLBACK")
         raise
     else:
         try:
             cur.execute("COMMIT")
         except BaseException:
+            tails.clear()
             if conn.in_transaction:
                 cur.execute("ROLLBACK")
             raise
@@ -320,27 +487,9 @@ def _write_together(
         except StorageError as exc:
             outcomes.append((False, exc))
         except sqlite3.Error as exc:
+            tails.clear()
             outcomes.append((False, StorageError(f"{path}: {exc}")))
     return outcomes
-
-
-def _append_rows(
-    conn: Connection,
-    session_id: str,
-    entries: Sequence[tuple[bytes, str | None]],
-    now: float,
-) -> int:
-    """Append `entries`, the body of a `_write` transaction; return the seq of the first."""
-    cur = conn.cur
-    first = _touch(cur, session_id, now)
-    seq = first
-    for update, message_id in entries:
-        if message_id is None:
-            cur.execute(_INSERT_ANONYMOUS_UPDATE, (session_id, seq, _blob(update)))
-        else:
-            cur.execute(_INSERT_UPDATE, (session_id, seq, message_id, _blob(update)))
-        seq += 1
-    return first
 
 
 class SqliteStore(AsyncClosing):
@@ -369,6 +518,8 @@ class SqliteStore(AsyncClosing):
         self._limiter = limiter
         self._path = path
         self._clock = clock
+        self._tails: _Tails = {}
+        """What the store remembers of each session it writes to (`_Tail`)."""
 
     @classmethod
     def open(
@@ -453,9 +604,16 @@ class SqliteStore(AsyncClosing):
         state = "closed" if self._conn is None else "open"
         return f"<SqliteStore {self._path!r} {state}>"
 
-    async def _call(self, fn: Callable[[Connection], _T], *, inline: bool = False) -> _T:
+    async def _call(
+        self,
+        fn: Callable[[Connection], _T],
+        *,
+        inline: bool = False,
+        threaded: Callable[[Connection], _T] | None = None,
+    ) -> _T:
         """Run `fn(connection)` one call at a time: inline when it is small and the database
-        is free, otherwise in the store's worker thread.
+        is free, otherwise in the store's worker thread (`threaded(connection)` there, when
+        given: a lone write runs in autocommit mode inline, in a transaction in the thread).
 
         Inline (the hot path: key lookups, inserts, appends): a thread hop costs more than such
         a call (~120 us against ~20-60 us in WAL mode), so it runs on the event loop with a
@@ -503,9 +661,9 @@ class SqliteStore(AsyncClosing):
                     checkpointer.poke(self._fast_calls)
                 return result  # type: ignore[return-value]
         # a thread call runs or waits (queue behind it), or the database was busy
-        return await self._threaded(fn)
+        return await self._threaded(fn if threaded is None else threaded)
 
-    async def _write(self, session_id: str, work: Callable[[Connection], _T]) -> _T:
+    def _write(self, session_id: str, work: Callable[[Connection], _T]) -> Awaitable[_T]:
         """Run `work(connection)` in a write transaction: its own, or with group commit the
         next batch's (`acp_once.storage.grouping`).
 
@@ -515,18 +673,29 @@ class SqliteStore(AsyncClosing):
         and /proc at 8 and 20 busy sessions), else in the worker thread, which waits for the
         lock while the writes that arrive queue for the next batch. `work` must write nothing
         when it raises a `StorageError` (it then answers its caller alone).
+
+        Not a coroutine itself: it hands back the one its caller awaits (one frame fewer to
+        suspend and resume per write).
         """
-        if self._group is None:
-            return await self._write_alone(work)
-        result: _T = await self._group.submit(session_id, work)
-        return result
+        group = self._group
+        if group is None:
+            return self._write_alone(work)
+        written: Awaitable[_T] = group.submit(session_id, work)
+        return written
 
     async def _write_alone(self, work: Callable[[Connection], _T]) -> _T:
-        return await self._call(functools.partial(db.write, work=work), inline=True)
+        # Inline, `work` runs in autocommit mode: its one INSERT is its own transaction (two
+        # statements fewer than BEGIN IMMEDIATE ... COMMIT), and a write of several statements
+        # opens its own (`_insert_user_row`). In the thread, which may wait for the lock, the
+        # transaction is taken first: in WAL mode a write that found another commit after
+        # it started reading fails at once instead of waiting (SQLITE_BUSY_SNAPSHOT).
+        return await self._call(work, inline=True, threaded=functools.partial(db.write, work=work))
 
     async def _write_batch(self, batch: list[Write[Callable[[Connection], object]]]) -> None:
         works = [write.work for write in batch]
-        together = functools.partial(_write_together, works=works, path=self._path)
+        together = functools.partial(
+            _write_together, works=works, path=self._path, tails=self._tails
+        )
         outcomes = await self._call(together, inline=True)
         settle_each(batch, outcomes)
 
@@ -551,11 +720,14 @@ class SqliteStore(AsyncClosing):
             raise StorageError("the store is closed")
         try:
             return True, fn(fast)
-        except sqlite3.OperationalError as exc:
-            if exc.sqlite_errorcode & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
-                return False, None  # nothing was written: retry in the thread, which may wait
-            raise StorageError(f"{self._path}: {exc}") from exc
         except sqlite3.Error as exc:
+            # a write may have advanced a `_Tail`, then rolled back: forget them all (rare)
+            self._tails.clear()
+            if isinstance(exc, sqlite3.OperationalError) and exc.sqlite_errorcode & 0xFF in (
+                sqlite3.SQLITE_BUSY,
+                sqlite3.SQLITE_LOCKED,
+            ):
+                return False, None  # nothing was written: retry in the thread, which may wait
             raise StorageError(f"{self._path}: {exc}") from exc
 
     def _in_thread(self, fn: Callable[[Connection], _T]) -> _T:
@@ -571,14 +743,18 @@ class SqliteStore(AsyncClosing):
         try:
             return fn(conn)
         except sqlite3.Error as exc:
+            self._tails.clear()  # a write may have advanced one, then rolled back
             # SQLite messages name tables and columns, never the values (so never a key).
             raise StorageError(f"{self._path}: {exc}") from exc
 
     # -- sessions ----------------------------------------------------------------------------
 
     async def create_session(self, record: SessionRecord) -> None:
+        tails = self._tails
+
         def work(conn: Connection) -> None:
             _insert_session(conn, record)
+            tails[record.session_id] = _Tail(1, record.updated_at)  # its first write: no read
 
         await self._call(functools.partial(db.write, work=work), inline=True)
 
@@ -623,7 +799,10 @@ class SqliteStore(AsyncClosing):
         return one_page(records, limit)
 
     async def delete_session(self, session_id: str) -> bool:
+        tails = self._tails
+
         def work(conn: Connection) -> bool:
+            tails.pop(session_id, None)
             conn.execute("DELETE FROM timeline WHERE session_id = ?", (session_id,))
             return (
                 conn.execute("DELETE FROM sessions WHERE session_id = ?", (session_id,)).rowcount
@@ -650,7 +829,11 @@ class SqliteStore(AsyncClosing):
         params.append(session_id)
         sql = f"UPDATE sessions SET {', '.join(assignments)} WHERE session_id = ?"
 
+        tails = self._tails
+
         def work(conn: Connection) -> SessionRecord:
+            if not isinstance(updated_at, Unchanged):
+                tails.pop(session_id, None)  # read again at the next write
             if assignments:
                 conn.execute(sql, params)
             row: _SessionRow | None = conn.execute(_GET_SESSION, (session_id,)).fetchone()
@@ -681,10 +864,11 @@ class SqliteStore(AsyncClosing):
         prompt_digest: bytes | None,
     ) -> InsertOutcome:
         now = self._clock()
+        tails = self._tails
         return await self._write(
             session_id,
             lambda conn: _insert_user_row(
-                conn, session_id, message_id, update, idempotency_key, prompt_digest, now
+                conn, tails, session_id, message_id, update, idempotency_key, prompt_digest, now
             ),
         )
 
@@ -697,8 +881,10 @@ class SqliteStore(AsyncClosing):
         self, session_id: str, update: bytes, *, message_id: str | None = None
     ) -> int:
         now = self._clock()
+        tails = self._tails
         return await self._write(
-            session_id, lambda conn: _append_rows(conn, session_id, ((update, message_id),), now)
+            session_id,
+            lambda conn: _append_rows(conn, tails, session_id, ((update, message_id),), now),
         )
 
     async def append_updates(
@@ -717,8 +903,9 @@ class SqliteStore(AsyncClosing):
             await self._call(exists, inline=True)
             return []
         now = self._clock()
+        tails = self._tails
         first = await self._write(
-            session_id, lambda conn: _append_rows(conn, session_id, entries, now)
+            session_id, lambda conn: _append_rows(conn, tails, session_id, entries, now)
         )
         return list(range(first, first + len(entries)))
 
