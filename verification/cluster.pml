@@ -12,9 +12,9 @@
  * a fault), 2 queue rows (each with its own state; a new row is queued only while none is
  * queued: the unique (session, key) index), FAULTS faults in all: a node killed (restarted
  * as a new instance), a node stalled past the lease TTL (its lease and its heartbeat expire;
- * it resumes at its next renewal), a lost NOTIFY, a connection closed (at any await of the
- * admission), a $/cancel_request, a session/cancel, a failed insert of a queued row, a
- * resend overlapping an open attempt. Both policies (hold: the owner queues behind its
+ * it resumes at its next renewal), a lost NOTIFY (of an outcome, or the wake-up of an idle
+ * owner), a connection closed (at any await of the admission), a $/cancel_request, a
+ * session/cancel, a failed insert of a queued row, a resend overlapping an open attempt. Both policies (hold: the owner queues behind its
  * turn; steer: the owner inserts at once and inserts queued rows mid-turn). At start the
  * session is idle, or node 0 owns it with a turn running.
  *
@@ -384,8 +384,12 @@ end:
   /* the turn ends */
   :: atomic { !stall[n] && turn[n] -> turn[n] = false }
 
-  /* _maintain -> renew and heartbeat, only when it changes something: a stalled node
-     resumes (its lease is kept if nobody took it), or a node learns its lease is lost */
+  /* _maintain -> renew (one statement for every lease the node holds, active or idle) and
+     heartbeat, only when it changes something: a stalled node resumes (its lease is kept
+     if nobody took it), or a node learns its lease is lost and drops it at once
+     (MUTANT_RENEW_IGNORES_LOST and MUTANT_NO_IDLE_POLL are no guards of C1-C7 or L: the
+     fence refuses a stale owner's next write, which drops the lease, and the release after
+     the grace picks up what a lost wake-up left queued; docs/verification.md) */
 #ifndef MUTANT_RENEW_IGNORES_LOST
   :: atomic { stall[n] || (myep[n] != 0 && !HOLDS(n)) ->
 #else
