@@ -121,8 +121,8 @@ byte mids;          /* message ids handed out (new_id) */
 #define FENCE_OK(n) HOLDS(n)
 #endif
 #ifdef MUTANT_KEPT_UNFENCED
-#define DIRECT_OK(n) (!work[n] || FENCE_OK(n))   /* a kept (idle) lease's insert trusts
-                                                    the node's own lease map */
+/* the insert on a lease the node keeps idle (no worker) trusts the node's own lease map */
+#define DIRECT_OK(n) ((myep[n] != 0 && !work[n]) || FENCE_OK(n))
 #else
 #define DIRECT_OK(n) FENCE_OK(n)
 #endif
