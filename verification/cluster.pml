@@ -278,6 +278,11 @@ end:
        :: else ->
           if
           :: myep[n] != 0 && (!turn[n] || policy == STEER) -> rst[r] = DIRECT; lk[n] = 1 + r
+          :: myep[n] != 0 && (!turn[n] || policy == STEER) && ANYQ && HOLDS(n) ->
+             /* rows are queued: behind them (one arrival order), attached to the row with its
+                key; the branch above, the insert at once, stays too (a superset: the model's
+                one key cannot tell the two orders apart) */
+             rrow[r] = QROW; rst[r] = WROW
           :: myep[n] != 0 && turn[n] && policy == HOLD && HOLDS(n) ->
              if                                                  /* attach, or queue */
              :: ANYQ -> rrow[r] = QROW
