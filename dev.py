@@ -100,7 +100,7 @@ MODELS = [
         "cluster",
         "cluster.pml",
         ["-DFAULTS=2"],
-        "2 nodes, 1 key, 2 requests, 2 rows, 2 faults, hold+steer",
+        "2 nodes, 1 key, 2 requests, 2 rows, 2 faults, hold+steer, sticky leases",
         "safety",
     ),
     (
@@ -146,6 +146,9 @@ MUTANTS = [
     ("cluster", "NO_TAKEOVER"),  # a waiting node never takes a dead owner's lease over
     ("cluster", "NO_ANSWER"),  # an inserted row's waiters are never answered
     ("cluster", "CANCEL_ADMIT"),  # a cancelled admission leaves its prompt registered
+    ("cluster", "KEPT_UNFENCED"),  # the insert on a kept (idle) lease trusts the local lease map
+    ("cluster", "RELEASE_QUEUED"),  # the lease released after its grace with prompts queued
+    ("cluster", "NO_PICKUP"),  # an idle owner never starts on prompts queued behind it
     ("turns", "REPORT_UNSTORED"),  # an interrupted turn's end told, never stored
     ("turns", "RERUN_ENDED"),  # recovery ignores end records
     ("turns", "RERUN_UNMARKED"),  # continue runs a turn again without its marker first
@@ -161,6 +164,7 @@ LIVENESS_MUTANTS = {
     "NO_TAKEOVER",
     "NO_ANSWER",
     "CANCEL_ADMIT",
+    "NO_PICKUP",
 }
 PAN_DEPTH = 1_000_000  # -m: deeper than any model's reachable depth (the run checks it)
 _INCOMPLETE = (

@@ -12,11 +12,22 @@
  * a fault), 2 queue rows (each with its own state; a new row is queued only while none is
  * queued: the unique (session, key) index), FAULTS faults in all: a node killed (restarted
  * as a new instance), a node stalled past the lease TTL (its lease and its heartbeat expire;
- * it resumes at its next renewal), a lost NOTIFY, a connection closed (at any await of the
- * admission), a $/cancel_request, a session/cancel, a failed insert of a queued row, a
- * resend overlapping an open attempt. Both policies (hold: the owner queues behind its
+ * it resumes at its next renewal), a lost NOTIFY (of an outcome, or the wake-up of an idle
+ * owner), a connection closed (at any await of the admission), a $/cancel_request, a
+ * session/cancel, a failed insert of a queued row, a resend overlapping an open attempt. Both policies (hold: the owner queues behind its
  * turn; steer: the owner inserts at once and inserts queued rows mid-turn). At start the
  * session is idle, or node 0 owns it with a turn running.
+ *
+ * Sticky leases: the owner keeps the lease while its worker runs (`work`) and, once the
+ * worker has nothing left, for a grace period (idle: the lease held, no worker; time is
+ * abstract, so the grace ends at any step). A prompt on the owner for a session whose lease
+ * it holds is inserted at once, with no lease statement (the fenced insert). The background
+ * renewal renews every lease the node holds, active or idle, and drops one it finds lost. A
+ * prompt queued behind a live owner on another node wakes it (a NOTIFY, which may be lost);
+ * an idle owner starts its worker on that NOTIFY, on its poll (the safety net) or when its
+ * release after the grace is refused because rows are queued. An owner that stalls stops
+ * renewing: its lease expires and a waiting node takes it over (a new epoch); the stale
+ * owner's fenced writes fail, and its next renewal reports the lease lost.
  *
  * Properties:
  *  C1 at most one user message for the key                              [every write]
@@ -28,6 +39,9 @@
  *  C5 no turn starts on one node while another runs one, unless that one's lease expired
  *     and was taken over (its writes are refused: C4)                    [turn start]
  *  C6 a client that keeps retrying gets the id, inserted exactly once   [client end]
+ *  C7 a queued prompt never waits behind a free lease: the owner it was queued behind
+ *     inserts it, or (dead or stalled) its lease expires and a waiter takes it over; a
+ *     lease is released only with nothing queued (one arrival order)     [takeover]
  *  L  liveness: the client ends (it got the id, or gave up after error answers): the LTL
  *     property `done` under weak fairness. Renewal, polling and NOTIFY delivery are steps
  *     only when they change something, faults are bounded and a resend follows an error or
@@ -82,6 +96,9 @@ bool note[2];       /* a NOTIFY of a row's outcome on its way to node n */
 byte inc[2];        /* incarnation: a killed node comes back as a new instance */
 byte myep[2];       /* coordinator.leases[session]: the epoch it believes it holds, 0 none */
 bool turn[2];       /* a turn runs there */
+bool work[2];       /* its worker for the session runs (the turn, then the queue); with
+                       myep != 0 and no worker the lease is kept idle, in its grace */
+bool wake[2];       /* a NOTIFY (a prompt queued behind this owner) on its way to node n */
 bool stall[2];      /* stalled past the TTL: its lease and heartbeat expire; only its write in
                        flight may still land; it resumes at its next renewal */
 byte lk[2];         /* its session lock: 0 free, 1 + r the admission of request r */
@@ -102,6 +119,12 @@ byte mids;          /* message ids handed out (new_id) */
 #define FENCE_OK(n) true                 /* the write does not check the fence */
 #else
 #define FENCE_OK(n) HOLDS(n)
+#endif
+#ifdef MUTANT_KEPT_UNFENCED
+/* the insert on a lease the node keeps idle (no worker) trusts the node's own lease map */
+#define DIRECT_OK(n) ((myep[n] != 0 && !work[n]) || FENCE_OK(n))
+#else
+#define DIRECT_OK(n) FENCE_OK(n)
 #endif
 #ifdef MUTANT_TAKE_UNEXPIRED
 #define TAKEABLE true                    /* taken whether or not it expired */
@@ -163,14 +186,14 @@ inline new_epoch() {
 /* PgCluster._take: epoch + 1, the queued rows of dead origins abandoned (notified) */
 inline take(n) {
   if :: lown != 0 && !lexp -> skip :: else -> over[1 - n] = true fi;   /* expired (or free) */
-  new_epoch(); lown = ME(n); lexp = false; myep[n] = lep; over[n] = false;
+  new_epoch(); lown = ME(n); lexp = false; myep[n] = lep; over[n] = false; work[n] = true;
   if :: qs[0] == QUEUED && !ALIVE(qorig[0]) -> settle(0, ABANDONED) :: else fi;
   if :: qs[1] == QUEUED && !ALIVE(qorig[1]) -> settle(1, ABANDONED) :: else fi
 }
 
 inline start_turn(n) {
   assert(!turn[1 - n] || over[1 - n]);     /* C5 */
-  turn[n] = true
+  turn[n] = true; work[n] = true
 }
 
 /* the fenced insert's transaction lands: the message with its key, or the key is recorded */
@@ -186,13 +209,20 @@ inline write(n) {
   fi
 }
 
-/* a new queued row: one no request waits on (the other request may wait on one) */
+/* a new queued row: one no request waits on (the other request may wait on one); the
+   statement NOTIFYs a live owner on another node (PgCluster.admit: the wake-up) */
 inline queue_row(n, r) {
   if
   :: rst[1 - r] == WROW && rrow[1 - r] == 0 -> rrow[r] = 1
   :: else -> rrow[r] = 0
   fi;
-  qs[rrow[r]] = QUEUED; qorig[rrow[r]] = ME(n)
+  qs[rrow[r]] = QUEUED; qorig[rrow[r]] = ME(n);
+  if :: lown == ME(1 - n) -> wake[1 - n] = true :: else fi
+}
+
+/* _lost: the node stops treating the session as owned (its turn can no longer write) */
+inline lost(n) {
+  myep[n] = 0; turn[n] = false; work[n] = false
 }
 
 /* _outcome: node n answers its requests waiting on a row with an outcome */
@@ -248,6 +278,11 @@ end:
        :: else ->
           if
           :: myep[n] != 0 && (!turn[n] || policy == STEER) -> rst[r] = DIRECT; lk[n] = 1 + r
+          :: myep[n] != 0 && (!turn[n] || policy == STEER) && ANYQ && HOLDS(n) ->
+             /* rows are queued: behind them (one arrival order), attached to the row with its
+                key; the branch above, the insert at once, stays too (a superset: the model's
+                one key cannot tell the two orders apart) */
+             rrow[r] = QROW; rst[r] = WROW
           :: myep[n] != 0 && turn[n] && policy == HOLD && HOLDS(n) ->
              if                                                  /* attach, or queue */
              :: ANYQ -> rrow[r] = QROW
@@ -255,7 +290,7 @@ end:
              fi;
              rst[r] = WROW
           :: myep[n] != 0 && turn[n] && policy == HOLD && !HOLDS(n) ->
-             myep[n] = 0; turn[n] = false;                       /* _lost; decide again */
+             lost(n);                                            /* _lost; decide again */
              if :: skey != 0 -> rst[r] = OK; rmid[r] = skey :: else -> rst[r] = ADMIT; lk[n] = 1 + r fi
           :: myep[n] == 0 && skey != 0 -> rst[r] = OK; rmid[r] = skey   /* recorded: any node */
           :: myep[n] == 0 && skey == 0 -> rst[r] = ADMIT; lk[n] = 1 + r
@@ -278,9 +313,9 @@ end:
   :: atomic { (rst[0] == DIRECT && rnode[0] == n) || (rst[1] == DIRECT && rnode[1] == n) ->
        if :: rst[0] == DIRECT && rnode[0] == n -> r = 0 :: rst[1] == DIRECT && rnode[1] == n -> r = 1 fi;
        if
-       :: FENCE_OK(n) -> write(n); rst[r] = OK; rmid[r] = skey; lk[n] = 0
+       :: DIRECT_OK(n) -> write(n); rst[r] = OK; rmid[r] = skey; lk[n] = 0
        :: else ->                                                /* FencingError: _lost */
-          myep[n] = 0; turn[n] = false;
+          lost(n);
 #ifdef MUTANT_FENCE_NO_LOOKUP
           rst[r] = FAIL; lk[n] = 0                               /* -32603 without a lookup */
 #else
@@ -304,9 +339,10 @@ end:
        lk[n] = 0; check_answer(r); r = 0 }
 
   /* TurnRunner._work -> PostgresCoordinator.next (hold: after its turn) or SessionInbox.steer (steer: mid-turn, once woken),
-     under the session lock: the owner inserts the oldest queued row; the insert settles the
-     row and notifies its outcome in one statement. A dead origin's row is abandoned */
-  :: atomic { myep[n] != 0 && lk[n] == 0 && (!turn[n] || policy == STEER) && ANYQ ->
+     under the session lock: the owner's worker inserts the oldest queued row; the insert
+     settles the row and notifies its outcome in one statement. A dead origin's row is
+     abandoned */
+  :: atomic { work[n] && lk[n] == 0 && (!turn[n] || policy == STEER) && ANYQ ->
        q = QROW;
        if
        :: !ALIVE(qorig[q]) -> settle(q, ABANDONED)
@@ -314,7 +350,7 @@ end:
        :: ALIVE(qorig[q]) && FENCE_OK(n) ->
           write(n); settle(q, INSERTED)
 #endif
-       :: ALIVE(qorig[q]) && !FENCE_OK(n) -> myep[n] = 0; turn[n] = false   /* lease lost */
+       :: ALIVE(qorig[q]) && !FENCE_OK(n) -> lost(n)            /* lease lost */
        :: ALIVE(qorig[q]) && CAN_FAULT && skey == 0 ->
           /* the insert failed, and _find_after_failure found no key: PgCluster.fail (a key
              found is answered as recorded, as the insert itself would) */
@@ -322,30 +358,72 @@ end:
        fi; q = 0 }
 #ifdef MUTANT_ROW_UNGUARDED
   /* the owner read the row before it was withdrawn and inserts it anyway */
-  :: atomic { myep[n] != 0 && lk[n] == 0 && (!turn[n] || policy == STEER) &&
+  :: atomic { work[n] && lk[n] == 0 && (!turn[n] || policy == STEER) &&
               (qs[0] == WITHDRAWN || qs[1] == WITHDRAWN) && FENCE_OK(n) ->
        q = (qs[0] == WITHDRAWN -> 0 : 1); write(n); qs[q] = INSERTED; qkey[q] = skey; q = 0 }
 #endif
 
-  /* PostgresCoordinator.next with nothing queued: PgCluster.release (owner and epoch must match) */
-  :: atomic { !stall[n] && myep[n] != 0 && !turn[n] && lk[n] == 0 && !ANYQ ->
-       if :: HOLDS(n) -> lown = 0; lexp = false :: else fi; myep[n] = 0 }
+  /* PostgresCoordinator.next with nothing queued: the worker stops and the lease is kept,
+     idle, for its grace (no statement) */
+  :: atomic { !stall[n] && work[n] && !turn[n] && lk[n] == 0 && !ANYQ -> work[n] = false }
+
+  /* the grace has passed (at any step: time is abstract): PgCluster.release, owner and
+     epoch must match, refused while rows are queued: then the worker starts again and
+     inserts them */
+  :: atomic { !stall[n] && myep[n] != 0 && !work[n] && lk[n] == 0 ->
+       if
+#ifndef MUTANT_RELEASE_QUEUED
+       :: HOLDS(n) && ANYQ ->
+#ifndef MUTANT_NO_PICKUP
+          work[n] = true
+#else
+          skip                                       /* refused, and the owner stays idle */
+#endif
+       :: HOLDS(n) && !ANYQ -> lown = 0; lexp = false; myep[n] = 0
+#else
+       :: HOLDS(n) -> lown = 0; lexp = false; myep[n] = 0   /* released with rows queued */
+#endif
+       :: !HOLDS(n) -> myep[n] = 0                   /* not ours any more: _lost */
+       fi }
 
   /* the turn ends */
   :: atomic { !stall[n] && turn[n] -> turn[n] = false }
 
-  /* _maintain -> renew and heartbeat, only when it changes something: a stalled node
-     resumes (its lease is kept if nobody took it), or a node learns its lease is lost */
+  /* _maintain -> renew (one statement for every lease the node holds, active or idle) and
+     heartbeat, only when it changes something: a stalled node resumes (its lease is kept
+     if nobody took it), or a node learns its lease is lost and drops it at once
+     (MUTANT_RENEW_IGNORES_LOST and MUTANT_NO_IDLE_POLL are no guards of C1-C7 or L: the
+     fence refuses a stale owner's next write, which drops the lease, and the release after
+     the grace picks up what a lost wake-up left queued; docs/verification.md) */
+#ifndef MUTANT_RENEW_IGNORES_LOST
   :: atomic { stall[n] || (myep[n] != 0 && !HOLDS(n)) ->
+#else
+  :: atomic { stall[n] ->
+#endif
        stall[n] = false;
        if
        :: myep[n] != 0 && HOLDS(n) -> lexp = false
-       :: myep[n] != 0 && !HOLDS(n) -> myep[n] = 0; turn[n] = false    /* _lost */
+#ifndef MUTANT_RENEW_IGNORES_LOST
+       :: myep[n] != 0 && !HOLDS(n) -> lost(n)                       /* _lost */
+#endif
        :: else
        fi }
 
   /* _listen -> _outcome: the NOTIFY of a row's outcome reaches this node */
   :: atomic { !stall[n] && note[n] -> note[n] = false; answer_rows(n) }
+
+  /* _listen -> _wake: the NOTIFY of a prompt queued behind this node reaches it; an idle
+     owner starts its worker */
+  :: atomic { !stall[n] && wake[n] -> wake[n] = false;
+#ifndef MUTANT_NO_PICKUP
+       if :: myep[n] != 0 && ANYQ -> work[n] = true :: else fi
+#endif
+     }
+#if !defined(MUTANT_NO_IDLE_POLL) && !defined(MUTANT_NO_PICKUP)
+  /* _maintain -> _poll of the sessions it holds idle, only when it finds a row queued: the
+     owner starts its worker (a lost NOTIFY does not leave the row waiting for the grace) */
+  :: atomic { !stall[n] && myep[n] != 0 && !work[n] && ANYQ -> work[n] = true }
+#endif
 #ifndef MUTANT_NO_POLL
   /* _maintain -> _poll, only when it finds something: a row with an outcome, or a queued
      row whose lease is free or expired (_take_over: this node becomes the owner) */
@@ -353,7 +431,9 @@ end:
 #ifndef MUTANT_NO_TAKEOVER
   :: atomic { !stall[n] && myep[n] == 0 && (lown == 0 || lexp) &&
               ((rst[0] == WROW && rnode[0] == n && qs[rrow[0]] == QUEUED) ||
-               (rst[1] == WROW && rnode[1] == n && qs[rrow[1]] == QUEUED)) -> take(n) }
+               (rst[1] == WROW && rnode[1] == n && qs[rrow[1]] == QUEUED)) ->
+       assert(lown != 0);                    /* C7: queued behind an owner, now expired */
+       take(n) }
 #endif
 #endif
 
@@ -375,9 +455,10 @@ end:
 
   /* faults, each guarded as a whole (none can block half-way) */
   :: atomic { CAN_FAULT && note[n] -> faults++; note[n] = false }        /* a NOTIFY lost */
+  :: atomic { CAN_FAULT && wake[n] -> faults++; wake[n] = false }        /* a wake-up lost */
   :: atomic { CAN_FAULT && !stall[n] -> faults++; stall[n] = true }      /* stalled past the TTL */
   :: atomic { CAN_FAULT && inc[n] < 2 -> faults++;                       /* SIGKILL, restarted */
-       inc[n]++; myep[n] = 0; turn[n] = false; stall[n] = false; note[n] = false;
+       inc[n]++; lost(n); stall[n] = false; note[n] = false; wake[n] = false;
        lk[n] = 0; stuck[n] = false;
        if :: OPEN(0) && rnode[0] == n -> rst[0] = LOST; lostc = true :: else fi;
        if :: OPEN(1) && rnode[1] == n -> rst[1] = LOST; lostc = true :: else fi }
@@ -466,7 +547,7 @@ init {
     if :: policy = HOLD :: policy = STEER fi;
     if
     :: skip                                               /* the session is idle */
-    :: lown = ME(0); lep = 1; myep[0] = 1; turn[0] = true /* node 0 runs a turn */
+    :: lown = ME(0); lep = 1; myep[0] = 1; turn[0] = true; work[0] = true  /* node 0 runs a turn */
     fi;
     run node(0); run node(1); run clock(); run client()
   }
