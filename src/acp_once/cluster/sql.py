@@ -160,6 +160,7 @@ class _Sql:
     detach: sql.Composed
     fail: sql.Composed
     outcomes: sql.Composed
+    queued_sessions: sql.Composed
     heartbeat: sql.Composed
     deregister: sql.Composed
     cleanup_rows: sql.Composed
@@ -205,9 +206,16 @@ def _statements(schema: str) -> _Sql:
             "  EXISTS (SELECT 1 FROM {s}.prompt_queue WHERE session_id = %(sid)s"
             "  AND state = 'queued' AND id NOT IN (SELECT id FROM ab))"
         ),
+        # Every lease of this instance in one statement, its rows locked in session order
+        # first: the order in which group commit's batches (fenced writes: FOR SHARE of the
+        # lease row) take them, so that a renewal and a batch never wait for each other in a
+        # cycle (a deadlock).
         renew=q(
-            "UPDATE {s}.session_leases SET expires_at = now() + make_interval(secs => %s)"
-            " WHERE owner = %s AND session_id = ANY(%s) RETURNING session_id, epoch"
+            "WITH mine AS (SELECT session_id FROM {s}.session_leases"
+            "  WHERE owner = %(me)s AND session_id = ANY(%(sids)s)"
+            "  ORDER BY session_id FOR NO KEY UPDATE)"
+            " UPDATE {s}.session_leases l SET expires_at = now() + make_interval(secs => %(ttl)s)"
+            " FROM mine WHERE l.session_id = mine.session_id RETURNING l.session_id, l.epoch"
         ),
         # expired, not freed: the next owner sees a takeover and looks for unfinished turns
         release_all=q("UPDATE {s}.session_leases SET expires_at = '-infinity' WHERE owner = %s"),
@@ -289,6 +297,10 @@ def _statements(schema: str) -> _Sql:
             " l.owner IS NULL OR l.expires_at < now()"
             " FROM {s}.prompt_queue q LEFT JOIN {s}.session_leases l USING (session_id)"
             " WHERE q.id = ANY(%s)"
+        ),
+        queued_sessions=q(
+            "SELECT DISTINCT session_id FROM {s}.prompt_queue"
+            " WHERE session_id = ANY(%s) AND state = 'queued'"
         ),
         heartbeat=q(
             "INSERT INTO {s}.cluster_nodes (instance, node_id, stats) VALUES (%s, %s, %s)"
@@ -445,7 +457,7 @@ class PgCluster:
         """Extend the leases `{session: epoch}` held; return the sessions whose lease is lost."""
         if not leases:
             return set()
-        params = (self.lease_ttl, self.instance, list(leases))
+        params = {"ttl": self.lease_ttl, "me": self.instance, "sids": sorted(leases)}
 
         async def work(conn: _Conn) -> list[tuple[Any, ...]]:
             return await _all(conn, self._sql.renew, params)
@@ -641,6 +653,13 @@ class PgCluster:
             lambda conn: _all(conn, self._sql.outcomes, (list(rows),)), begin=False
         )
         return [RowOutcome(int(r), st, mid, same, bool(free)) for r, st, mid, same, free in found]
+
+    async def queued_sessions(self, sessions: Sequence[str]) -> list[str]:
+        """Those of `sessions` that have prompts queued (the poll behind the wake-ups)."""
+        found = await self.store.run(
+            lambda conn: _all(conn, self._sql.queued_sessions, (list(sessions),)), begin=False
+        )
+        return [str(row[0]) for row in found]
 
     # -- notifications ------------------------------------------------------------------
 

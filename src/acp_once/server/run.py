@@ -47,7 +47,12 @@ _Agent = TypeVar("_Agent", bound="SessionAgent")
 
 
 def clustered(
-    agent: _Agent, store: SessionStore, *, node_id: str | None, lease_ttl: float
+    agent: _Agent,
+    store: SessionStore,
+    *,
+    node_id: str | None,
+    lease_ttl: float,
+    lease_grace: float | None = None,
 ) -> _Agent:
     """`agent` as a cluster node when `store` is PostgreSQL (see `serve_agent`)."""
     from acp_once.storage.postgres import PostgresStore
@@ -55,7 +60,9 @@ def clustered(
     if isinstance(store, PostgresStore):
         from acp_once.cluster import PostgresCoordinator
 
-        coordinator = PostgresCoordinator(store, node_id=node_id, lease_ttl=lease_ttl)
+        coordinator = PostgresCoordinator(
+            store, node_id=node_id, lease_ttl=lease_ttl, lease_grace=lease_grace
+        )
         agent.use_coordinator(coordinator)
         logger.warning(
             "cluster node %s (instance %s), lease TTL %.1f s",
@@ -100,6 +107,7 @@ async def serve_agent(
     on_server: Callable[[uvicorn.Server], None] | None = None,
     node_id: str | None = None,
     lease_ttl: float = 10.0,
+    lease_grace: float | None = None,
     idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT,
     write_timeout: float = DEFAULT_WRITE_TIMEOUT,
     handle_signals: bool = True,
@@ -136,7 +144,8 @@ async def serve_agent(
     is served (`acp-once serve` passes False unless `--migrate`, or the store is new).
 
     On a PostgreSQL store a `SessionAgent` is a cluster node (`node_id`, default the host name;
-    `lease_ttl` seconds before a dead node's sessions are taken over): any number of
+    `lease_ttl` seconds before a dead node's sessions are taken over; `lease_grace` seconds a
+    node keeps an idle session's lease, None: three times `lease_ttl`): any number of
     processes may serve the same store behind a load balancer (`acp_once.cluster`).
 
     Raises:
@@ -161,7 +170,9 @@ async def serve_agent(
     async with open_store(store, migrate=migrate) as opened:
         made = await build_agent(factory, opened)
         if isinstance(made, SessionAgent):
-            made = clustered(made, opened, node_id=node_id, lease_ttl=lease_ttl)
+            made = clustered(
+                made, opened, node_id=node_id, lease_ttl=lease_ttl, lease_grace=lease_grace
+            )
         async with entered(made) as agent:
             await _serve_entered(
                 agent,
