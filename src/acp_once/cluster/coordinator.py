@@ -5,20 +5,32 @@ a `Placement` the sessions' inboxes call, plus a lifecycle; what it learns from 
 to the agent through `PlacementEvents`. `PostgresCoordinator` lets any number of nodes serve the
 same sessions behind any load balancer:
 
-* **Leases with fencing.** A session's foreground work (inserting user messages, running
-  turns) happens on the node holding its lease (`session_leases`, see
-  `acp_once.cluster.sql`). A node takes the lease when it needs to insert for a session
-  whose lease is free or expired, renews it every `lease_ttl / 3` seconds while it works, and
-  releases it when the session is idle with nothing queued. Every write under the lease
-  (`insert_user_message`, `append_update`) carries the fencing token `(instance, epoch)` and
-  the store refuses it in the same transaction when the lease moved on (`FencingError`): a
-  node that lost its lease cannot write. When the owner dies, its lease expires after
-  `lease_ttl` and the next node that needs the session takes it over.
+* **Kept leases with fencing.** A session's foreground work (inserting user messages,
+  running turns) happens on the node holding its lease (`session_leases`, see
+  `acp_once.cluster.sql`). A node takes the lease when it needs to insert for a session whose
+  lease is free or expired, and keeps it while the session is active and for `lease_grace`
+  seconds after its worker last stopped with nothing queued (`idle_since`): a prompt on the
+  owning node for a session whose lease it holds costs no lease statement, only the fenced
+  insert (key lookup and insert in one statement, through the store's group commit).
+  `_maintain` renews every lease held, active or kept, in one statement every
+  `lease_ttl / 3`, drops a lease the renewal finds lost, and releases a kept lease whose grace
+  has passed (the release is refused while prompts are queued; the owner then inserts them).
+  Every write under the lease (`insert_user_message`, `append_update`) carries the fencing
+  token `(instance, epoch)` and the store refuses it in the same statement when the lease
+  moved on (`FencingError`): a node that lost its lease cannot write, and a refused write
+  drops the lease here at once (`fenced_out`); a prompt placed under a kept lease that turns
+  out lost this way is placed again (queued for the new owner). When the owner dies or
+  stalls, its lease expires after `lease_ttl` and the next node that needs the session takes
+  it over.
 * **Cross-node prompts.** A keyed retry of an inserted prompt gets the recorded `messageId` on
   any node (the store's lookup). A prompt that cannot be inserted at once, because a turn runs
   (on this node or another) or prompts wait already, goes into the shared `prompt_queue` in
-  arrival order; the lease owner inserts the queued prompts one by one after its turn, each in
-  the transaction that marks the row inserted. A request on any node carrying the key of a
+  arrival order; the lease owner, busy or idle within its grace, inserts the queued prompts
+  one by one after its turn, each in the transaction that marks the row inserted. The owner
+  reads the queue only when prompts may wait there (`backlog`: a wake-up NOTIFY from the
+  queueing node, its own poll of the kept sessions' queues, a prompt of its own queued behind
+  its turn), so a prompt that ends with nothing queued costs no read; a prompt arriving on
+  the owner while the backlog is known goes behind it. A request on any node carrying the key of a
   queued prompt waits on that row instead of queueing a second one, and every waiter learns the
   outcome by NOTIFY (polled as well, every `poll_interval`, so a lost notification or a dead
   listener never leaves a request waiting): the `messageId`, or -32800 when it was withdrawn
@@ -35,17 +47,21 @@ same sessions behind any load balancer:
 With the steer policy, a prompt another node queued is inserted as soon as the owner is
 woken (NOTIFY), during its turn; the owner's own prompts are inserted at once as on one node.
 
-Cost: each step of the lease owner is one statement (queueing a prompt behind its turn; the
-insert, which checks the fence, locks and settles the queued row and notifies its outcome
-together; a turn's last update with its closing marker), so a keyed prompt that the owner
-holds and inserts costs about as many round trips to PostgreSQL as on one node without
-coordination (`benchmarks/bench_cluster.py --in-process` counts them).
+Cost: a keyed prompt on the node that keeps the session's lease is the fenced insert and the
+turn's fenced appends, all through group commit, plus the NOTIFY of its updates to the other
+nodes; no lease statement. Each step of a busy owner is one statement (queueing a prompt
+behind its turn; the insert, which checks the fence, locks and settles the queued row and
+notifies its outcome together). `benchmarks/bench_cluster.py --in-process` and
+`benchmarks/bench_load.py` (cluster section) count statements, transactions and round trips.
 
 Interrupted work: a node that takes over a lease that expired (a dead owner, or one that
 stopped with work in progress) looks for the session's turns that did not finish and runs them
 again (`resume_interrupted`) or reports them interrupted, as one node does after a restart.
 
-Limits: keys of live-only messages (locally handled commands, never stored) are known only on
+Limits: a kept session is woken through the runtime, which keeps sessions loaded while their
+lease is held; a session deleted on this node after a wake-up and before its worker ran keeps
+its lease until the node stops or the lease expires unrenewed elsewhere (its renewal goes on).
+Keys of live-only messages (locally handled commands, never stored) are known only on
 the node that ran them. A node that dies while it has requests waiting on another node's queued
 prompt keeps that prompt held (it is inserted rather than dropped when its last other waiter
 leaves). Streamable HTTP connections live on the node that created them: a load balancer must

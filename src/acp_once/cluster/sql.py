@@ -12,7 +12,8 @@ migrated to version 2 has them, whichever version of this package created it, an
   the fencing token that every write under the lease carries (`acp_once.cluster.fence.Fence`,
   a guard of the store's writes, checked in the write's own statement). A lease may be taken
   when it is free or expired (`expires_at`, the database's clock, so nodes' clocks do not
-  matter); the owner renews it and releases it when the session is idle.
+  matter); the owner renews all its leases in one statement (`renew`) and releases a
+  lease some time after the session went idle (`release`, refused while prompts are queued).
 * `prompt_queue`: the prompts of a session that are accepted and not inserted yet (held), in
   arrival order (`id`), whichever node received them. The lease owner inserts them one by one:
   the insert, the flip of the row to `inserted` (or `recorded`: the key was inserted already)
