@@ -40,6 +40,7 @@ async def node(
     effects: Path,
     *,
     lease_ttl: float = 2.0,
+    lease_grace: float | None = None,
     poll_interval: float = 0.2,
     max_size: int = 4,
     policy: HeldPolicy = "hold",
@@ -47,7 +48,11 @@ async def node(
     """The reference agent as one cluster node on `schema`, with a pool of its own."""
     async with PostgresStore.open(dsn, schema=schema, max_size=max_size) as store:
         coordinator = PostgresCoordinator(
-            store, node_id=name, lease_ttl=lease_ttl, poll_interval=poll_interval
+            store,
+            node_id=name,
+            lease_ttl=lease_ttl,
+            lease_grace=lease_grace,
+            poll_interval=poll_interval,
         )
         agent = ReferenceAgent(store, side_effects=effects, policy=policy)
         agent.use_coordinator(coordinator)

@@ -18,7 +18,7 @@ from acp_once.agent import StopReason
 from acp_once.agent.runtime import Turn, TurnContext
 from acp_once.client.connection import ClientSideConnection
 from acp_once.cluster.sql import QueuedPrompt
-from acp_once.protocol.errors import INTERNAL_ERROR, REQUEST_CANCELLED, AcpError
+from acp_once.protocol.errors import REQUEST_CANCELLED, AcpError
 from acp_once.rpc.connection import PendingCall
 from acp_once.testing import connected
 from tests.cluster.harness import (
@@ -137,7 +137,8 @@ async def test_no_fence_a_stale_owners_insert_is_refused(
     """NO_FENCE (C4, a write succeeds only under the current lease). Trace: A owns the
     session; A stalls past the TTL (its renewals stop) and its lease expires; B takes the
     session over and inserts; A, still believing it owns the lease, inserts a prompt sent to
-    it. A's write must be refused: nothing stored for its key, and its request gets -32603."""
+    it. A's write must be refused: nothing stored for its key under A's lease; the prompt is
+    placed again (queued for B, which inserts it once its turn ends)."""
     with anyio.fail_after(TIMEOUT):
         async with (
             node(postgres_dsn, schema, "a", tmp_path / "fx", policy="steer") as a,
@@ -165,14 +166,20 @@ async def test_no_fence_a_stale_owners_insert_is_refused(
             took = await outcome(await send(conn_b, sid, "taken over", "k2"))
             assert took.startswith("msg") and sid in b.coordinator.leases
             assert a.coordinator.leases.get(sid) == epoch_a  # A has not noticed
-            stale = await outcome(await send(conn_a, sid, "stale", "k3"))
-            assert stale == f"error {INTERNAL_ERROR}"
+            stale = await send(conn_a, sid, "stale", "k3")
+            # A's write is refused, and the prompt waits in the queue for B (its turn runs)
+            await until(lambda: a.coordinator.stats()["prompts_held"] == 1 or stale.done)
+            assert a.coordinator.counters["fenced"] >= 1 and not stale.done
             assert await a.store.count_user_messages(sid, idempotency_key="k3") == 0
             owner, _, epoch, live = await b.coordinator.pg.lease_of(sid)
             assert epoch == b.coordinator.leases[sid] != epoch_a  # the takeover bumped it
             assert owner == b.coordinator.instance and live
             gate.set()
             gate_b.set()
+            answer = await outcome(stale)  # B inserts it after its turn
+            found = await b.store.find_key(sid, "k3")
+            assert found is not None and answer == found.message_id
+            assert await b.store.count_user_messages(sid, idempotency_key="k3") == 1
 
 
 async def test_row_unguarded_a_withdrawn_row_read_by_the_owner_is_not_inserted(

@@ -535,6 +535,13 @@ def serve(
         float,
         typer.Option(help="seconds before a dead node's sessions are taken over (PostgreSQL)"),
     ] = 10.0,
+    lease_grace: Annotated[
+        float | None,
+        typer.Option(
+            help="seconds a node keeps an idle session's lease, so that its next prompt there "
+            "costs no lease statement (PostgreSQL; default: 3 x --lease-ttl; 0: release at once)"
+        ),
+    ] = None,
     idle_timeout: Annotated[
         float,
         typer.Option(
@@ -577,7 +584,8 @@ def serve(
     resumed on a new one. With --tokens FILE several tenants share it, each seeing only its
     own sessions (kill -HUP reloads the file). Without a token it listens on loopback
     addresses only. On a
-    PostgreSQL store several nodes may serve the same sessions (--node-id, --lease-ttl);
+    PostgreSQL store several nodes may serve the same sessions (--node-id, --lease-ttl,
+    --lease-grace);
     GET /ops/status shows them.
 
     With MODULE:FACTORY (or FILE.py:FACTORY), your agent is served instead: a SessionAgent
@@ -621,6 +629,8 @@ def serve(
     url = _store_urls(store, "sessions.sqlite3" if target is None else factory_db(target))
     if lease_ttl <= 0:
         raise typer.BadParameter("must be positive", param_hint="--lease-ttl")
+    if lease_grace is not None and lease_grace < 0:
+        raise typer.BadParameter("0 or positive", param_hint="--lease-grace")
     if idle_timeout < 0:
         raise typer.BadParameter("0 (never) or positive", param_hint="--idle-timeout")
     if write_timeout <= 0:
@@ -660,6 +670,7 @@ def serve(
                 sock=sock,
                 node_id=node_id,
                 lease_ttl=lease_ttl,
+                lease_grace=lease_grace,
                 idle_timeout=idle_timeout or None,
                 write_timeout=write_timeout,
                 allowed_origins=allow_origin or (),

@@ -5,20 +5,32 @@ a `Placement` the sessions' inboxes call, plus a lifecycle; what it learns from 
 to the agent through `PlacementEvents`. `PostgresCoordinator` lets any number of nodes serve the
 same sessions behind any load balancer:
 
-* **Leases with fencing.** A session's foreground work (inserting user messages, running
-  turns) happens on the node holding its lease (`session_leases`, see
-  `acp_once.cluster.sql`). A node takes the lease when it needs to insert for a session
-  whose lease is free or expired, renews it every `lease_ttl / 3` seconds while it works, and
-  releases it when the session is idle with nothing queued. Every write under the lease
-  (`insert_user_message`, `append_update`) carries the fencing token `(instance, epoch)` and
-  the store refuses it in the same transaction when the lease moved on (`FencingError`): a
-  node that lost its lease cannot write. When the owner dies, its lease expires after
-  `lease_ttl` and the next node that needs the session takes it over.
+* **Kept leases with fencing.** A session's foreground work (inserting user messages,
+  running turns) happens on the node holding its lease (`session_leases`, see
+  `acp_once.cluster.sql`). A node takes the lease when it needs to insert for a session whose
+  lease is free or expired, and keeps it while the session is active and for `lease_grace`
+  seconds after its worker last stopped with nothing queued (`idle_since`): a prompt on the
+  owning node for a session whose lease it holds costs no lease statement, only the fenced
+  insert (key lookup and insert in one statement, through the store's group commit).
+  `_maintain` renews every lease held, active or kept, in one statement every
+  `lease_ttl / 3`, drops a lease the renewal finds lost, and releases a kept lease whose grace
+  has passed (the release is refused while prompts are queued; the owner then inserts them).
+  Every write under the lease (`insert_user_message`, `append_update`) carries the fencing
+  token `(instance, epoch)` and the store refuses it in the same statement when the lease
+  moved on (`FencingError`): a node that lost its lease cannot write, and a refused write
+  drops the lease here at once (`fenced_out`); a prompt placed under a kept lease that turns
+  out lost this way is placed again (queued for the new owner). When the owner dies or
+  stalls, its lease expires after `lease_ttl` and the next node that needs the session takes
+  it over.
 * **Cross-node prompts.** A keyed retry of an inserted prompt gets the recorded `messageId` on
   any node (the store's lookup). A prompt that cannot be inserted at once, because a turn runs
   (on this node or another) or prompts wait already, goes into the shared `prompt_queue` in
-  arrival order; the lease owner inserts the queued prompts one by one after its turn, each in
-  the transaction that marks the row inserted. A request on any node carrying the key of a
+  arrival order; the lease owner, busy or idle within its grace, inserts the queued prompts
+  one by one after its turn, each in the transaction that marks the row inserted. The owner
+  reads the queue only when prompts may wait there (`backlog`: a wake-up NOTIFY from the
+  queueing node, its own poll of the kept sessions' queues, a prompt of its own queued behind
+  its turn), so a prompt that ends with nothing queued costs no read; a prompt arriving on
+  the owner while the backlog is known goes behind it. A request on any node carrying the key of a
   queued prompt waits on that row instead of queueing a second one, and every waiter learns the
   outcome by NOTIFY (polled as well, every `poll_interval`, so a lost notification or a dead
   listener never leaves a request waiting): the `messageId`, or -32800 when it was withdrawn
@@ -35,17 +47,21 @@ same sessions behind any load balancer:
 With the steer policy, a prompt another node queued is inserted as soon as the owner is
 woken (NOTIFY), during its turn; the owner's own prompts are inserted at once as on one node.
 
-Cost: each step of the lease owner is one statement (queueing a prompt behind its turn; the
-insert, which checks the fence, locks and settles the queued row and notifies its outcome
-together; a turn's last update with its closing marker), so a keyed prompt that the owner
-holds and inserts costs about as many round trips to PostgreSQL as on one node without
-coordination (`benchmarks/bench_cluster.py --in-process` counts them).
+Cost: a keyed prompt on the node that keeps the session's lease is the fenced insert and the
+turn's fenced appends, all through group commit, plus the NOTIFY of its updates to the other
+nodes; no lease statement. Each step of a busy owner is one statement (queueing a prompt
+behind its turn; the insert, which checks the fence, locks and settles the queued row and
+notifies its outcome together). `benchmarks/bench_cluster.py --in-process` and
+`benchmarks/bench_load.py` (cluster section) count statements, transactions and round trips.
 
 Interrupted work: a node that takes over a lease that expired (a dead owner, or one that
 stopped with work in progress) looks for the session's turns that did not finish and runs them
 again (`resume_interrupted`) or reports them interrupted, as one node does after a restart.
 
-Limits: keys of live-only messages (locally handled commands, never stored) are known only on
+Limits: a kept session is woken through the runtime, which keeps sessions loaded while their
+lease is held; a session deleted on this node after a wake-up and before its worker ran keeps
+its lease until the node stops or the lease expires unrenewed elsewhere (its renewal goes on).
+Keys of live-only messages (locally handled commands, never stored) are known only on
 the node that ran them. A node that dies while it has requests waiting on another node's queued
 prompt keeps that prompt held (it is inserted rather than dropped when its last other waiter
 leaves). Streamable HTTP connections live on the node that created them: a load balancer must
@@ -57,6 +73,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import functools
 import logging
 import math
 import socket
@@ -116,8 +133,17 @@ class PostgresCoordinator:
             node never mistakes its predecessor's leases for its own.
         lease_ttl: seconds a lease lasts without renewal (renewed every third of it); how long
             a dead node's sessions wait before another node takes over.
-        poll_interval: seconds between polls of the queued prompts this node waits on (a
-            safety net behind NOTIFY).
+        lease_grace: seconds a lease is kept after the session's last activity (its worker
+            stopped with nothing queued), so that the session's next prompt on this node
+            costs no lease statement; None: three times `lease_ttl`. 0 releases a lease as
+            soon as the session is idle.
+        poll_interval: seconds between polls of the queued prompts this node waits on, and
+            of the queue of the sessions whose lease it keeps idle (a safety net behind
+            NOTIFY).
+
+    Raises:
+        ValueError: `lease_ttl` or `poll_interval` is not positive, or `lease_grace` is
+            negative.
     """
 
     def __init__(
@@ -126,10 +152,15 @@ class PostgresCoordinator:
         *,
         node_id: str | None = None,
         lease_ttl: float = 10.0,
+        lease_grace: float | None = None,
         poll_interval: float = 1.0,
     ) -> None:
         if not math.isfinite(lease_ttl) or lease_ttl <= 0:
             raise ValueError("lease_ttl must be a positive number of seconds")
+        if lease_grace is None:
+            lease_grace = 3 * lease_ttl
+        if not math.isfinite(lease_grace) or lease_grace < 0:
+            raise ValueError("lease_grace must be 0 or a positive number of seconds")
         if poll_interval <= 0:
             raise ValueError("poll_interval must be positive")
         self.node_id = node_id or default_node_id()
@@ -139,9 +170,16 @@ class PostgresCoordinator:
             store, node_id=self.node_id, instance=self.instance, lease_ttl=lease_ttl
         )
         self.lease_ttl = lease_ttl
+        self.lease_grace = lease_grace
         self.poll_interval = poll_interval
         self.leases: dict[str, int] = {}
         """The sessions whose lease this node holds, with its epoch (the fencing token)."""
+        self.idle_since: dict[str, float] = {}
+        """The held sessions whose worker stopped with nothing queued (kept in grace), with
+        the time (`anyio.current_time`) it stopped; a session being worked on is not here."""
+        self.backlog: set[str] = set()
+        """Held sessions for which prompts may be queued (a wake-up, the poll, a prompt of
+        this node queued behind its turn): the worker reads the queue before it stops."""
         self._waiting: dict[int, PendingPrompt] = {}
         """The queued rows prompts of this node wait on."""
         self._rows: dict[PendingPrompt, int] = {}
@@ -191,6 +229,8 @@ class PostgresCoordinator:
             with contextlib.suppress(StorageError):
                 await self.pg.deregister()
         self.leases.clear()
+        self.idle_since.clear()
+        self.backlog.clear()
         logger.info("cluster.stop node=%s instance=%s", self.node_id, self.instance)
 
     def stats(self) -> dict[str, Any]:
@@ -198,6 +238,7 @@ class PostgresCoordinator:
         return {
             "prompts_held": len(self._waiting),
             "leases": len(self.leases),
+            "leases_kept_idle": len(self.idle_since),
             **{name: self.counters[name] for name in sorted(self.counters)},
             "dedup_hits": self.counters["dedup_hits"],
         }
@@ -259,8 +300,13 @@ class PostgresCoordinator:
         backlog = False
         for _ in range(3):  # a lease lost between two steps: decide again
             epoch = self.leases.get(sid)
+            # In the same step as the read of the lease: from here on the session is worked
+            # on, and `_maintain` no longer lets its kept lease go.
+            self.idle_since.pop(sid, None)
             if epoch is not None:
-                if backlog or busy:
+                if backlog or busy or sid in self.backlog:
+                    # behind this node's turn, or behind prompts other nodes queued (one
+                    # arrival order): through the queue, which the worker reads
                     try:
                         admission = await self.pg.admit(
                             sid, pending.key, pending.digest, _content(pending), epoch=epoch
@@ -269,8 +315,19 @@ class PostgresCoordinator:
                         self._lost(sid)
                         continue
                     assert not isinstance(admission, Owned)  # we own it already
+                    self.backlog.add(sid)
                     return self._await_row(pending, admission)
-                await insert(pending)
+                # The kept lease: no lease statement, the fenced insert alone. Should the
+                # lease turn out lost (taken over while this node stalled), the insert is
+                # refused, nothing written, and the prompt is placed again from the top.
+                pending.write = functools.partial(self._write_owned, pending)
+                try:
+                    await insert(pending)
+                except _LeaseGone:
+                    pending.state = "held"
+                    continue
+                finally:
+                    pending.write = None
                 return INSERTED
             if pending.key is not None:
                 found = await self.store.find_key(sid, pending.key)
@@ -281,6 +338,7 @@ class PostgresCoordinator:
             )
             if isinstance(admission, Owned):
                 self._took(sid, admission.epoch)
+                self.idle_since.pop(sid, None)
                 # this request may be cancelled (its connection closed) or fail from here on:
                 # the lease we took is worked all the same (the inbox starts the worker, which
                 # inserts what is queued and then releases it)
@@ -303,27 +361,37 @@ class PostgresCoordinator:
         release: bool = True,
     ) -> bool:
         """The worker's next step once its turns are done: insert the oldest queued prompt
-        (True), or release the lease when nothing is queued (False: the worker stops). Not
-        `release` (steer, while a turn runs): False when nothing is queued. `oldest` is not
-        used: prompts held on this node wait on queued rows, inserted by their order there."""
+        (True), or stop (False) keeping the lease for `lease_grace` seconds (`_maintain`
+        lets it go after that; with no grace, it is released now unless prompts are queued).
+        Not `release` (steer, while a turn runs): False when nothing is queued. `oldest` is
+        not used: prompts held on this node wait on queued rows, inserted by their order
+        there. The queue is read only when prompts may wait in it (`backlog`): a prompt that
+        ends with nothing queued costs no statement here."""
         sid = session_id
+        self.idle_since.pop(sid, None)
         try:
             while True:
                 epoch = self.leases.get(sid)
                 if epoch is None:
                     return False
-                # Release first: it frees the lease only when nothing is queued (it looks
-                # under the lease row's lock), so the queue is read only when it kept the
-                # lease, and a prompt that ends with an empty queue costs no read of its own.
-                if release and await self.pg.release(sid, epoch):
-                    self.leases.pop(sid, None)
-                    logger.info("lease.released session=%s node=%s", sid, self.node_id)
+                if sid not in self.backlog:
+                    if release and self.lease_grace <= 0:
+                        # Releases only when nothing is queued (it looks under the lease row's
+                        # lock); refused, the queue is read.
+                        if await self.pg.release(sid, epoch):
+                            self._released(sid)
+                            return False
+                        self.backlog.add(sid)
+                        continue
+                    if release:
+                        self.idle_since[sid] = anyio.current_time()
                     return False
+                # a wake-up that comes during the read sets it again: read once more then
+                self.backlog.discard(sid)
                 queued = await self.pg.next_prompt(sid)
                 if queued is None:
-                    if release:
-                        continue
-                    return False
+                    continue
+                self.backlog.add(sid)  # there may be more behind it
                 await self._insert_queued(sid, queued, insert)
                 return True
         except StorageError:
@@ -362,6 +430,14 @@ class PostgresCoordinator:
         """Whether this node holds the session's lease."""
         return session_id in self.leases
 
+    def fenced_out(self, session_id: str, fence: Fence) -> None:
+        """A write under `fence` was refused: the lease moved on (taken over after a stall).
+        A kept lease is dropped at once, not at the next renewal: the session's next prompt
+        here then goes through the database instead of a write that would be refused."""
+        self.counters["fenced"] += 1
+        if self.leases.get(session_id) == fence.epoch:
+            self._lost(session_id)
+
     async def insert_fenced(
         self,
         sid: str,
@@ -389,6 +465,9 @@ class PostgresCoordinator:
         except QueueRowGone as exc:
             self.gone.add(exc.row)  # withdrawn meanwhile: its waiters have their answer
             raise
+        except FencingError:
+            self.fenced_out(sid, fence)
+            raise
         if outcome.inserted:
             self.counters["inserted"] += 1
             logger.info("message.inserted session=%s message=%s", sid, mid)
@@ -397,13 +476,34 @@ class PostgresCoordinator:
             logger.info("message.recorded session=%s message=%s", sid, outcome.message_id)
         return outcome
 
+    async def _write_owned(
+        self, pending: PendingPrompt, message_id: str, update: bytes
+    ) -> InsertOutcome:
+        """The fenced insert of a prompt this node places under the lease it holds;
+        `_LeaseGone` when the fence refuses it (nothing was written)."""
+        sid, key = pending.session_id, pending.key
+        digest = pending.digest if key is not None else None
+        try:
+            return await self.insert_fenced(sid, message_id, update, key, digest, row=None)
+        except FencingError:
+            raise _LeaseGone from None
+
     # -- internals ----------------------------------------------------------------------
 
     def _took(self, sid: str, epoch: int) -> None:
         self.leases[sid] = epoch
         logger.info("lease.taken session=%s node=%s epoch=%d", sid, self.node_id, epoch)
 
+    def _released(self, sid: str) -> None:
+        self.leases.pop(sid, None)
+        self.idle_since.pop(sid, None)
+        self.backlog.discard(sid)
+        self.counters["leases_released"] += 1
+        logger.info("lease.released session=%s node=%s", sid, self.node_id)
+
     def _lost(self, sid: str) -> None:
+        self.idle_since.pop(sid, None)
+        self.backlog.discard(sid)
         if self.leases.pop(sid, None) is None:
             return
         self.counters["leases_lost"] += 1
@@ -592,6 +692,9 @@ class PostgresCoordinator:
 
     def _wake(self, session_id: str) -> None:
         if self._events is not None and session_id in self.leases:
+            # busy or idle in its grace: the worker reads the queue before it stops
+            self.backlog.add(session_id)
+            self.idle_since.pop(session_id, None)
             self._events.wake(session_id)
 
     def _remote_cancel(self, session_id: str) -> None:
@@ -599,9 +702,13 @@ class PostgresCoordinator:
             self._events.cancelled(session_id)
 
     async def _maintain(self) -> None:
-        """Renew leases and heartbeat every third of the TTL; poll the rows we wait on."""
+        """Renew every lease held (one statement) and heartbeat every third of the TTL; let
+        kept leases go after their grace; poll the rows we wait on and the queues of the
+        sessions whose lease we keep idle."""
         beat = self.lease_ttl / 3
         tick = min(beat, self.poll_interval)
+        if self.lease_grace > 0:
+            tick = min(tick, self.lease_grace)
         since_beat = math.inf
         rounds = 0
         while True:
@@ -609,16 +716,62 @@ class PostgresCoordinator:
                 if since_beat >= beat:
                     since_beat = 0.0
                     rounds += 1
-                    for sid in await self.pg.renew(dict(self.leases)):
-                        self._lost(sid)
+                    await self._renew()
                     await self.pg.heartbeat(self.stats())
                     if rounds % 100 == 1:
                         await self.pg.cleanup()
+                await self._release_idle()
                 await self._poll()
+                await self._poll_kept()
             except StorageError:
                 logger.warning("cluster.maintain node=%s: the database failed", self.node_id)
             await anyio.sleep(tick)  # the period of a background loop, not a synchronisation
             since_beat += tick
+
+    async def _renew(self) -> None:
+        """Extend every lease this node holds, active or kept in grace, in one statement; a
+        lease found lost (taken over after a stall) is dropped here at once."""
+        held = dict(self.leases)
+        for sid in await self.pg.renew(held):
+            if self.leases.get(sid) == held[sid]:
+                self._lost(sid)
+
+    async def _release_idle(self) -> None:
+        """Let go the kept leases whose grace has passed (the session idle, nothing queued).
+
+        The lease is dropped locally in the same step as the check that the session is still
+        idle, before the statement: a prompt arriving meanwhile no longer counts on it and
+        takes the lease again through the database, where it waits for this release. A
+        release refused because prompts are queued keeps the lease, and the worker is woken
+        to insert them."""
+        now = anyio.current_time()
+        due = [sid for sid, since in self.idle_since.items() if now - since >= self.lease_grace]
+        for sid in due:
+            if sid not in self.idle_since or sid not in self.leases:
+                continue  # worked on again meanwhile (this loop awaits)
+            del self.idle_since[sid]
+            epoch = self.leases.pop(sid)
+            try:
+                released = await self.pg.release(sid, epoch)
+            except StorageError:
+                released = False
+            if released:
+                self.backlog.discard(sid)
+                self.counters["leases_released"] += 1
+                logger.info("lease.released session=%s node=%s", sid, self.node_id)
+            elif sid not in self.leases:
+                # prompts are queued (or the database failed): still ours, work on them
+                self.leases[sid] = epoch
+                self._wake(sid)
+
+    async def _poll_kept(self) -> None:
+        """Wake the held sessions kept idle whose queue has prompts (a wake-up NOTIFY lost)."""
+        idle = [sid for sid in self.idle_since if sid not in self.backlog]
+        if not idle:
+            return
+        for sid in await self.pg.queued_sessions(idle):
+            if sid in self.idle_since:
+                self._wake(sid)
 
     async def _poll(self) -> None:
         rows = list(self._waiting)
@@ -657,6 +810,12 @@ class PostgresCoordinator:
         while self._publish:
             batch = [self._publish.popleft() for _ in range(min(len(self._publish), 200))]
             await self.pg.publish(batch)
+
+
+class _LeaseGone(BaseException):
+    """Raised through the inbox's insert pipeline (which answers every `Exception` as a
+    failure) when the fence refused the insert of a prompt placed under a kept lease that
+    was lost: nothing was written, and `place` decides again where the prompt goes."""
 
 
 class _Row:

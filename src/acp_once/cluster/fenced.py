@@ -10,6 +10,7 @@ from acp_once.storage.base import (
     ANY_TENANT,
     UNCHANGED,
     AnyTenant,
+    FencingError,
     InsertOutcome,
     KeyRecord,
     SessionRecord,
@@ -34,6 +35,10 @@ class Fencing(Protocol):
 
     def fence(self, session_id: str) -> Fence:
         """The fencing token for a write on `session_id`; `FencingError` without the lease."""
+        ...
+
+    def fenced_out(self, session_id: str, fence: Fence) -> None:
+        """A write under `fence` was refused (the lease moved on)."""
         ...
 
     async def insert_fenced(
@@ -109,17 +114,25 @@ class FencedStore:
     async def append_update(
         self, session_id: str, update: bytes, *, message_id: str | None = None
     ) -> int:
-        return await self._store.append_update(
-            session_id, update, message_id=message_id, guard=self._c.fence(session_id)
-        )
+        fence = self._c.fence(session_id)
+        try:
+            return await self._store.append_update(
+                session_id, update, message_id=message_id, guard=fence
+            )
+        except FencingError:
+            self._c.fenced_out(session_id, fence)
+            raise
 
     async def append_updates(
         self, session_id: str, updates: Sequence[tuple[bytes, str | None]]
     ) -> list[int]:
         """`AppendsUpdates.append_updates` under the session's lease (fenced), one trip."""
-        return await self._store.append_updates(
-            session_id, updates, guard=self._c.fence(session_id)
-        )
+        fence = self._c.fence(session_id)
+        try:
+            return await self._store.append_updates(session_id, updates, guard=fence)
+        except FencingError:
+            self._c.fenced_out(session_id, fence)
+            raise
 
     async def read_timeline(
         self, session_id: str, *, after_seq: int = 0, limit: int = 1000

@@ -49,6 +49,7 @@ class ShardedCoordinator:
         *,
         node_id: str | None = None,
         lease_ttl: float = 10.0,
+        lease_grace: float | None = None,
         poll_interval: float = 1.0,
     ) -> None:
         shards: list[PostgresStore] = []
@@ -58,7 +59,11 @@ class ShardedCoordinator:
             shards.append(shard)
         self.coordinators: tuple[PostgresCoordinator, ...] = tuple(
             PostgresCoordinator(
-                shard, node_id=node_id, lease_ttl=lease_ttl, poll_interval=poll_interval
+                shard,
+                node_id=node_id,
+                lease_ttl=lease_ttl,
+                lease_grace=lease_grace,
+                poll_interval=poll_interval,
             )
             for shard in shards
         )

@@ -12,7 +12,8 @@ migrated to version 2 has them, whichever version of this package created it, an
   the fencing token that every write under the lease carries (`acp_once.cluster.fence.Fence`,
   a guard of the store's writes, checked in the write's own statement). A lease may be taken
   when it is free or expired (`expires_at`, the database's clock, so nodes' clocks do not
-  matter); the owner renews it and releases it when the session is idle.
+  matter); the owner renews all its leases in one statement (`renew`) and releases a
+  lease some time after the session went idle (`release`, refused while prompts are queued).
 * `prompt_queue`: the prompts of a session that are accepted and not inserted yet (held), in
   arrival order (`id`), whichever node received them. The lease owner inserts them one by one:
   the insert, the flip of the row to `inserted` (or `recorded`: the key was inserted already)
@@ -160,6 +161,7 @@ class _Sql:
     detach: sql.Composed
     fail: sql.Composed
     outcomes: sql.Composed
+    queued_sessions: sql.Composed
     heartbeat: sql.Composed
     deregister: sql.Composed
     cleanup_rows: sql.Composed
@@ -205,9 +207,16 @@ def _statements(schema: str) -> _Sql:
             "  EXISTS (SELECT 1 FROM {s}.prompt_queue WHERE session_id = %(sid)s"
             "  AND state = 'queued' AND id NOT IN (SELECT id FROM ab))"
         ),
+        # Every lease of this instance in one statement, its rows locked in session order
+        # first: the order in which group commit's batches (fenced writes: FOR SHARE of the
+        # lease row) take them, so that a renewal and a batch never wait for each other in a
+        # cycle (a deadlock).
         renew=q(
-            "UPDATE {s}.session_leases SET expires_at = now() + make_interval(secs => %s)"
-            " WHERE owner = %s AND session_id = ANY(%s) RETURNING session_id, epoch"
+            "WITH mine AS (SELECT session_id FROM {s}.session_leases"
+            "  WHERE owner = %(me)s AND session_id = ANY(%(sids)s)"
+            "  ORDER BY session_id FOR NO KEY UPDATE)"
+            " UPDATE {s}.session_leases l SET expires_at = now() + make_interval(secs => %(ttl)s)"
+            " FROM mine WHERE l.session_id = mine.session_id RETURNING l.session_id, l.epoch"
         ),
         # expired, not freed: the next owner sees a takeover and looks for unfinished turns
         release_all=q("UPDATE {s}.session_leases SET expires_at = '-infinity' WHERE owner = %s"),
@@ -289,6 +298,10 @@ def _statements(schema: str) -> _Sql:
             " l.owner IS NULL OR l.expires_at < now()"
             " FROM {s}.prompt_queue q LEFT JOIN {s}.session_leases l USING (session_id)"
             " WHERE q.id = ANY(%s)"
+        ),
+        queued_sessions=q(
+            "SELECT DISTINCT session_id FROM {s}.prompt_queue"
+            " WHERE session_id = ANY(%s) AND state = 'queued'"
         ),
         heartbeat=q(
             "INSERT INTO {s}.cluster_nodes (instance, node_id, stats) VALUES (%s, %s, %s)"
@@ -445,7 +458,7 @@ class PgCluster:
         """Extend the leases `{session: epoch}` held; return the sessions whose lease is lost."""
         if not leases:
             return set()
-        params = (self.lease_ttl, self.instance, list(leases))
+        params = {"ttl": self.lease_ttl, "me": self.instance, "sids": sorted(leases)}
 
         async def work(conn: _Conn) -> list[tuple[Any, ...]]:
             return await _all(conn, self._sql.renew, params)
@@ -641,6 +654,13 @@ class PgCluster:
             lambda conn: _all(conn, self._sql.outcomes, (list(rows),)), begin=False
         )
         return [RowOutcome(int(r), st, mid, same, bool(free)) for r, st, mid, same, free in found]
+
+    async def queued_sessions(self, sessions: Sequence[str]) -> list[str]:
+        """Those of `sessions` that have prompts queued (the poll behind the wake-ups)."""
+        found = await self.store.run(
+            lambda conn: _all(conn, self._sql.queued_sessions, (list(sessions),)), begin=False
+        )
+        return [str(row[0]) for row in found]
 
     # -- notifications ------------------------------------------------------------------
 

@@ -49,7 +49,12 @@ _Agent = TypeVar("_Agent", bound="SessionAgent")
 
 
 def clustered(
-    agent: _Agent, store: SessionStore, *, node_id: str | None, lease_ttl: float
+    agent: _Agent,
+    store: SessionStore,
+    *,
+    node_id: str | None,
+    lease_ttl: float,
+    lease_grace: float | None = None,
 ) -> _Agent:
     """`agent` as a cluster node when `store` is PostgreSQL, or sharded over PostgreSQL
     databases (see `serve_agent`)."""
@@ -60,13 +65,17 @@ def clustered(
     if isinstance(store, PostgresStore):
         from acp_once.cluster import PostgresCoordinator
 
-        coordinator = PostgresCoordinator(store, node_id=node_id, lease_ttl=lease_ttl)
+        coordinator = PostgresCoordinator(
+            store, node_id=node_id, lease_ttl=lease_ttl, lease_grace=lease_grace
+        )
     elif isinstance(store, ShardedStore) and all(
         isinstance(shard, PostgresStore) for shard in store.shards
     ):
         from acp_once.cluster import ShardedCoordinator
 
-        coordinator = ShardedCoordinator(store, node_id=node_id, lease_ttl=lease_ttl)
+        coordinator = ShardedCoordinator(
+            store, node_id=node_id, lease_ttl=lease_ttl, lease_grace=lease_grace
+        )
     else:
         return agent
     agent.use_coordinator(coordinator)
@@ -145,6 +154,7 @@ async def serve_agent(
     on_server: Callable[[uvicorn.Server], None] | None = None,
     node_id: str | None = None,
     lease_ttl: float = 10.0,
+    lease_grace: float | None = None,
     idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT,
     write_timeout: float = DEFAULT_WRITE_TIMEOUT,
     handle_signals: bool = True,
@@ -182,7 +192,8 @@ async def serve_agent(
     is served (`acp-once serve` passes False unless `--migrate`, or the store is new).
 
     On a PostgreSQL store a `SessionAgent` is a cluster node (`node_id`, default the host name;
-    `lease_ttl` seconds before a dead node's sessions are taken over): any number of
+    `lease_ttl` seconds before a dead node's sessions are taken over; `lease_grace` seconds a
+    node keeps an idle session's lease, None: three times `lease_ttl`): any number of
     processes may serve the same store behind a load balancer (`acp_once.cluster`); the
     connection ids it issues begin with its node id and a dot (`connection_prefix`), which
     the balancer routes a Streamable HTTP connection's requests by.
@@ -210,7 +221,9 @@ async def serve_agent(
         made = await build_agent(factory, opened)
         prefix = ""
         if isinstance(made, SessionAgent):
-            made = clustered(made, opened, node_id=node_id, lease_ttl=lease_ttl)
+            made = clustered(
+                made, opened, node_id=node_id, lease_ttl=lease_ttl, lease_grace=lease_grace
+            )
             prefix = _connection_prefix(opened, node_id)
         async with entered(made) as agent:
             await _serve_entered(

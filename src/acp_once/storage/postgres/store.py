@@ -32,7 +32,8 @@ Concurrency (READ COMMITTED, which every write transaction asks for explicitly):
   inserts and appends go through one queue with one writer. An insert is then one statement
   (`insert_one`: the lock, the lookup, the INSERT and `next_seq` together). A lone write is
   that statement in autocommit, one round trip; the writes that queue while a batch commits
-  are sent together in pipeline mode inside one transaction, in the order of their session
+  are sent together in pipeline mode inside one transaction (BEGIN and COMMIT in the same
+  pipeline on the store's own autocommit pool: one round trip), in the order of their session
   ids (see `_write_batch`), and each caller is answered after its COMMIT. Guarded writes are
   grouped the same way: a guard that does not hold writes nothing and is that write's own
   answer (a `FencingError`), and the others commit.
@@ -70,6 +71,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 import anyio
 import psycopg
 from psycopg import sql
+from psycopg.pq import TransactionStatus
 from psycopg.rows import tuple_row
 from psycopg_pool import AsyncConnectionPool
 
@@ -119,6 +121,10 @@ if TYPE_CHECKING:
 __all__ = ["PostgresStore"]
 
 _T = TypeVar("_T")
+
+_BEGIN: Final = sql.SQL("BEGIN ISOLATION LEVEL READ COMMITTED")
+_READ_COMMITTED: Final = sql.SQL("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
+_COMMIT: Final = sql.SQL("COMMIT")
 
 _INSERT_TIMEOUT: Final = 60.0
 """Seconds a user message insert, shielded from cancellation, may take (`_insert_shielded`)."""
@@ -603,19 +609,41 @@ class PostgresStore(AsyncClosing):
         """
         ordered = sorted(batch, key=lambda write: write.session_id)
         outcomes: list[tuple[bool, object]] = []
+        at_commit: list[bool] = []
 
         async def together(conn: Conn) -> None:
             results: list[list[tuple[Any, ...]]] = []
-            async with conn.pipeline() as pipeline:
-                cursors = [conn.cursor(binary=True, row_factory=tuple_row) for _ in ordered]
-                try:
-                    for cursor, write in zip(cursors, ordered, strict=True):
-                        await cursor.execute(write.work.query, write.work.params)
-                    await pipeline.sync()
-                    results = [await cursor.fetchall() for cursor in cursors]
-                finally:
-                    for cursor in cursors:
-                        await cursor.close()
+            # On an autocommit connection (the store's own pool) BEGIN and COMMIT travel in
+            # the pipeline with the writes: the whole batch is one round trip. Otherwise
+            # psycopg opens the transaction and `transact` commits it.
+            own = conn.autocommit
+            sent: list[bool] = []
+            try:
+                async with conn.pipeline() as pipeline:
+                    control = conn.cursor()
+                    cursors = [conn.cursor(binary=True, row_factory=tuple_row) for _ in ordered]
+                    try:
+                        await control.execute(_BEGIN if own else _READ_COMMITTED)
+                        for cursor, write in zip(cursors, ordered, strict=True):
+                            await cursor.execute(write.work.query, write.work.params)
+                        if own:
+                            sent.append(True)
+                            await control.execute(_COMMIT)
+                        await pipeline.sync()
+                        results = [await cursor.fetchall() for cursor in cursors]
+                    finally:
+                        for cursor in [control, *cursors]:
+                            await cursor.close()
+            except psycopg.Error:
+                # Before the COMMIT was queued (a value refused as it was sent) nothing can
+                # commit. After, a write's SQL error aborts the transaction (the COMMIT then
+                # does nothing): INERROR. Anything else (the COMMIT refused, the connection
+                # lost) leaves the outcome unknown.
+                if sent:
+                    at_commit.append(conn.info.transaction_status != TransactionStatus.INERROR)
+                raise
+            if own:  # committed: a failure from here on must not write the batch again
+                at_commit.append(True)
             for write, rows in zip(ordered, results, strict=True):
                 try:
                     outcomes.append((True, await write.work.finish(conn, rows)))
@@ -625,10 +653,11 @@ class PostgresStore(AsyncClosing):
         failure: StorageError | None = None
         with anyio.move_on_after(_INSERT_TIMEOUT) as scope:
             try:
-                await self._call(together, begin=True)
+                await self._call(together, begin=False)
             except StorageError as exc:
                 failure = exc
-        if scope.cancelled_caught or (failure is not None and len(outcomes) == len(ordered)):
+        unknown = failure is not None and (len(outcomes) == len(ordered) or any(at_commit))
+        if scope.cancelled_caught or unknown:
             # Cut short or failed at COMMIT: the batch may or may not be stored, and writing
             # it again could store it twice. Every caller learns that.
             if failure is None:
