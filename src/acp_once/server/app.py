@@ -594,9 +594,12 @@ class AcpServer:
             await self._handler(frames, name, tenant)
             return
         assert self.agent is not None
-        connection = AgentSideConnection(self.agent, frames, name=name, tenant=tenant)
+        # read in this task: no reader task per connection (idle connections are many)
+        connection = AgentSideConnection(
+            self.agent, frames, name=name, tenant=tenant, inline_reader=True
+        )
         async with connection as conn:
-            await conn.wait_closed()
+            await conn.serve()
 
     async def _sweep_idle_websockets(self, timeout: float) -> None:
         """Close the WebSocket connections idle for `timeout` seconds, checking all of them a
