@@ -63,6 +63,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route, WebSocketRoute
+from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket
 
 from acp_once.agent.connection import AgentSideConnection
@@ -412,7 +413,13 @@ class AcpServer:
         try:
             await frames.accept(connection_id)
             self.accepted += 1
-            await self._serve_frames(frames, f"ws-{connection_id[:12]}", tenant)
+            name = f"ws-{connection_id[:12]}"
+            if self._tg is not None:
+                # the lifespan's sweeper closes it when idle: no watching task of its own (with
+                # 10,000 connections, a task group and a task each are ~4 KB per connection)
+                await self._serve_connection(frames, name, tenant)
+            else:
+                await self._serve_frames(frames, name, tenant)
         except Exception:
             logger.exception("the WebSocket connection %s failed", connection_id)
             await frames.close(CLOSE_INTERNAL)
@@ -575,11 +582,6 @@ class AcpServer:
             await frames.aclose()
 
     async def _serve_frames(self, frames: FrameStream, name: str, tenant: str | None) -> None:
-        if self._tg is not None and isinstance(frames, ServerWebSocketFrames):
-            # the lifespan's sweeper closes it when idle: no watching task of its own (with
-            # 10,000 connections, a task group and a task each are ~4 KB per connection)
-            await self._serve_connection(frames, name, tenant)
-            return
         async with anyio.create_task_group() as watch:
             watch.start_soon(self._close_when_idle, frames, name)
             if isinstance(frames, ServerHttpFrames):
@@ -766,9 +768,32 @@ def create_app(
     # a WebSocket to any other path is answered 404, not Starlette's bare close (403, which a
     # client would take for a refused token)
     routes = [*server.routes(), WebSocketRoute("/{path:path}", _no_endpoint)]
-    app = Starlette(routes=routes, lifespan=server.lifespan)
+    app = _AcpApp(server, routes=routes, lifespan=server.lifespan)
     app.state.acp = server
     return app
+
+
+class _AcpApp(Starlette):
+    """Starlette, with WebSockets at the ACP path handed to `AcpServer` directly (unless
+    middleware was added): Starlette's middleware and routing stay on the stack of every
+    connection's task while it lives, ~4 KiB each, and do nothing for it (its handler catches
+    its own errors). Everything else goes through Starlette."""
+
+    def __init__(self, server: AcpServer, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._acp = server
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket" and not self.user_middleware:
+            path: str = scope["path"]
+            root: str = scope.get("root_path", "")
+            if root and path.startswith(root):
+                path = path[len(root) :]
+            if path == self._acp.path:
+                scope["app"] = self
+                await self._acp._websocket(WebSocket(scope, receive, send))
+                return
+        await super().__call__(scope, receive, send)
 
 
 async def _no_endpoint(websocket: WebSocket) -> None:
