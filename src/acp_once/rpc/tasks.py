@@ -177,6 +177,9 @@ class TaskPool:
         # context; a call that changes them retires the task, so nothing leaks to a later call.
         base = contextvars.copy_context()
         await fn(*args)
+        # A parked task keeps nothing of its last call: its arguments (a request, its
+        # context, its connection) would otherwise live as long as the task is parked.
+        del fn, args
         while True:
             if len(self._idle) >= self._max_idle or contextvars.copy_context() != base:
                 return
@@ -205,10 +208,12 @@ class TaskPool:
             if parked.call is None:
                 return  # retired to make room for a newer parked task
             fn, args, context = parked.call
+            parked.call = None
             if context == base:
                 await fn(*args)  # ~10,000 instructions a prompt turn less than stepping it
             else:
                 await _in_context(context, fn(*args))
+            del fn, args, context
 
     @staticmethod
     def _retire_oldest(lru: dict[_Parked, list[_Parked]]) -> None:
