@@ -201,3 +201,31 @@ async def test_the_writable_flag_wakes_its_waiters() -> None:
         with anyio.move_on_after(0.01):
             await flag.wait()
         assert not flag._waiters
+
+
+async def test_a_peer_heard_from_is_not_pinged_a_silent_one_is(tmp_path: Path) -> None:
+    with anyio.fail_after(TIMEOUT):
+        async with (
+            running(tmp_path) as srv,
+            connect_websocket(srv.url) as frames,
+            ClientSideConnection(Client(), frames) as conn,
+        ):
+            await conn.agent.initialize(initialize_request("t"))
+            (served,) = srv.acp.connections.values()
+            assert isinstance(served, DirectWebSocketFrames)
+            protocol: Any = served.channel._protocol  # type: ignore[attr-defined]
+            assert protocol.heard  # the initialize arrived
+            if protocol.ping_timer is not None:
+                protocol.ping_timer.cancel()
+            protocol.send_keepalive_ping()  # due: heard from, so no ping, the next one planned
+            assert protocol.pending_ping_payload is None
+            assert protocol.ping_timer is not None and not protocol.heard
+            protocol.ping_timer.cancel()
+            protocol.send_keepalive_ping()  # due again, nothing heard since: a ping
+            assert protocol.pending_ping_payload is not None
+            # the client answers it at once (websockets does), before it reads the answer
+            # written after the ping: so the pong is in before the next request
+            await conn.agent.new_session(s.NewSessionRequest(cwd="/w"))
+            await conn.rpc.request("session/list", {})
+            assert protocol.pending_ping_payload is None  # answered: the keepalive goes on
+            assert protocol.ping_timer is not None

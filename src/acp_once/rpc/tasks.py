@@ -21,6 +21,7 @@ server's many idle connections hold no parked task each while its busy ones keep
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import contextvars
 import types
@@ -132,7 +133,7 @@ class TaskPool:
     # 10,000 connections all prompt reuses its tasks (a task started per request instead cost
     # ~30% more CPU per prompt there), one whose connections went idle lets theirs go.
     max_parked_per_loop: ClassVar[int] = 16384
-    max_parked_seconds: ClassVar[float] = 2.0
+    max_parked_seconds: ClassVar[float] = 10.0
 
     def __init__(self, tg: TaskGroup, *, max_idle: int = 8, name: str = "pooled") -> None:
         # weak: `of` keeps pools in a WeakKeyDictionary keyed by the group, whose values must
@@ -147,7 +148,9 @@ class TaskPool:
         self._lru: dict[_Parked, list[_Parked]] | None = None
         with contextlib.suppress(RuntimeError):  # not asyncio (or no loop): anyio.Event
             self._loop = asyncio.get_running_loop()
-            self._lru = TaskPool._parked.setdefault(self._loop, {})
+            # ordered by a linked list: the oldest is found at once, where a dict's first live
+            # entry is found by skipping the slots of the ones taken out before it
+            self._lru = TaskPool._parked.setdefault(self._loop, collections.OrderedDict())
 
     @classmethod
     def of(cls, tg: TaskGroup) -> TaskPool:
