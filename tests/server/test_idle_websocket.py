@@ -223,11 +223,11 @@ async def test_a_peer_heard_from_is_not_pinged_a_silent_one_is(tmp_path: Path) -
             if protocol.ping_timer is not None:
                 protocol.ping_timer.cancel()
             protocol.send_keepalive_ping()  # due: heard from, so no ping, the next one planned
-            assert protocol.pending_ping_payload is None
+            assert _ping_in_flight(protocol) is None
             assert protocol.ping_timer is not None and not protocol.heard
             protocol.ping_timer.cancel()
             protocol.send_keepalive_ping()  # due again, nothing heard since: a ping
-            assert protocol.pending_ping_payload is not None
+            assert _ping_in_flight(protocol) is not None
             # the client answers it at once (websockets does), before it reads the answer
             # written after the ping: so the pong is in before the next request
             await conn.agent.new_session(s.NewSessionRequest(cwd="/w"))
