@@ -520,7 +520,12 @@ class Connection(anyio.AsyncContextManagerMixin):
             raise ConnectionClosed("Connection is closed")
         try:
             written = False
-            if self._nowait is not None and self._rest is None and not self._writing():
+            lock = self._send_lock  # inline, not _writing(): this is every frame's path
+            if (
+                self._nowait is not None
+                and self._rest is None
+                and (lock is None or not lock.locked())
+            ):
                 # Nobody is writing and nothing is half-written, so no await is needed: queue
                 # the frame, or write the outbox and the frame now.
                 if self._queue(frame):
@@ -585,7 +590,12 @@ class Connection(anyio.AsyncContextManagerMixin):
         """
         if self._is_closed:
             raise ConnectionClosed("Connection is closed")
-        if self._call_soon is None or self._rest is not None or self._writing():
+        lock = self._send_lock
+        if (
+            self._call_soon is None
+            or self._rest is not None
+            or (lock is not None and lock.locked())
+        ):
             return False
         try:
             return self._queue(frame)
