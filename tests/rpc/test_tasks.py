@@ -136,3 +136,32 @@ async def test_parked_tasks_beyond_the_loops_budget_retire_the_oldest(
             tg.cancel_scope.cancel()
     assert ran == ["a", "b", "c", "d", "e"]
     assert not parked  # cancelled parked tasks leave the budget too
+
+
+async def test_tasks_parked_longer_than_the_age_limit_retire_when_another_parks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A connection that went idle keeps no parked task once busier ones park theirs: a task
+    parked longer than `max_parked_seconds` retires when another task parks."""
+    monkeypatch.setattr(TaskPool, "max_parked_seconds", -1.0)  # every earlier one is too old
+    ran: list[str] = []
+
+    async def call(name: str) -> None:
+        ran.append(name)
+
+    async def run_and_park(pool: TaskPool, name: str) -> None:
+        pool.start_soon(call, name)
+        while name not in ran or not pool._idle:
+            await anyio.lowlevel.checkpoint()
+
+    with anyio.fail_after(TIMEOUT):
+        async with anyio.create_task_group() as tg:
+            idle, busy = TaskPool(tg), TaskPool(tg)
+            await run_and_park(idle, "a")
+            assert len(idle._idle) == 1
+            await run_and_park(busy, "b")  # parks: the idle pool's task is too old
+            assert not idle._idle and len(busy._idle) == 1
+            parked = TaskPool._parked[asyncio.get_running_loop()]
+            assert list(parked) == busy._idle
+            tg.cancel_scope.cancel()
+    assert ran == ["a", "b"]

@@ -132,6 +132,9 @@ class AgentSideConnection(anyio.AsyncContextManagerMixin):
     in `acp-once serve --tokens`), fixed for the connection's life; None (stdio, a single
     token) is the single-tenant case. `SessionAgent` shows a connection only its tenant's
     sessions.
+
+    With `inline_reader`, the client's messages are read by the task that awaits `serve()`
+    (`async with ... as conn: await conn.serve()`), not by a task of the connection's own.
     """
 
     def __init__(
@@ -142,6 +145,7 @@ class AgentSideConnection(anyio.AsyncContextManagerMixin):
         name: str | None = None,
         max_inflight: int = 256,
         tenant: str | None = None,
+        inline_reader: bool = False,
     ) -> None:
         self.agent = agent
         self.id = f"conn-{next(_connection_ids)}"
@@ -155,6 +159,7 @@ class AgentSideConnection(anyio.AsyncContextManagerMixin):
             max_inflight=max_inflight,
             name=name or self.id,
             cooperative_cancel=agent.cooperative_cancel,
+            inline_reader=inline_reader,
         )
         self.client = ClientPeer(self._rpc)
         self.client_info: s.InitializeRequest | None = None
@@ -188,6 +193,12 @@ class AgentSideConnection(anyio.AsyncContextManagerMixin):
     async def wait_closed(self) -> None:
         """Wait until the client goes away."""
         await self._rpc.wait_closed()
+
+    async def serve(self) -> None:
+        """Serve the client until it goes away: with `inline_reader`, its messages are read
+        in this task (one task less per connection; call it once); otherwise the same as
+        `wait_closed`."""
+        await self._rpc.serve()
 
     async def _initialize(self, params: dict[str, Any] | None, ctx: CallContext) -> Any:
         """Answer `initialize` in the version it selects; the first success fixes the version

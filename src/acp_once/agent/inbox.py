@@ -27,7 +27,6 @@ longer be withdrawn.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
@@ -121,7 +120,9 @@ class SessionInbox:
         self.session_id = session_id
         self.lock = SessionLock()
         self.pending_by_key: KeyJoin[str, PendingPrompt] = KeyJoin()
-        self.held: collections.deque[PendingPrompt] = collections.deque()
+        # a list, not a deque: few prompts are held at once, and a session's empty deque
+        # would be ~0.8 KiB of every idle session
+        self.held: list[PendingPrompt] = []
         self.live_keys: dict[str, str] = {}
         self.cancel_marks: dict[str, int] = {}
         """Per connection: arrival seq of its latest session/cancel or session/close (D33)."""
@@ -425,7 +426,7 @@ class SessionInbox:
     async def _insert(self, pending: PendingPrompt) -> None:
         """Insert under the session lock: the store commit is the point of no return."""
         if self.held and self.held[0] is pending:
-            self.held.popleft()
+            del self.held[0]
         pending.state = "inserting"
         message_id = new_id("msg_user")
         live_only = self._rules.live_only(pending.prompt)

@@ -20,8 +20,6 @@ from acp_once.protocol.methods import SESSION_UPDATE
 from acp_once.rpc.errors import ConnectionClosed
 
 if TYPE_CHECKING:
-    import collections
-
     from acp_once.agent.calls import AgentConnection
     from acp_once.agent.state import PendingPrompt
     from acp_once.protocol.errors import AcpError
@@ -139,7 +137,7 @@ class Session:
         return self.inbox.pending_by_key
 
     @property
-    def held(self) -> collections.deque[PendingPrompt]:
+    def held(self) -> list[PendingPrompt]:
         return self.inbox.held
 
     @property

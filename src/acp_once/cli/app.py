@@ -600,7 +600,7 @@ def serve(
         from acp_once.agent.factory import load_factory
 
         factory = _load(target, load_factory)
-    from acp_once.server.listen import InsecureListen, check_listen, listen
+    from acp_once.server.listen import InsecureListen, check_listen, listen, tune_gc_for_serving
     from acp_once.server.run import reference_factory, serve_agent
     from acp_once.server.tenants import TokensFileError, load_tokens
     from acp_once.storage import SchemaOutOfDate
@@ -656,6 +656,7 @@ def serve(
             policy="steer" if policy is Policy.steer else "hold",
             resume_interrupted=interrupted is Interrupted.continue_,
         )
+    tune_gc_for_serving()
     try:
         _eventloop.run(
             lambda: serve_agent(

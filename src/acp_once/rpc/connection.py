@@ -301,7 +301,47 @@ class Connection(anyio.AsyncContextManagerMixin):
             is treated as gone.
         max_batch: entries an inbound batch may hold; a longer batch gets one -32600 (D41).
         name: shown in logs.
+        inline_reader: read in the task that calls `serve()`, not in a reader task that
+            `async with` starts: a server with many idle connections holds one task less per
+            connection (~2.5 KiB). Nothing is read until `serve()` is called.
     """
+
+    # Slots: with ~30 attributes, a dict per connection would be ~1.6 KiB (a server holds
+    # many). The mixin's own attribute still lives in a small __dict__.
+    __slots__ = (
+        "_all_answered",
+        "_answer_after_eof",
+        "_arrivals",
+        "_batch_refusal",
+        "_call_soon",
+        "_closed",
+        "_cooperative",
+        "_free_slots",
+        "_gate",
+        "_ids",
+        "_inflight",
+        "_inline_reader",
+        "_input_ended",
+        "_is_closed",
+        "_max_batch",
+        "_name",
+        "_new_scope",
+        "_nowait",
+        "_on_notification",
+        "_on_request",
+        "_outbox",
+        "_outbox_size",
+        "_pending",
+        "_reading",
+        "_rest",
+        "_send_lock",
+        "_send_timeout",
+        "_servers",
+        "_slot_freed",
+        "_stream",
+        "_tg",
+        "_unanswered",
+    )
 
     def __init__(
         self,
@@ -315,7 +355,10 @@ class Connection(anyio.AsyncContextManagerMixin):
         cooperative_cancel: frozenset[str] = frozenset(),
         send_timeout: float = 60.0,
         max_batch: int = DEFAULT_MAX_BATCH,
+        inline_reader: bool = False,
     ) -> None:
+        self._inline_reader = inline_reader
+        self._reading = False
         self._send_timeout = send_timeout
         self._max_batch = max_batch
         self._batch_refusal: str | None = None  # set: arrays are refused whole (v1, D42)
@@ -331,16 +374,19 @@ class Connection(anyio.AsyncContextManagerMixin):
         self._on_notification = on_notification
         self._gate = gate
         self._name = name
-        self._slots = anyio.Semaphore(max_inflight, fast_acquire=True)
-        # fast_acquire: an uncontended lock is taken without a trip through the event loop
-        self._send_lock = anyio.Lock(fast_acquire=True)
+        # Inbound request slots: a count, and an event made only while the reader waits for
+        # one (the reader is the only task that takes slots). An idle connection holds no
+        # lock, semaphore or event (each ~0.8 KiB with its waiters' deque): see `_lock`.
+        self._free_slots = max_inflight
+        self._slot_freed: anyio.Event | None = None
+        self._send_lock: anyio.Lock | None = None
         self._ids = itertools.count(0)
         self._pending: dict[RequestId, PendingCall] = {}
         self._inflight: dict[RequestId, RequestContext] = {}
         self._servers: TaskPool | None = None
         self._new_scope: Callable[[], anyio.CancelScope] = anyio.CancelScope
         self._tg: TaskGroup | None = None
-        self._closed = anyio.Event()
+        self._closed: anyio.Event | None = None  # made when someone waits for the close
         self._is_closed = False  # the state, read on the send path; _closed is for waiters
         # the peer may read after it sent its last frame (stdin closed, stdout still open)
         self._answer_after_eof: bool = getattr(stream, "writable_after_eof", False)
@@ -361,7 +407,8 @@ class Connection(anyio.AsyncContextManagerMixin):
                     if self._nowait is not None:
                         with contextlib.suppress(RuntimeError):  # not on asyncio: no outbox
                             self._call_soon = asyncio.get_running_loop().call_soon
-                    tg.start_soon(self._read_loop, name=f"{self._name}-reader")
+                    if not self._inline_reader:
+                        tg.start_soon(self._read_loop, name=f"{self._name}-reader")
                     try:
                         yield self
                     finally:
@@ -371,7 +418,7 @@ class Connection(anyio.AsyncContextManagerMixin):
             with anyio.CancelScope(shield=True), anyio.move_on_after(_SHUTDOWN_WRITE_TIMEOUT):
                 if self._outbox or self._rest is not None:  # what was sent before the close
                     with contextlib.suppress(*_SEND_ERRORS):
-                        async with self._send_lock:
+                        async with self._lock():
                             await self._drain_locked()
                 await self._stream.aclose()
 
@@ -391,7 +438,41 @@ class Connection(anyio.AsyncContextManagerMixin):
 
     async def wait_closed(self) -> None:
         """Wait until the connection has ended (peer gone or closed locally)."""
+        if self._is_closed:
+            return
+        if self._closed is None:
+            self._closed = anyio.Event()
         await self._closed.wait()
+
+    async def serve(self) -> None:
+        """Serve until the connection has ended: with `inline_reader`, read and dispatch the
+        peer's messages in this task (call it once, inside the `async with` block); otherwise
+        the same as `wait_closed`.
+
+        Raises:
+            RuntimeError: called a second time with `inline_reader`.
+        """
+        if not self._inline_reader:
+            await self.wait_closed()
+            return
+        if self._reading:
+            raise RuntimeError("serve() reads in the task that calls it: call it once")
+        self._reading = True
+        if not self._is_closed:
+            await self._read_loop()
+
+    def _lock(self) -> anyio.Lock:
+        """The send lock, made on first use (fast_acquire: an uncontended lock is taken
+        without a trip through the event loop)."""
+        lock = self._send_lock
+        if lock is None:
+            lock = self._send_lock = anyio.Lock(fast_acquire=True)
+        return lock
+
+    def _writing(self) -> bool:
+        """Whether a writer holds the send lock."""
+        lock = self._send_lock
+        return lock is not None and lock.locked()
 
     def refuse_batches(self, reason: str) -> None:
         """From now on, answer every inbound batch with one -32600 (`reason` as its message)
@@ -402,8 +483,12 @@ class Connection(anyio.AsyncContextManagerMixin):
     def _shutdown(self) -> None:
         if self._is_closed:
             return
-        self._closed.set()
         self._is_closed = True
+        if self._closed is not None:
+            self._closed.set()
+        if self._inline_reader and self._tg is not None:
+            # the reader is the task that hosts the task group (`serve`): stop it reading
+            self._tg.cancel_scope.cancel()
         pending, self._pending = self._pending, {}
         for call in pending.values():
             call._resolve(
@@ -435,7 +520,12 @@ class Connection(anyio.AsyncContextManagerMixin):
             raise ConnectionClosed("Connection is closed")
         try:
             written = False
-            if self._nowait is not None and self._rest is None and not self._send_lock.locked():
+            lock = self._send_lock  # inline, not _writing(): this is every frame's path
+            if (
+                self._nowait is not None
+                and self._rest is None
+                and (lock is None or not lock.locked())
+            ):
                 # Nobody is writing and nothing is half-written, so no await is needed: queue
                 # the frame, or write the outbox and the frame now.
                 if self._queue(frame):
@@ -444,7 +534,7 @@ class Connection(anyio.AsyncContextManagerMixin):
                 if self._rest is None:
                     return
                 written = True  # partly: the rest waits for room under the lock, below
-            async with self._send_lock:
+            async with self._lock():
                 with anyio.CancelScope(
                     shield=True, deadline=anyio.current_time() + self._send_timeout
                 ) as scope:
@@ -500,7 +590,12 @@ class Connection(anyio.AsyncContextManagerMixin):
         """
         if self._is_closed:
             raise ConnectionClosed("Connection is closed")
-        if self._call_soon is None or self._rest is not None or self._send_lock.locked():
+        lock = self._send_lock
+        if (
+            self._call_soon is None
+            or self._rest is not None
+            or (lock is not None and lock.locked())
+        ):
             return False
         try:
             return self._queue(frame)
@@ -546,7 +641,7 @@ class Connection(anyio.AsyncContextManagerMixin):
         soon as it is ready, and the peer reads it while the turn's first updates are made.
         Measured with the echo turn: one more system call, and a turn that ends sooner.
         """
-        if not self._outbox or self._rest is not None or self._send_lock.locked():
+        if not self._outbox or self._rest is not None or self._writing():
             return  # a writer holds the lock and writes the outbox before its own frame
         try:
             self._rest = self._write_outbox(None)
@@ -573,7 +668,7 @@ class Connection(anyio.AsyncContextManagerMixin):
 
     async def _finish_rest(self) -> None:
         try:
-            async with self._send_lock:
+            async with self._lock():
                 with anyio.CancelScope(
                     shield=True, deadline=anyio.current_time() + self._send_timeout
                 ) as scope:
@@ -849,10 +944,11 @@ class Connection(anyio.AsyncContextManagerMixin):
         )
         self._inflight[msg.id] = ctx
         self._unanswered += 1
-        try:
-            self._slots.acquire_nowait()  # free (the common case): no checkpoint needed
-        except anyio.WouldBlock:
-            await self._slots.acquire()
+        while self._free_slots <= 0:  # every slot held: wait for an answer to be written
+            if self._slot_freed is None:
+                self._slot_freed = anyio.Event()
+            await self._slot_freed.wait()
+        self._free_slots -= 1  # free (the common case): no checkpoint needed
         assert self._servers is not None
         self._servers.start_soon(self._serve, msg, ctx, answered, batch)
 
@@ -902,7 +998,11 @@ class Connection(anyio.AsyncContextManagerMixin):
             # The slot is given back only now that the answer is written (or queued in the
             # bounded outbox): a peer that does not read keeps every slot taken, so the reader
             # stops taking its requests instead of making answers nobody reads (issue 20).
-            self._slots.release()
+            self._free_slots += 1
+            freed = self._slot_freed
+            if freed is not None:
+                self._slot_freed = None
+                freed.set()
             self._answered_one()
 
     async def _answer_quietly(self, frame: bytes) -> None:

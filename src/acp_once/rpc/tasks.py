@@ -12,14 +12,16 @@ with `TaskGroup.start_soon` does: a call sees the values its starter had set, an
 sets is seen by nobody else, not by the next call that its task runs either (a task whose
 call set one is not parked again).
 
-Parked tasks are few per event loop: at most `TaskPool.max_parked_per_loop` across all pools
-of a loop. When that many are parked, a task that parks retires the one parked longest ago, so
-a server's many idle connections hold no parked task each while its busy ones keep theirs.
+Parked tasks are bounded per event loop: at most `TaskPool.max_parked_per_loop` across all
+pools of a loop. When that many are parked, a task that parks retires the one parked longest
+ago; and a task that parks retires those parked longer than `TaskPool.max_parked_seconds`. So a
+server's many idle connections hold no parked task each while its busy ones keep theirs.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import contextvars
 import types
@@ -84,10 +86,11 @@ class _Parked:
     an `anyio.Event`.
     """
 
-    __slots__ = ("call", "future", "ready")
+    __slots__ = ("call", "future", "ready", "since")
 
     def __init__(self, loop: asyncio.AbstractEventLoop | None) -> None:
         self.call: _Call | None = None
+        self.since = 0.0  # when it parked (the loop's clock), on asyncio
         self.future: asyncio.Future[None] | None = None
         self.ready: anyio.Event | None = None
         if loop is not None:
@@ -114,7 +117,9 @@ class TaskPool:
 
     A parked task waits for its next call until the task group is cancelled (it holds nothing
     but its stack) or, on asyncio, until parked tasks of newer calls in the same event loop
-    retire it (`max_parked_per_loop`); at most `max_idle` of them exist at once.
+    retire it: when `max_parked_per_loop` are parked, or when it has been parked longer than
+    `max_parked_seconds` (looked at whenever a task parks); at most `max_idle` of them exist
+    at once.
     """
 
     _shared: ClassVar[weakref.WeakKeyDictionary[TaskGroup, TaskPool]] = weakref.WeakKeyDictionary()
@@ -123,8 +128,12 @@ class TaskPool:
         weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[_Parked, list[_Parked]]]
     ] = weakref.WeakKeyDictionary()
     # Parked tasks per event loop, all pools together. A parked task holds ~4 KiB (its task,
-    # cancel scope, event and frames); busy connections need a few each.
-    max_parked_per_loop: ClassVar[int] = 1024
+    # cancel scope, event and frames); busy connections need a few each. The count bounds the
+    # memory; the age keeps them for the connections that are busy now: a server whose
+    # 10,000 connections all prompt reuses its tasks (a task started per request instead cost
+    # ~30% more CPU per prompt there), one whose connections went idle lets theirs go.
+    max_parked_per_loop: ClassVar[int] = 16384
+    max_parked_seconds: ClassVar[float] = 10.0
 
     def __init__(self, tg: TaskGroup, *, max_idle: int = 8, name: str = "pooled") -> None:
         # weak: `of` keeps pools in a WeakKeyDictionary keyed by the group, whose values must
@@ -139,7 +148,9 @@ class TaskPool:
         self._lru: dict[_Parked, list[_Parked]] | None = None
         with contextlib.suppress(RuntimeError):  # not asyncio (or no loop): anyio.Event
             self._loop = asyncio.get_running_loop()
-            self._lru = TaskPool._parked.setdefault(self._loop, {})
+            # ordered by a linked list: the oldest is found at once, where a dict's first live
+            # entry is found by skipping the slots of the ones taken out before it
+            self._lru = TaskPool._parked.setdefault(self._loop, collections.OrderedDict())
 
     @classmethod
     def of(cls, tg: TaskGroup) -> TaskPool:
@@ -177,6 +188,9 @@ class TaskPool:
         # context; a call that changes them retires the task, so nothing leaks to a later call.
         base = contextvars.copy_context()
         await fn(*args)
+        # A parked task keeps nothing of its last call: its arguments (a request, its
+        # context, its connection) would otherwise live as long as the task is parked.
+        del fn, args
         while True:
             if len(self._idle) >= self._max_idle or contextvars.copy_context() != base:
                 return
@@ -184,7 +198,11 @@ class TaskPool:
             self._idle.append(parked)
             lru = self._lru
             if lru is not None:
+                assert self._loop is not None
+                parked.since = now = self._loop.time()
                 if len(lru) >= self.max_parked_per_loop:
+                    self._retire_oldest(lru)
+                while lru and now - next(iter(lru)).since > self.max_parked_seconds:
                     self._retire_oldest(lru)
                 lru[parked] = self._idle
             try:
@@ -205,10 +223,12 @@ class TaskPool:
             if parked.call is None:
                 return  # retired to make room for a newer parked task
             fn, args, context = parked.call
+            parked.call = None
             if context == base:
                 await fn(*args)  # ~10,000 instructions a prompt turn less than stepping it
             else:
                 await _in_context(context, fn(*args))
+            del fn, args, context
 
     @staticmethod
     def _retire_oldest(lru: dict[_Parked, list[_Parked]]) -> None:

@@ -443,7 +443,13 @@ class AcpServer:
         try:
             await frames.accept(connection_id)
             self.accepted += 1
-            await self._serve_frames(frames, f"ws-{connection_id[:12]}", tenant)
+            name = f"ws-{connection_id[:12]}"
+            if self._tg is not None:
+                # the lifespan's sweeper closes it when idle: no watching task of its own (with
+                # 10,000 connections, a task group and a task each are ~4 KB per connection)
+                await self._serve_connection(frames, name, tenant)
+            else:
+                await self._serve_frames(frames, name, tenant)
         except Exception:
             logger.exception("the WebSocket connection %s failed", connection_id)
             await frames.close(CLOSE_INTERNAL)
@@ -681,9 +687,12 @@ class AcpServer:
             await self._handler(frames, name, tenant)
             return
         assert self.agent is not None
-        connection = AgentSideConnection(self.agent, frames, name=name, tenant=tenant)
+        # read in this task: no reader task per connection (idle connections are many)
+        connection = AgentSideConnection(
+            self.agent, frames, name=name, tenant=tenant, inline_reader=True
+        )
         async with connection as conn:
-            await conn.wait_closed()
+            await conn.serve()
 
     async def _sweep_idle_websockets(self, timeout: float) -> None:
         """Close the WebSocket connections idle for `timeout` seconds, checking all of them a
@@ -926,13 +935,38 @@ def create_app(
     # a WebSocket to any other path is answered 404, not Starlette's bare close (403, which a
     # client would take for a refused token)
     routes = [*server.routes(), WebSocketRoute("/{path:path}", _no_endpoint)]
-    app = Starlette(
+    app = _AcpApp(
+        server,
         routes=routes,
         lifespan=server.lifespan,
         middleware=[Middleware(_HttpFirst, server=server)],
     )
     app.state.acp = server
     return app
+
+
+class _AcpApp(Starlette):
+    """Starlette, with WebSockets at the ACP path handed to `AcpServer` directly (unless
+    middleware was added beyond the app's own `_HttpFirst`): Starlette's middleware and routing
+    stay on the stack of every connection's task while it lives, ~4 KiB each, and do nothing
+    for it (its handler catches its own errors). Everything else goes through Starlette."""
+
+    def __init__(self, server: AcpServer, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._acp = server
+        self._own_middleware = len(self.user_middleware)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket" and len(self.user_middleware) == self._own_middleware:
+            path: str = scope["path"]
+            root: str = scope.get("root_path", "")
+            if root and path.startswith(root):
+                path = path[len(root) :]
+            if path == self._acp.path:
+                scope["app"] = self
+                await self._acp._websocket(WebSocket(scope, receive, send))
+                return
+        await super().__call__(scope, receive, send)
 
 
 async def _no_endpoint(websocket: WebSocket) -> None:

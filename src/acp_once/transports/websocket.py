@@ -144,9 +144,15 @@ class ServerWebSocketFrames:
         return time.monotonic() - self._last_activity
 
     async def accept(self, connection_id: str) -> None:
-        """Complete the upgrade, with `Acp-Connection-Id` on the 101 response."""
+        """Complete the upgrade, with `Acp-Connection-Id` on the 101 response. The request's
+        headers are dropped then (read them before): a server holds many idle connections,
+        and nothing needs them once the connection is authenticated."""
         header = (CONNECTION_ID_HEADER.lower().encode("latin-1"), connection_id.encode("latin-1"))
         await self.websocket.accept(headers=[header])
+        websocket = self.websocket
+        websocket.scope["headers"] = []
+        if "_headers" in vars(websocket):  # starlette's cache of them
+            del websocket._headers
 
     async def receive(self) -> FrameEvent:
         while True:
