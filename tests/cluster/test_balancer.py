@@ -56,8 +56,12 @@ async def test_nodes_killed_in_turn_behind_haproxy_lose_and_duplicate_nothing(
     stores = shard_urls()
     extra = ("--lease-ttl", LEASE_TTL)
     load = Load()
-    # six node starts take most of the time (~5 s each at a load average of 13 on 2 cores):
-    # the first three at once, each restart overlapping the next kill; XXX
+    # Where the time goes (load average 9 on 2 cores): a node start takes ~5 s to /healthz
+    # (about 1 s of CPU importing, the rest waiting for a core), the first three at once;
+    # haproxy sees a killed node DOWN after ~1.5 s (two checks timing out: the harness keeps
+    # the node's listening socket, so connecting still succeeds); restarts overlap the next
+    # kills, so the third kill waits for the first node back. ~24 s alone, 34-37 s with both
+    # variants at once (-n 2); 57-60 s when restarts were waited for one after the other.
     with anyio.fail_after(180):
         async with (
             started_nodes(tmp_path, stores, 3, *extra) as nodes,
