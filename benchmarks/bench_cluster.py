@@ -34,9 +34,10 @@ checks on /healthz, Streamable HTTP routed by the node id its connection ids beg
 2. Kills, per transport: `--kill-clients` `AcpClient`s in this process (two sessions each,
    keyed prompts back to back, resend and reconnect on their own) while each node in turn is
    SIGKILLed after `--kill-step` answered prompts and started again (the next kill waits for
-   `--kill-step` more and another node UP, not for the restart: `balancer.kill_in_turn`); then what the clients were answered is compared with the store (sharded over the
-   `--store` URLs when several are given; each client then has a session on each shard):
-   lost, duplicated, wrong ids (tests/cluster/balancer.py's `outcomes`).
+   `--kill-step` more and another node UP, not for the restart: `balancer.kill_in_turn`); then
+   what the clients were answered is compared with the store (sharded over the `--store`
+   URLs when several are given; each client then has a session on each shard): lost,
+   duplicated, wrong ids (tests/cluster/balancer.py's `outcomes`).
 
 The store: a fresh database on `--dsn`'s server, or `--store URL` (repeatable; each one is
 passed to every node as a `--store` option and gets a counting proxy of its own). Nodes run
