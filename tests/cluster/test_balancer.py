@@ -60,8 +60,9 @@ async def test_nodes_killed_in_turn_behind_haproxy_lose_and_duplicate_nothing(
     # (about 1 s of CPU importing, the rest waiting for a core), the first three at once;
     # haproxy sees a killed node DOWN after ~1.5 s (two checks timing out: the harness keeps
     # the node's listening socket, so connecting still succeeds); restarts overlap the next
-    # kills, so the third kill waits for the first node back. ~24 s alone, 34-37 s with both
-    # variants at once (-n 2); 57-60 s when restarts were waited for one after the other.
+    # kills, so the third kill waits for the first node back. Seen: 7 s (ws) and 17 s (http)
+    # at a load average of 1; 24 s alone at 9; 34-37 s with both variants at once (-n 2) at
+    # 9-10, where waiting for each restart before the next kill took 57-60 s.
     with anyio.fail_after(180):
         async with (
             started_nodes(tmp_path, stores, 3, *extra) as nodes,
