@@ -62,7 +62,8 @@ async def test_nodes_killed_in_turn_behind_haproxy_lose_and_duplicate_nothing(
     # the node's listening socket, so connecting still succeeds); restarts overlap the next
     # kills, so the third kill waits for the first node back. Seen: 7 s (ws) and 17 s (http)
     # at a load average of 1; 24 s alone at 9; 34-37 s with both variants at once (-n 2) at
-    # 9-10, where waiting for each restart before the next kill took 57-60 s.
+    # 9-10 (8 s and 13 s at 0-1), where waiting for each restart before the next kill took
+    # 57-60 s.
     with anyio.fail_after(180):
         async with (
             started_nodes(tmp_path, stores, 3, *extra) as nodes,
