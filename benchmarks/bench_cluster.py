@@ -33,9 +33,11 @@ checks on /healthz, Streamable HTTP routed by the node id its connection ids beg
    proxy in front of each PostgreSQL). Medians of `--rounds`.
 2. Kills, per transport: `--kill-clients` `AcpClient`s in this process (two sessions each,
    keyed prompts back to back, resend and reconnect on their own) while each node in turn is
-   SIGKILLed after `--kill-step` answered prompts and started again after `--kill-step` more;
-   then what the clients were answered is compared with the store: lost, duplicated, wrong
-   ids (tests/cluster/balancer.py's `outcomes`).
+   SIGKILLed after `--kill-step` answered prompts and started again (the next kill waits for
+   `--kill-step` more and another node UP, not for the restart: `balancer.kill_in_turn`); then
+   what the clients were answered is compared with the store (sharded over the `--store`
+   URLs when several are given; each client then has a session on each shard): lost,
+   duplicated, wrong ids (tests/cluster/balancer.py's `outcomes`).
 
 The store: a fresh database on `--dsn`'s server, or `--store URL` (repeatable; each one is
 passed to every node as a `--store` option and gets a counting proxy of its own). Nodes run
@@ -379,10 +381,11 @@ async def migrate_all(stores: list[str]) -> None:
 
 
 async def kill_phase(
-    transport: str, nodes: list[Any], lb: Any, store_url: str, args: argparse.Namespace
+    transport: str, nodes: list[Any], lb: Any, stores: list[str], args: argparse.Namespace
 ) -> list[str]:
     """`--kill-clients` AcpClients through HAProxy while each node is killed in turn; the row
-    of the kills table."""
+    of the kills table. The answers are compared with the store `stores` (several URLs: the
+    store sharded over them, as the nodes open it)."""
     launcher = balancer.RecordingWs if transport == "ws" else balancer.RecordingHttp
     url = lb.ws if transport == "ws" else lb.http
     load = balancer.Load()
@@ -396,7 +399,7 @@ async def kill_phase(
         ]
         async with anyio.create_task_group() as tg:
             for c, client in enumerate(clients):
-                tg.start_soon(balancer.drive, client, load, f"{transport}{c}", 2)
+                tg.start_soon(balancer.drive, client, load, f"{transport}{c}", 2, len(stores))
             with anyio.fail_after(600):
                 await balancer.kill_in_turn(nodes, lb, load, args.kill_step)
             load.stop.set()
@@ -405,7 +408,7 @@ async def kill_phase(
             tg.cancel_scope.cancel()
         reconnects = sum(client.reconnects for client in clients)
     seconds = time.perf_counter() - started
-    async with open_store(store_url, migrate=False) as store:
+    async with open_store(stores, migrate=False) as store:
         found = await balancer.outcomes(store, load)
     return [
         transport,
@@ -500,7 +503,7 @@ async def behind_balancer(args: argparse.Namespace, console: Console) -> None:
                             f"prompts/s; {bench_load.load_average()}[/dim]"
                         )
             for transport in ("ws", "http"):
-                kills.append(await kill_phase(transport, nodes, lb, stores[0], args))
+                kills.append(await kill_phase(transport, nodes, lb, stores, args))
                 console.print(
                     f"[dim]kills over {transport} done; {bench_load.load_average()}[/dim]"
                 )

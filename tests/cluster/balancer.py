@@ -30,8 +30,9 @@ import pytest
 from acp_once.client import AcpClient, HttpLauncher, WebSocketLauncher
 from acp_once.protocol.keys import new_key
 from acp_once.rpc.streams import FrameStream
+from acp_once.storage import open_store
 from acp_once.storage.base import SessionStore
-from acp_once.storage.postgres import PostgresStore
+from acp_once.storage.sharded import shard_of
 from tests.cluster.harness import ServeNode, until, until_async
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -190,14 +191,17 @@ class StoreNode(ServeNode):
 
 @asynccontextmanager
 async def started_nodes(
-    tmp: Path, dsn: str, schema: str, count: int, *extra: str
+    tmp: Path, stores: Sequence[str], count: int, *extra: str
 ) -> AsyncIterator[list[ServeNode]]:
-    """`count` nodes `n1`...`nN` on `schema` (migrated here first, so they start at once
-    rather than one after the other as `harness.serve_nodes` does), ready."""
-    async with PostgresStore.open(dsn, schema=schema):
+    """`count` nodes `n1`...`nN` on the store URLs `stores` (several: sessions sharded over
+    them; migrated here first, so the nodes start at once rather than one after the other as
+    `harness.serve_nodes` does), ready."""
+    async with open_store(list(stores)):
         pass
     effects = tmp / "effects"
-    nodes = [ServeNode(tmp, dsn, schema, f"n{i + 1}", effects, *extra) for i in range(count)]
+    nodes: list[ServeNode] = [
+        StoreNode(tmp, stores, f"n{i + 1}", effects, *extra) for i in range(count)
+    ]
     try:
         for node in nodes:
             await node.start()
@@ -272,11 +276,19 @@ class Load:
         await until(lambda: len(self.answered) >= target)
 
 
-async def drive(client: AcpClient, load: Load, tag: str, sessions: int) -> None:
+async def drive(client: AcpClient, load: Load, tag: str, sessions: int, shards: int = 1) -> None:
     """Keyed prompts back to back on `sessions` new sessions of `client` until `load.stop`;
     every fourth is slow (`[work:0.3]`), so prompts also arrive while a turn runs and wait in
-    the cluster's queue."""
-    opened = [await client.new_session("/lb") for _ in range(sessions)]
+    the cluster's queue. With `shards` > 1, session k is one placed on shard k % `shards`
+    (`shard_of`): new sessions are opened until one lands there, the others stay unused, so
+    the load reaches every shard whatever ids the nodes draw."""
+    opened = []
+    for k in range(sessions):
+        while True:
+            session = await client.new_session("/lb")
+            if shard_of(session.session_id, shards) == k % shards:
+                break
+        opened.append(session)
 
     async def one(index: int) -> None:
         session = opened[index]
@@ -296,16 +308,28 @@ async def drive(client: AcpClient, load: Load, tag: str, sessions: int) -> None:
 
 
 async def kill_in_turn(nodes: Sequence[ServeNode], lb: Balancer, load: Load, step: int) -> None:
-    """For each node: let `step` prompts be answered, SIGKILL it, wait until haproxy sees it
-    DOWN, start it again, let `step` more be answered (by the others, while it starts), and
-    wait until haproxy sees it UP."""
+    """For each node in turn: once haproxy sees another node UP, let `step` prompts be
+    answered, SIGKILL it, wait until haproxy sees it DOWN, start it again and let `step` more
+    be answered (by the others, while it starts). At the end, wait until every node answers
+    and haproxy sees it UP.
+
+    A restarting node is not waited for before the next kill: a start takes seconds on a
+    loaded machine, and the others serve meanwhile; so two nodes may be down at once, never
+    all of them."""
     for node in nodes:
+
+        async def other_up(killed: ServeNode = node) -> bool:
+            seen = await lb.servers()
+            return any(seen.get(n.name) == "UP" for n in nodes if n is not killed)
+
+        await until_async(other_up)
         await load.progress(step)
         await node.kill()
         # once haproxy saw it down, new connections and resends go to the other nodes
         await lb.until(node.name, "DOWN")
         await node.start()  # starting takes a while: the others serve meanwhile
         await load.progress(step)
+    for node in nodes:
         await node.ready()
         await lb.until(node.name, "UP")
 

@@ -13,7 +13,11 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from tests.sharding import postgres_dsn2, shard_urls
+
 POSTGRES_DSN_VAR = "ACP_ONCE_TEST_POSTGRES_DSN"
+
+__all__ = ["postgres_dsn2", "shard_urls"]  # fixtures of tests.sharding, used here
 
 
 @pytest.fixture
