@@ -382,3 +382,43 @@ async def test_plain_uvicorn_h11_streams_through_asgi_events(tmp_path: Path) -> 
                     server.should_exit = True
             _check_turns(seen, sid)
             assert await store.count_user_messages(sid) == 2
+
+
+async def test_a_refused_session_stream_fails_the_send_not_the_connection_block(
+    tmp_path: Path,
+) -> None:
+    """A session stream the server refuses (here: 404, its connection gone, as when a balancer
+    sends it to another node after the first died) fails the `send` that opened it with
+    `HttpRejected`, an `OSError` a reconnecting client catches; leaving the block raises
+    nothing more (no exception group out of the reader's task)."""
+    from acp_once.transports.http import HttpRejected, connect_http
+
+    init = {
+        "jsonrpc": "2.0",
+        "id": 0,
+        "method": "initialize",
+        "params": {"protocolVersion": 2, "info": {"name": "t", "version": "1"}},
+    }
+    with anyio.fail_after(TIMEOUT):
+        async with running(tmp_path) as srv:
+            url = f"{srv.http}/acp"
+            async with connect_http(url) as frames:
+                await frames.send(json.dumps(init).encode())
+                assert json.loads(await frames.receive())["id"] == 0
+                assert frames.connection_id is not None
+                async with httpx.AsyncClient() as http:
+                    gone = await http.delete(
+                        url, headers={CONNECTION_ID_HEADER: frames.connection_id}
+                    )
+                assert gone.status_code in (200, 202, 204)
+                request = {
+                    "jsonrpc": "2.0",
+                    "id": 1,
+                    "method": "session/prompt",
+                    "params": {"sessionId": "s-elsewhere", "prompt": []},
+                }
+                with pytest.raises(HttpRejected) as refused:
+                    await frames.send(json.dumps(request).encode())
+                assert refused.value.status == 404
+                assert isinstance(refused.value, OSError)
+                assert frames.ended

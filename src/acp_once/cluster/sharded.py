@@ -36,8 +36,10 @@ class ShardedCoordinator:
 
     Args:
         store: the node's open `ShardedStore`, every shard a `PostgresStore`.
-        node_id, lease_ttl, poll_interval: as `PostgresCoordinator` takes them, for every
-            shard's coordinator.
+        node_id: as `PostgresCoordinator` takes it, for every shard's coordinator.
+        lease_ttl: likewise.
+        lease_grace: likewise.
+        poll_interval: likewise.
 
     Raises:
         TypeError: a shard is not a `PostgresStore`.

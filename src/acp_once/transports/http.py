@@ -675,10 +675,20 @@ class ClientHttpFrames:
             raise anyio.BrokenResourceError(f"{type(exc).__name__}: {exc}") from exc
 
     async def _open(self, session_id: str | None) -> None:
-        await self._tg.start(self._read, session_id)
+        refused: list[HttpRejected] = []
+        await self._tg.start(self._read, session_id, refused)
+        if refused:
+            # raised here, to the sender, not out of the reader's task: a failure in the task
+            # group would join whatever the caller's block raises (the engine's lost
+            # connection) in an exception group that no `except ConnectionError` catches
+            raise refused[0]
 
     async def _read(
-        self, session_id: str | None, *, task_status: anyio.abc.TaskStatus[None]
+        self,
+        session_id: str | None,
+        refused: list[HttpRejected],
+        *,
+        task_status: anyio.abc.TaskStatus[None],
     ) -> None:
         assert self.connection_id is not None
         headers = {"Accept": "text/event-stream", CONNECTION_ID_HEADER: self.connection_id}
@@ -688,9 +698,13 @@ class ClientHttpFrames:
         try:
             async with self.client.stream("GET", self.url, headers=headers) as response:
                 if response.status_code != 200:
-                    raise HttpRejected(
-                        f"GET: {describe_refusal(response.status_code)}", response.status_code
+                    refused.append(
+                        HttpRejected(
+                            f"GET: {describe_refusal(response.status_code)}",
+                            response.status_code,
+                        )
                     )
+                    return
                 self.streams[session_id] = response
                 task_status.started()
                 started = True
