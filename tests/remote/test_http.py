@@ -404,7 +404,8 @@ async def test_a_refused_session_stream_fails_the_send_not_the_connection_block(
             url = f"{srv.http}/acp"
             async with connect_http(url) as frames:
                 await frames.send(json.dumps(init).encode())
-                assert json.loads(await frames.receive())["id"] == 0
+                answer = await frames.receive()
+                assert isinstance(answer, bytes) and json.loads(answer)["id"] == 0
                 assert frames.connection_id is not None
                 async with httpx.AsyncClient() as http:
                     gone = await http.delete(
