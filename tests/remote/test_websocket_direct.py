@@ -8,12 +8,17 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, cast
 from unittest import mock
 
 import anyio
+import anyio.abc
 import pytest
 import uvicorn
+from websockets.client import ClientProtocol
+from websockets.frames import Close, Frame, Opcode
+from websockets.protocol import State
+from websockets.uri import parse_uri
 
 from acp_once.protocol.jsonrpc import encode_notification
 from acp_once.rpc.connection import Connection, RequestContext
@@ -241,3 +246,125 @@ async def test_a_client_that_stops_reading_is_dropped_and_its_buffer_stays_bound
     # outbox (64 KiB) and one frame at most
     assert sent > 4 * largest
     assert largest <= 64 * 1024 + 64 * 1024 + 2 * len(frame_pad) + 1024
+
+
+class RawClient:
+    """A WebSocket client over a bare TCP stream (websockets' sans-I/O protocol): it writes
+    frames in whatever pieces a test asks for, so the server's frame reader sees messages cut
+    anywhere, several in one read, control frames between them."""
+
+    def __init__(self, stream: anyio.abc.ByteStream) -> None:
+        self.stream = stream
+        self.conn = ClientProtocol(parse_uri("ws://127.0.0.1/acp"))
+        self.received: list[Frame] = []
+
+    @classmethod
+    @asynccontextmanager
+    async def connect(cls, url: str) -> AsyncIterator[RawClient]:
+        port = int(url.rsplit(":", 1)[1].split("/")[0])
+        async with await anyio.connect_tcp("127.0.0.1", port) as stream:
+            client = cls(stream)
+            client.conn.send_request(client.conn.connect())
+            await client.flush()
+            while client.conn.state is not State.OPEN:
+                client.conn.receive_data(await stream.receive())
+                client.conn.events_received()  # the 101 response
+            yield client
+
+    async def flush(self) -> None:
+        for data in self.conn.data_to_send():
+            if data:
+                await self.stream.send(data)
+
+    def frames(self, *messages: bytes) -> bytes:
+        """`messages` as masked text frames, not yet sent."""
+        for message in messages:
+            self.conn.send_text(message)
+        return b"".join(self.conn.data_to_send())
+
+    async def send_in_pieces(self, data: bytes, sizes: list[int]) -> None:
+        at = 0
+        for size in sizes:
+            await self.stream.send(data[at : at + size])
+            at += size
+        if at < len(data):
+            await self.stream.send(data[at:])
+
+    async def next_frame(self) -> Frame:
+        while not self.received:
+            self.conn.receive_data(await self.stream.receive())
+            self.received += [e for e in self.conn.events_received() if isinstance(e, Frame)]
+        return self.received.pop(0)
+
+
+async def echo(conn: Connection, frames: FrameStream, method: str, params: Any) -> Any:
+    return params
+
+
+async def test_frames_cut_anywhere_are_read_whole_and_in_order() -> None:
+    # The server reads an ACP connection's text frames itself: messages of every header
+    # size, cut into 1-byte pieces and joined several to a piece, arrive whole and in order
+    served = Served(echo)
+    sizes = [0, 100, 200, 70_000, 5]
+    with anyio.fail_after(TIMEOUT):
+        async with serving(served) as (url, _), RawClient.connect(url) as client:
+            payloads = [request(i, "t/echo", {"pad": "x" * size}) for i, size in enumerate(sizes)]
+            data = client.frames(*payloads)
+            await client.send_in_pieces(data, [1] * 40 + [3, 7, 130, 1000])
+            answers = [json.loads(bytes((await client.next_frame()).data)) for _ in sizes]
+            assert [a["id"] for a in answers] == list(range(len(sizes)))
+            assert [len(a["result"]["pad"]) for a in answers] == sizes
+            (frames,) = served.streams
+            assert isinstance(frames, DirectWebSocketFrames)
+            protocol: Any = cast(Any, frames.channel)._protocol
+
+            def reads_frames() -> bool | None:
+                value: bool | None = protocol.reads_frames
+                return value
+
+            assert reads_frames() is True
+
+            # a ping: websockets reads from that frame on, answers it, and serves the rest
+            client.conn.send_ping(b"are you there")
+            ping = b"".join(client.conn.data_to_send())
+            await client.stream.send(ping + client.frames(request(9, "t/echo", {"n": 9})))
+            pong = await client.next_frame()
+            assert pong.opcode is Opcode.PONG and pong.data == b"are you there"
+            assert json.loads(bytes((await client.next_frame()).data)) == {
+                "jsonrpc": "2.0",
+                "id": 9,
+                "result": {"n": 9},
+            }
+            assert reads_frames() is False
+            await client.stream.send(client.frames(request(10, "t/echo", {"n": 10})))
+            assert json.loads(bytes((await client.next_frame()).data))["id"] == 10
+
+
+@pytest.mark.parametrize(
+    ("frame", "code"),
+    [
+        # a length over the server's limit (1 MiB and headroom): 1009, as websockets answers
+        (b"\x81\xff" + (1 << 30).to_bytes(8, "big") + b"\x00\x00\x00\x00", 1009),
+        # a client frame not masked: 1002
+        (b"\x81\x05hello", 1002),
+        # a binary message: not an ACP message; the connection goes on
+        (b"\x82\x85\x00\x00\x00\x00hello", None),
+    ],
+    ids=["too-big", "unmasked", "binary"],
+)
+async def test_frames_the_reader_does_not_take_are_answered_as_websockets_answers(
+    frame: bytes, code: int | None
+) -> None:
+    served = Served(echo)
+    with anyio.fail_after(TIMEOUT):
+        async with serving(served) as (url, _), RawClient.connect(url) as client:
+            await client.stream.send(client.frames(request(1, "t/echo", {"n": 1})))
+            assert json.loads(bytes((await client.next_frame()).data))["id"] == 1
+            await client.stream.send(frame)
+            if code is None:
+                await client.stream.send(client.frames(request(2, "t/echo", {"n": 2})))
+                assert json.loads(bytes((await client.next_frame()).data))["id"] == 2
+            else:
+                close = await client.next_frame()
+                assert close.opcode is Opcode.CLOSE
+                assert Close.parse(close.data).code == code

@@ -234,3 +234,45 @@ async def test_a_peer_heard_from_is_not_pinged_a_silent_one_is(tmp_path: Path) -
             await conn.rpc.request("session/list", {})
             assert _ping_in_flight(protocol) is None  # answered: the keepalive goes on
             assert protocol.ping_timer is not None
+
+
+def test_text_frames_are_encoded_as_websockets_encodes_them() -> None:
+    """The channel builds a server's text frames itself (header and payload); websockets,
+    which it replaces on that path, must produce the same bytes for every header size, and a
+    control frame websockets queued (a pong) goes out first."""
+    from websockets.extensions.permessage_deflate import PerMessageDeflate
+    from websockets.frames import Frame, Opcode
+    from websockets.protocol import Protocol, Side, State
+
+    def server() -> Protocol:
+        conn = Protocol(Side.SERVER)
+        conn.state = State.OPEN
+        return conn
+
+    sizes = [0, 1, 125, 126, 127, 65535, 65536, 70000]
+    frames = [bytes([65 + i]) * size for i, size in enumerate(sizes)]
+    reference = server()
+    for frame in frames:
+        reference.send_text(frame)
+    expected = b"".join(reference.data_to_send())
+
+    conn = server()
+    channel = DirectChannel(SimpleNamespace(conn=conn, close_sent=False))  # type: ignore[arg-type]
+    assert channel.encode(frames) == expected
+    assert channel.encode([]) == b""
+
+    conn.send_pong(b"p")  # queued by websockets, not yet written
+    pong = Frame(Opcode.PONG, b"p").serialize(mask=False)
+    assert channel.encode([b"x"]) == pong + b"\x81\x01x"
+    assert conn.data_to_send() == []  # taken with the frames, not written twice
+
+    # an extension transforms the payload: websockets' own path, as negotiated
+    deflating = server()
+    deflating.extensions = [PerMessageDeflate(False, False, 15, 15)]
+    deflated = DirectChannel(SimpleNamespace(conn=deflating, close_sent=False))  # type: ignore[arg-type]
+    assert deflated.encode([b"hello hello hello"])[:1] == b"\xc1"  # FIN, RSV1 (compressed), text
+
+    # closing: nothing more is written
+    conn.state = State.CLOSING
+    with pytest.raises(anyio.ClosedResourceError):
+        channel.encode([b"late"])

@@ -11,6 +11,10 @@ it instead of one ASGI event per message:
   (one system call), instead of one ASGI `send`, one wait and one write each;
 - a text message is handed over as the bytes that arrived (checked to be UTF-8 as uvicorn
   does, 1007 otherwise), not decoded to a `str` and encoded again;
+- whole text frames, the only frames an ACP connection needs, are read and written here
+  (header, unmasking) rather than through websockets' `Frame` objects and parser generator;
+  anything else (a ping, a close, a binary or fragmented message, an extension such as
+  permessage-deflate) is websockets' from that frame on, exactly as without this path;
 - reading is paused once `_PAUSE_AT` bytes of messages wait unread (and resumed when they are
   read), not after every message: a pause and a resume are two system calls.
 
@@ -29,11 +33,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import struct
 from collections.abc import Sequence
 from typing import Any
 
 import anyio
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+from websockets.protocol import State
+
+try:  # websockets' C unmasking, where it was built (its pure-Python one otherwise)
+    from websockets.speedups import apply_mask
+except ImportError:  # pragma: no cover
+    from websockets.utils import apply_mask
 
 from acp_once.transports.websocket import CLOSE_NORMAL, DIRECT_EXTENSION
 
@@ -42,6 +53,9 @@ __all__ = ["DirectChannel", "DirectWebSocketProtocol"]
 _PAUSE_AT = 64 * 1024
 """Bytes of received messages waiting for the app before reading from the socket pauses."""
 _CLOSE_ABNORMAL = 1006
+_FIN_TEXT = 0x81  # FIN and the text opcode: one whole text message
+_HEAD_16 = struct.Struct("!BBH")
+_HEAD_64 = struct.Struct("!BBQ")
 
 
 class _Writable:
@@ -235,6 +249,29 @@ class DirectChannel:
         if self.ended or protocol.close_sent:
             raise anyio.ClosedResourceError
         conn = protocol.conn
+        if conn.extensions or conn.debug or conn.expect_continuation_frame:
+            return self._encode_by_websockets(frames)
+        if conn.state is not State.OPEN:
+            raise anyio.ClosedResourceError
+        # A server's text frame is a header of 2, 4 or 10 bytes and the payload, unmasked
+        # (RFC 6455 5.2): built here, it costs a few operations a frame where websockets'
+        # `send_text` makes a `Frame`, checks it and serializes it through a `BytesIO`. With an
+        # extension (permessage-deflate), websockets' debug log or a fragmented message in
+        # progress, websockets writes them. Control frames it has queued (a pong) go first.
+        parts = conn.data_to_send() if conn.writes else []
+        for frame in frames:
+            size = len(frame)
+            if size < 126:
+                parts.append(bytes((_FIN_TEXT, size)))
+            elif size < 65536:
+                parts.append(_HEAD_16.pack(_FIN_TEXT, 126, size))
+            else:
+                parts.append(_HEAD_64.pack(_FIN_TEXT, 127, size))
+            parts.append(frame)
+        return b"".join(parts)
+
+    def _encode_by_websockets(self, frames: Sequence[bytes]) -> bytes:
+        conn = self._protocol.conn
         try:
             for frame in frames:
                 conn.send_text(frame)
@@ -271,6 +308,9 @@ class DirectWebSocketProtocol(WebSocketsSansIOProtocol):
     # uvicorn's attributes (as of the verified versions) in slots, not in a dict of ~40 keys
     # (~1.6 KiB a connection); an attribute of another version still lands in __dict__.
     __slots__ = (
+        "_need",
+        "_partial",
+        "_request_read",
         "app",
         "app_state",
         "asgi_version",
@@ -301,6 +341,7 @@ class DirectWebSocketProtocol(WebSocketsSansIOProtocol):
         "pong_timer",
         "queue",
         "read_paused",
+        "reads_frames",
         "request",
         "response",
         "root_path",
@@ -318,10 +359,99 @@ class DirectWebSocketProtocol(WebSocketsSansIOProtocol):
         self.channel = DirectChannel(self)
         self.heard = False
         """Something arrived since the last keepalive ping was due."""
+        self.reads_frames: bool | None = None
+        """This protocol reads the connection's frames (`_receive_frames`); False: websockets
+        does; None: not decided before the first bytes after the handshake's request."""
+        self._request_read = False
+        self._partial: bytearray | None = None
+        self._need = 0
 
     def data_received(self, data: bytes) -> None:
         self.heard = True
+        if self.reads_frames:
+            self._receive_frames(data)
+            return
+        if self.reads_frames is None and self._request_read:
+            # The first bytes after the handshake's request: frames, at a frame's start. Read
+            # here when the upgrade is done with no extension; otherwise (or when the client
+            # sent them before the 101), websockets reads every frame of this connection.
+            self.reads_frames = (
+                self.conn.state is State.OPEN
+                and not self.conn.extensions
+                and not self.close_sent
+                and not self.conn.reader.buffer
+            )
+            if self.reads_frames:
+                self._receive_frames(data)
+                return
         super().data_received(data)
+        if self.reads_frames is None and self._request_read and self._past_request(data):
+            self.reads_frames = False  # frame bytes came with the request: websockets reads
+
+    def _past_request(self, data: bytes) -> bool:
+        """Did `data`, the chunk that completed the handshake's request, hold bytes after it
+        (the request ends at its first empty line; a GET upgrade has no body)?"""
+        return not data.endswith(b"\r\n\r\n") or data.find(b"\r\n\r\n") != len(data) - 4
+
+    def _receive_frames(self, data: bytes) -> None:
+        """Read whole, unfragmented, masked text frames, the messages of an ACP connection,
+        without websockets' frame parser (the `Frame`, its checks and the generator steps cost
+        more than the rest of a message's reading). Anything else (a control frame, a binary
+        or fragmented message, a frame over the size limit or not masked) is left to
+        websockets from its first byte on, for the rest of the connection: its parser has seen
+        no frame yet, so it starts at a frame's start and answers it as it would have."""
+        partial = self._partial
+        if partial is not None:
+            partial += data
+            if len(partial) < self._need:
+                return
+            data = bytes(partial)
+            self._partial = None
+        size = len(data)
+        at = 0
+        conn = self.conn
+        while at < size:
+            need = at + 2
+            if size < need:
+                break
+            head1 = data[at]
+            head2 = data[at + 1]
+            if head1 != _FIN_TEXT or head2 < 0x80 or self.close_sent:
+                self._hand_to_websockets(data, at)
+                return
+            length = head2 & 0x7F
+            if length == 126:
+                need += 2
+                if size < need:
+                    break
+                length = int.from_bytes(data[at + 2 : need], "big")
+            elif length == 127:
+                need += 8
+                if size < need:
+                    break
+                length = int.from_bytes(data[at + 2 : need], "big")
+            limit = conn.max_message_size
+            fragment = conn.max_fragment_size
+            if fragment is not None and (limit is None or fragment < limit):
+                limit = fragment
+            if limit is not None and length > limit:
+                self._hand_to_websockets(data, at)
+                return
+            mask = need
+            need += 4 + length
+            if size < need:
+                break
+            self.curr_msg_data_type = "text"
+            self.frames = [apply_mask(data[mask + 4 : need], data[mask : mask + 4])]
+            at = need
+            self.send_receive_event_to_app()
+        if at < size:  # a frame not whole yet: kept until `need` bytes are here
+            self._partial = bytearray(data[at:])
+            self._need = need - at
+
+    def _hand_to_websockets(self, data: bytes, at: int) -> None:
+        self.reads_frames = False
+        super().data_received(data[at:])
 
     def send_keepalive_ping(self) -> None:
         """uvicorn pings every connection each `ws_ping_interval`; a peer heard from since
@@ -337,6 +467,7 @@ class DirectWebSocketProtocol(WebSocketsSansIOProtocol):
         super().send_keepalive_ping()
 
     def handle_connect(self, event: Any) -> None:
+        self._request_read = True
         super().handle_connect(event)
         scope = getattr(self, "scope", None)
         if scope is not None:
