@@ -324,7 +324,8 @@ async def test_frames_cut_anywhere_are_read_whole_and_in_order() -> None:
 
             assert reads_frames() is True
 
-            # a ping: websockets reads from that frame on, answers it, and serves the rest
+            # a ping (as a keepalive's pong would be): websockets reads that frame alone and
+            # answers it; the frames after it are read here still
             client.conn.send_ping(b"are you there")
             ping = b"".join(client.conn.data_to_send())
             await client.stream.send(ping + client.frames(request(9, "t/echo", {"n": 9})))
@@ -335,9 +336,16 @@ async def test_frames_cut_anywhere_are_read_whole_and_in_order() -> None:
                 "id": 9,
                 "result": {"n": 9},
             }
-            assert reads_frames() is False
-            await client.stream.send(client.frames(request(10, "t/echo", {"n": 10})))
+            assert reads_frames() is True
+
+            # a fragmented message: websockets reads from its first frame on, for good
+            client.conn.send_text(request(10, "t/echo", {"n": 10}), fin=False)
+            client.conn.send_continuation(b"", fin=True)
+            await client.send_in_pieces(b"".join(client.conn.data_to_send()), [1, 2, 3])
             assert json.loads(bytes((await client.next_frame()).data))["id"] == 10
+            assert reads_frames() is False
+            await client.stream.send(client.frames(request(11, "t/echo", {"n": 11})))
+            assert json.loads(bytes((await client.next_frame()).data))["id"] == 11
 
 
 @pytest.mark.parametrize(

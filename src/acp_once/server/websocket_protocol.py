@@ -54,6 +54,8 @@ _PAUSE_AT = 64 * 1024
 """Bytes of received messages waiting for the app before reading from the socket pauses."""
 _CLOSE_ABNORMAL = 1006
 _FIN_TEXT = 0x81  # FIN and the text opcode: one whole text message
+_FIN_PING = 0x89
+_FIN_PONG = 0x8A
 _HEAD_16 = struct.Struct("!BBH")
 _HEAD_64 = struct.Struct("!BBQ")
 
@@ -417,6 +419,23 @@ class DirectWebSocketProtocol(WebSocketsSansIOProtocol):
             head1 = data[at]
             head2 = data[at + 1]
             if head1 != _FIN_TEXT or head2 < 0x80 or self.close_sent:
+                if (
+                    head1 in (_FIN_PING, _FIN_PONG)
+                    and 0x80 <= head2 <= 0xFD
+                    and not self.close_sent
+                ):
+                    # a whole masked ping or pong (payload <= 125 bytes): websockets reads that one
+                    # frame, whole, so its parser ends where it began, at a frame's start; the
+                    # keepalive's pong of an idle connection does not end this path for it
+                    need += 4 + (head2 & 0x7F)
+                    if size < need:
+                        break
+                    super().data_received(data[at:need])
+                    at = need
+                    if self.close_sent or self.conn.parser_exc is not None:
+                        self.reads_frames = False
+                        return
+                    continue
                 self._hand_to_websockets(data, at)
                 return
             length = head2 & 0x7F
