@@ -296,3 +296,27 @@ async def test_a_turn_inserted_behind_another_is_marked_queued_then_started(
             timeline = [orjson.loads(e.update) for e in await store.read_timeline(sid)]
     markers = [(u["state"], u["messageId"]) for u in timeline if u["sessionUpdate"] == TURN_MARKER]
     assert markers == [(QUEUED, second), (STARTED, second)]
+
+
+def test_new_ids_are_unique_across_threads_and_in_a_forked_child() -> None:
+    import multiprocessing
+    import threading
+
+    ids: list[str] = []
+
+    def make() -> None:
+        ids.extend(new_id("msg_user") for _ in range(2_000))
+
+    threads = [threading.Thread(target=make) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert len(ids) == 8_000 and len(set(ids)) == 8_000
+    assert all(len(i) == len("msg_user_") + 32 for i in ids)
+    # a forked child does not hand out what the parent has yet to hand out
+    new_id("msg_user")  # the parent holds unused random bytes
+    context = multiprocessing.get_context("fork")
+    with context.Pool(1) as pool:
+        child = pool.apply(new_id, ("msg_user",))
+    assert child != new_id("msg_user")
