@@ -37,6 +37,7 @@ __all__ = [
     "Unencodable",
     "decode",
     "decode_entry",
+    "loads",
     "decode_object",
     "encode_batch",
     "encode_error",
@@ -117,6 +118,17 @@ Message = Single | Batch
 
 def _not_json(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
+
+
+def loads(frame: bytes | str) -> Any:
+    """Parse one frame of JSON as the engine does (orjson; escaped lone surrogates, which JSON
+    allows and orjson refuses, through the stdlib).
+
+    Raises:
+        ValueError: not JSON (NaN and Infinity included).
+        RecursionError: nested deeper than the stdlib parses.
+    """
+    return _loads(frame)
 
 
 def _loads(frame: bytes | str) -> Any:

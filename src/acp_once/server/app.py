@@ -58,7 +58,6 @@ import contextlib
 import enum
 import hashlib
 import hmac
-import json
 import logging
 import re
 import time
@@ -78,6 +77,7 @@ from starlette.websockets import WebSocket
 
 from acp_once.agent.connection import AgentSideConnection
 from acp_once.agent.interface import Agent
+from acp_once.protocol import jsonrpc
 from acp_once.protocol.methods import INITIALIZE
 from acp_once.rpc.streams import FrameStream
 from acp_once.server.guard import RequestGuard
@@ -527,7 +527,7 @@ class AcpServer:
         if isinstance(body, Response):
             return body
         try:
-            message: Any = json.loads(body)
+            message: Any = jsonrpc.loads(body)  # as the engine parses it, at orjson's speed
         except (ValueError, RecursionError):  # RecursionError: nesting deeper than Python's
             return _error(400, "invalid JSON")
         if isinstance(message, list):
@@ -634,7 +634,7 @@ class AcpServer:
         except (anyio.ClosedResourceError, TimeoutError):
             await frames.aclose()
             return _error(500, "the connection ended before initialize was answered")
-        if "error" in json.loads(answer):
+        if "error" in jsonrpc.loads(answer):
             await frames.aclose()
             return Response(answer, 500, media_type="application/json")
         return Response(
