@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import anyio
+import anyio.abc
 import httpx
 import pytest
 import uvicorn
 
 from acp_once.agent.reference import ReferenceAgent
 from acp_once.client import AcpClient, HttpLauncher
-from acp_once.server import create_app
+from acp_once.server import create_app, http_protocol
 from acp_once.server.http_protocol import _DirectSseH11
 from acp_once.storage import open_store
 from acp_once.transports.http import CONNECTION_ID_HEADER, SESSION_ID_HEADER, ServerHttpFrames
@@ -423,3 +426,76 @@ async def test_a_refused_session_stream_fails_the_send_not_the_connection_block(
                 assert refused.value.status == 404
                 assert isinstance(refused.value, OSError)
                 assert frames.ended
+
+
+async def test_a_posts_202_is_one_write_on_a_kept_alive_connection_and_closes_when_asked(
+    tmp_path: Path,
+) -> None:
+    """Under serve a POST's 202 is written at once (`send_accepted`): several POSTs on one
+    kept-alive socket each get a whole 202 with no body, and `Connection: close` is honoured."""
+    with anyio.fail_after(TIMEOUT):
+        async with running(tmp_path) as srv, raw(srv) as conn:
+            await conn.initialize()
+            port = int(srv.http.rsplit(":", 1)[1])
+            notification = json.dumps(
+                {"jsonrpc": "2.0", "method": "$/cancel_request", "params": {"requestId": 99}}
+            ).encode()
+
+            def post(close: bool) -> bytes:
+                head = (
+                    f"POST /acp HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                    f"Content-Type: application/json\r\n{CONNECTION_ID_HEADER}: {conn.cid}\r\n"
+                    f"Content-Length: {len(notification)}\r\n"
+                )
+                if close:
+                    head += "Connection: close\r\n"
+                return head.encode() + b"\r\n" + notification
+
+            async def answers(stream: anyio.abc.ByteStream, count: int) -> list[bytes]:
+                data = b""
+                while data.count(b"\r\n\r\n") < count:
+                    data += await stream.receive()
+                return data.split(b"\r\n\r\n")[:count]
+
+            results: list[bool] = []
+
+            def counted(scope: Any, headers: list[tuple[bytes, bytes]]) -> bool:
+                results.append(http_protocol.send_accepted(scope, headers))
+                return results[-1]
+
+            with mock.patch("acp_once.server.app.send_accepted", counted):
+                async with await anyio.connect_tcp("127.0.0.1", port) as stream:
+                    for _ in range(3):  # one after another on the same socket
+                        await stream.send(post(close=False))
+                        (head,) = await answers(stream, 1)
+                        assert head.startswith(b"HTTP/1.1 202 Accepted\r\n"), head
+                        assert b"content-length: 0" in head.lower()
+                        assert b"date: " in head.lower()
+                    await stream.send(post(close=True))
+                    (head,) = await answers(stream, 1)
+                    assert head.startswith(b"HTTP/1.1 202 Accepted\r\n")
+                    assert b"connection: close" in head.lower()
+                    with pytest.raises((anyio.EndOfStream, anyio.BrokenResourceError)):
+                        while True:  # the server closes the socket
+                            await stream.receive()
+            assert results == [True] * 4  # the initialize's 200 is not a 202
+
+
+async def test_a_202_goes_through_asgi_when_the_access_log_writes_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    results: list[bool] = []
+
+    def counted(scope: Any, headers: list[tuple[bytes, bytes]]) -> bool:
+        results.append(http_protocol.send_accepted(scope, headers))
+        return results[-1]
+
+    with anyio.fail_after(TIMEOUT), mock.patch("acp_once.server.app.send_accepted", counted):
+        async with running(tmp_path) as srv, raw(srv) as conn:
+            # uvicorn set its loggers' levels as the server started
+            caplog.set_level(logging.INFO, logger="uvicorn.access")
+            await conn.initialize()
+            r = await conn.post({"jsonrpc": "2.0", "method": "$/cancel_request", "params": {}})
+            assert r.status_code == 202 and r.content == b""
+    assert results == [False]
+    assert any("202" in record.getMessage() for record in caplog.records)

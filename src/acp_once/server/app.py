@@ -81,7 +81,7 @@ from acp_once.protocol import jsonrpc
 from acp_once.protocol.methods import INITIALIZE
 from acp_once.rpc.streams import FrameStream
 from acp_once.server.guard import RequestGuard
-from acp_once.server.http_protocol import BODY_COMPLETE_EXTENSION
+from acp_once.server.http_protocol import BODY_COMPLETE_EXTENSION, send_accepted
 from acp_once.server.proxies import TrustedProxies
 from acp_once.support.server_options import (
     DEFAULT_BODY_TIMEOUT,
@@ -510,8 +510,9 @@ class AcpServer:
                 answer = await self._post(headers, scope, receive, tenant)
         del headers  # not held for the life of an SSE stream
         if answer is None:
-            await send(_ACCEPTED_START)
-            await send(_EMPTY_BODY)
+            if not send_accepted(scope, _ACCEPTED.raw_headers):
+                await send(_ACCEPTED_START)
+                await send(_EMPTY_BODY)
         else:
             await answer(scope, receive, send)
 

@@ -18,6 +18,7 @@ reads uvicorn's request cycle (`conn`, `disconnected`, `flow`).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -28,11 +29,78 @@ from acp_once.transports.http import SSE_EXTENSION
 
 from .guard import HalfOpenGuard, _GuardedH11
 
-__all__ = ["BODY_COMPLETE_EXTENSION", "DirectSseWriter", "direct_http_protocol"]
+__all__ = [
+    "ACCEPTED_EXTENSION",
+    "BODY_COMPLETE_EXTENSION",
+    "DirectSseWriter",
+    "direct_http_protocol",
+    "send_accepted",
+]
 
 BODY_COMPLETE_EXTENSION = "acp_once.body_complete"
 """In a POST's scope extensions when its whole body had arrived before the app was called:
 its first `receive` returns all of it at once (the app then needs no deadline for it)."""
+
+
+ACCEPTED_EXTENSION = "acp_once.accepted"
+"""In a POST's scope extensions: `send_accepted(scope)` may answer it 202 in one write."""
+
+_CLOSE_HEADER = (b"connection", b"close")
+
+
+def send_accepted(scope: Any, headers: list[tuple[bytes, bytes]]) -> bool:
+    """Answer the POST of `scope` 202 Accepted with `headers` (a `content-length: 0` among
+    them) and no body, as uvicorn's `send` of the response's start and end does, but with one
+    h11 response event per set of default headers (uvicorn's `Date` changes once a second), not
+    one built and checked per POST, and no trip through ASGI's send wrappers.
+
+    Returns False, having done nothing, when it cannot: the extension is not offered (not
+    under `acp-once serve`), the response has started, the socket's buffer is full (ASGI's
+    `send` waits for it to drain), or uvicorn's access log would write a line for it. The caller
+    then sends the response through ASGI.
+    """
+    protocol: _DirectSseH11 | None = scope.get("extensions", {}).get(ACCEPTED_EXTENSION)
+    if protocol is None:
+        return False
+    cycle = protocol.cycle
+    if (
+        cycle is None
+        or cycle.scope is not scope
+        or cycle.response_started
+        or cycle.disconnected
+        or (cycle.access_log and cycle.access_logger.isEnabledFor(logging.INFO))
+        or protocol.flow.write_paused
+    ):
+        return False
+    close = _CLOSE_HEADER in scope["headers"]
+    cached = _DirectSseH11.accepted_cache
+    default_headers = cycle.default_headers
+    if (
+        cached is not None
+        and cached[0] is default_headers
+        and cached[1] is headers
+        and cached[2] == close
+    ):
+        response = cached[3]
+    else:
+        every = default_headers + headers
+        if close and _CLOSE_HEADER not in every:
+            every = [*every, _CLOSE_HEADER]
+        response = h11.Response(status_code=202, headers=every, reason=b"Accepted")
+        _DirectSseH11.accepted_cache = (default_headers, headers, close, response)
+    cycle.response_started = True
+    cycle.waiting_for_100_continue = False
+    conn = cycle.conn
+    output = conn.send(response)
+    end = conn.send(h11.EndOfMessage())
+    protocol.transport.write(output + end if end else output)
+    cycle.response_complete = True
+    cycle.message_event.set()
+    if conn.our_state is h11.MUST_CLOSE or not cycle.keep_alive:
+        conn.send(h11.ConnectionClosed())
+        protocol.transport.close()
+    cycle.on_response()
+    return True
 
 
 class DirectSseWriter:
@@ -79,6 +147,10 @@ class DirectSseWriter:
 
 
 class _DirectSseH11(_GuardedH11):
+    accepted_cache: tuple[Any, Any, bool, h11.Response] | None = None
+    """`send_accepted`'s last response event: (uvicorn's default headers object, the caller's
+    headers object, Connection: close asked, the event)."""
+
     def handle_events(self) -> None:
         before = self.cycle
         super().handle_events()
@@ -91,8 +163,11 @@ class _DirectSseH11(_GuardedH11):
             # kept in the scope only: one more attribute would grow every protocol's __dict__
             writer = DirectSseWriter(self, cycle)
             cycle.scope.setdefault("extensions", {})[SSE_EXTENSION] = {"writer": writer}
-        elif method == "POST" and not cycle.more_body:
-            cycle.scope.setdefault("extensions", {})[BODY_COMPLETE_EXTENSION] = {}
+        elif method == "POST":
+            extensions: dict[str, Any] = cycle.scope.setdefault("extensions", {})
+            extensions[ACCEPTED_EXTENSION] = self
+            if not cycle.more_body:
+                extensions[BODY_COMPLETE_EXTENSION] = {}
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
