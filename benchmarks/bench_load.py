@@ -15,7 +15,9 @@ Every connection opens its own session and sends keyed `session/prompt`s back to
 
 1. Throughput: per transport, connection count, round and server: prompts/s over the measured
    window (after the warm-up), p50/p99 latency, server CPU per prompt (its /proc CPU time over
-   the window / prompts), client CPU per prompt, the server's RSS at the end of the window.
+   the window / prompts) and the part of it its main thread used (the event loop's: the
+   bottleneck of a Python node; the rest is its worker and checkpoint threads), client CPU per
+   prompt, the server's RSS at the end of the window.
 2. Idle connections (`--idle N`): a server holds N idle connections, each with a session
    (another client process), while 20 active clients prompt beside them: RSS per idle
    connection ((RSS with them - RSS before) / N) and p99 of the 20 with and without them.
@@ -59,7 +61,7 @@ from typing import Any
 import anyio
 import anyio.abc
 import psycopg
-from _proc import process_cpu_seconds
+from _proc import main_thread_cpu_seconds, process_cpu_seconds
 from anyio.streams.buffered import BufferedByteReceiveStream
 from rich.console import Console
 from rich.table import Table
@@ -98,6 +100,11 @@ def rss_mib(pid: int) -> float:
 
 def cpu(pid: int) -> float:
     seconds = process_cpu_seconds(pid)
+    return 0.0 if seconds is None else seconds
+
+
+def main_thread_cpu(pid: int) -> float:
+    seconds = main_thread_cpu_seconds(pid)
     return 0.0 if seconds is None else seconds
 
 
@@ -207,6 +214,10 @@ class Running:
 
     def cpu(self) -> float:
         return sum(cpu(pid) for pid in self.pids)
+
+    def loop_cpu(self) -> float:
+        """The CPU time of the nodes' main threads (their event loops)."""
+        return sum(main_thread_cpu(pid) for pid in self.pids)
 
     def rss(self) -> float:
         return sum(rss_mib(pid) for pid in self.pids)
@@ -343,6 +354,7 @@ class ClientRun:
     opened: dict[str, Any] = field(default_factory=dict)
     result: dict[str, Any] = field(default_factory=dict)
     server_cpu: float = 0.0  # seconds over the measured window
+    server_loop_cpu: float = 0.0  # of which the main thread's (the event loop's)
     client_cpu: float = 0.0
     extra_cpu: float = 0.0  # e.g. PostgreSQL's, when a probe is given
     server_rss: float = 0.0  # MiB at the window's end
@@ -384,7 +396,7 @@ async def run_client(
     )
     assert process.stdout is not None and process.stderr is not None
     stdout, stderr = Lines(process.stdout), Lines(process.stderr)
-    started_server = started_client = started_extra = 0.0
+    started_server = started_loop = started_client = started_extra = 0.0
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(stderr.drain)
@@ -395,9 +407,11 @@ async def run_client(
                         run.opened = event["opened"]
                     elif event.get("window") == "start":
                         started_server, started_client = running.cpu(), cpu(process.pid)
+                        started_loop = running.loop_cpu()
                         started_extra = extra_cpu() if extra_cpu else 0.0
                     elif event.get("window") == "end":
                         run.server_cpu = running.cpu() - started_server
+                        run.server_loop_cpu = running.loop_cpu() - started_loop
                         run.client_cpu = cpu(process.pid) - started_client
                         run.extra_cpu = (extra_cpu() if extra_cpu else 0.0) - started_extra
                         run.server_rss = running.rss()
@@ -624,7 +638,8 @@ async def throughput(args: argparse.Namespace, workdir: Path) -> None:
         )
         for column in (
             "connections", "server", "prompts/s", "vs TS", "p50 ms", "p99 ms",
-            "server µs CPU/prompt", "client µs CPU/prompt", "server RSS MiB", "errors",
+            "server µs CPU/prompt", "of which loop thread", "client µs CPU/prompt",
+            "server RSS MiB", "errors",
         ):  # fmt: skip
             table.add_column(column, justify="right" if column != "server" else "left")
         for connections in args.connections:
@@ -663,10 +678,12 @@ async def throughput(args: argparse.Namespace, workdir: Path) -> None:
                         "",
                         "",
                         "",
+                        "",
                         failures.get(kind, ""),
                     )
                     continue
                 prompts = [max(1, r.result["prompts"]) for r in done]
+                per_prompt = list(zip(done, prompts, strict=True))
                 rate = rates[kind]
                 table.add_row(
                     f"{connections:,}",
@@ -678,6 +695,7 @@ async def throughput(args: argparse.Namespace, workdir: Path) -> None:
                     fmt(
                         median([r.server_cpu / p * 1e6 for r, p in zip(done, prompts, strict=True)])
                     ),
+                    fmt(median([r.server_loop_cpu / p * 1e6 for r, p in per_prompt])),
                     fmt(
                         median([r.client_cpu / p * 1e6 for r, p in zip(done, prompts, strict=True)])
                     ),
