@@ -106,3 +106,22 @@ async def test_a_join_during_a_heartbeat_keeps_publishing_on(
             c.pg.heartbeat = beat_with_a_join  # type: ignore[method-assign]
             await c._beat()
             assert publishing(a) is True
+
+
+async def test_a_restarted_node_does_not_wait_for_its_dead_process_but_for_the_others(
+    postgres_dsn: str, schema: str, tmp_path: Path
+) -> None:
+    with anyio.fail_after(TIMEOUT):
+        async with node(postgres_dsn, schema, "b", tmp_path / "fx") as b:
+            # "a" crashed a moment ago: its row is fresh and it will never answer a join
+            with psycopg.connect(postgres_dsn, autocommit=True) as raw:
+                raw.execute(
+                    f'INSERT INTO "{schema}".cluster_nodes (instance, node_id, stats)'
+                    " VALUES ('a-crashed', 'a', '{}')"
+                )
+            started = anyio.current_time()
+            # with a lease TTL of 60 s, waiting for the crashed process would fail this test
+            async with node(postgres_dsn, schema, "a", tmp_path / "fx", lease_ttl=60) as a:
+                assert anyio.current_time() - started < TIMEOUT / 2
+                assert publishing(a) is True
+                assert publishing(b) is True

@@ -45,12 +45,13 @@ same sessions behind any load balancer:
   delivered to the connections on which the session is active on every other node, while
   another instance is alive: a node alone sends none. Each heartbeat answers with the other
   instances seen within twice the lease TTL; a starting node LISTENs, registers, NOTIFYs its
-  join and then reads the instances alive, and waits (at most `lease_ttl`) until each of them
-  acknowledged the join or sent its own: from then on every one of them publishes, so a
-  client that attaches to a session here afterwards reads in the timeline what was sent
-  before and receives what comes after. A node whose listener reconnects, or whose heartbeat
-  was late by more than the TTL, announces itself again (and publishes until its next
-  heartbeat, having perhaps missed a join).
+  join and then reads the instances of other nodes alive (an instance of its own node id is
+  an earlier process of it), and waits (at most `lease_ttl`) until each of them acknowledged
+  the join or sent its own: from then on every one of them publishes, so a client that
+  attaches to a session here afterwards reads in the timeline what was sent before and
+  receives what comes after. A node whose listener reconnects, or whose heartbeat was late by
+  more than the TTL, announces itself again (and publishes until its next heartbeat, having
+  perhaps missed a join).
 
 With the steer policy, a prompt another node queued is inserted as soon as the owner is
 woken (NOTIFY), during its turn; the owner's own prompts are inserted at once as on one node.

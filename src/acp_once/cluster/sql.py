@@ -312,7 +312,7 @@ def _statements(schema: str) -> _Sql:
             " AND seen_at > now() - make_interval(secs => %(horizon)s)"
         ),
         peers=q(
-            "SELECT instance FROM {s}.cluster_nodes WHERE instance <> %(me)s"
+            "SELECT instance FROM {s}.cluster_nodes WHERE node_id <> %(node)s"
             " AND seen_at > now() - make_interval(secs => %(horizon)s)"
         ),
         deregister=q("DELETE FROM {s}.cluster_nodes WHERE instance = %s"),
@@ -411,13 +411,16 @@ class PgCluster:
         return {str(row[0]) for row in rows}
 
     async def announce(self) -> set[str]:
-        """NOTIFY that this instance joined (committed), then read the other instances alive:
-        every one of them either receives the join or had this instance in its heartbeat's
-        answer before it sends its own join (`join`/`ack` in `acp_once.cluster.notify`)."""
+        """NOTIFY that this instance joined (committed), then read the instances of other
+        nodes alive: every one of them either receives the join or had this instance in its
+        heartbeat's answer before it sends its own join (`join`/`ack` in
+        `acp_once.cluster.notify`). Instances of this node's id are left out: they are this
+        node's earlier processes (a restart after a crash leaves one seen recently, which
+        would never answer)."""
 
         async def work(conn: _Conn) -> list[tuple[Any, ...]]:
             await _exec(conn, self._notify, (self.channel, [notify.join(self.instance)]))
-            params = {"me": self.instance, "horizon": self._horizon}
+            params = {"node": self.node_id, "horizon": self._horizon}
             return await _all(conn, self._sql.peers, params)
 
         rows = await self.store.run(work, begin=False)
