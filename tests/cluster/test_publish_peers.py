@@ -61,7 +61,7 @@ async def test_a_node_alone_publishes_no_update(
 
 
 async def test_a_joining_node_gets_every_update_after_its_start_and_a_leaving_one_stops_them(
-    postgres_dsn: str, schema: str, tmp_path: Path
+    postgres_dsn: str, schema: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     recorder_b = UpdateRecorder()
     with anyio.fail_after(TIMEOUT):
@@ -78,6 +78,7 @@ async def test_a_joining_node_gets_every_update_after_its_start_and_a_leaving_on
                 connected(b.agent, recorder_b) as conn_b,
             ):
                 # b's start returned only after a answered its join: a publishes already
+                assert "did not answer the join" not in caplog.text
                 assert publishing(a) is True
                 assert publishing(b) is True
                 await initialize(conn_b)
