@@ -34,6 +34,8 @@ def test_every_kind_reads_back() -> None:
         "s1", "a-1", update, None
     )
     assert notify.read(notify.update("s1", "a-1", None, 42)) == notify.Update("s1", "a-1", None, 42)
+    assert notify.read(notify.join("a-1")) == notify.Join("a-1")
+    assert notify.read(notify.ack("b-2", "a-1")) == notify.Ack("b-2", "a-1")
 
 
 @pytest.mark.parametrize(

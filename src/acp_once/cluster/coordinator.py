@@ -42,7 +42,16 @@ same sessions behind any load balancer:
   insert them once. Prompts other nodes queued behind it stay queued and are inserted by the
   next owner, which a waiting node becomes by taking the expired lease itself.
 * **Updates** emitted on one node are published by NOTIFY (large ones through a table) and
-  delivered to the connections on which the session is active on every other node.
+  delivered to the connections on which the session is active on every other node, while
+  another instance is alive: a node alone sends none. Each heartbeat answers with the other
+  instances seen within twice the lease TTL; a starting node LISTENs, registers, NOTIFYs its
+  join and then reads the instances of other nodes alive (an instance of its own node id is
+  an earlier process of it), and waits (at most `lease_ttl`) until each of them acknowledged
+  the join or sent its own: from then on every one of them publishes, so a client that
+  attaches to a session here afterwards reads in the timeline what was sent before and
+  receives what comes after. A node whose listener reconnects, or whose heartbeat was late by
+  more than the TTL, announces itself again (and publishes until its next heartbeat, having
+  perhaps missed a join).
 
 With the steer policy, a prompt another node queued is inserted as soon as the owner is
 woken (NOTIFY), during its turn; the owner's own prompts are inserted at once as on one node.
@@ -188,6 +197,16 @@ class PostgresCoordinator:
         self._remote_state: dict[str, str] = {}
         self._publish: collections.deque[tuple[str, dict[str, Any]]] = collections.deque()
         self._publish_ready = anyio.Event()
+        self._others = True
+        """Whether another instance may be alive (its updates are published): the last
+        heartbeat's answer, set again by a join and by a reconnection of the listener."""
+        self._joins = 0
+        """Joins seen and listener reconnections: a heartbeat answer "no other instance"
+        that began before one of them does not turn publishing off."""
+        self._answers: set[str] | None = None
+        """While `start` waits: the instances that acknowledged this one's join or joined."""
+        self._answer = anyio.Event()
+        self._last_beat = -math.inf
         self._events: PlacementEvents | None = None
         self._tg: TaskGroup | None = None
         self.listening = anyio.Event()
@@ -211,8 +230,14 @@ class PostgresCoordinator:
         it learns from other nodes goes to `events`."""
         self._events = events
         self._tg = tg
-        await self.pg.heartbeat(self.stats())
-        await tg.start(self._listen)
+        self._answers = set()
+        try:
+            await tg.start(self._listen)
+            await self._beat()
+            if self.listening.is_set():
+                await self._await_answers(await self.pg.announce())
+        finally:
+            self._answers = None
         tg.start_soon(self._maintain, name=f"cluster-maintain-{self.node_id}")
         tg.start_soon(self._publisher, name=f"cluster-publish-{self.node_id}")
         logger.info("cluster.start node=%s instance=%s", self.node_id, self.instance)
@@ -261,9 +286,49 @@ class PostgresCoordinator:
         return session_id not in self.leases and self._remote_state.get(session_id) == "running"
 
     def publish(self, session_id: str, update: dict[str, Any]) -> None:
-        """Send a session update to the other nodes (in order, batched, never blocking)."""
+        """Send a session update to the other nodes (in order, batched, never blocking); none
+        while no other instance is alive."""
+        if not self._others:
+            return
         self._publish.append((session_id, update))
         self._publish_ready.set()
+
+    async def _beat(self) -> None:
+        """Heartbeat; publish while the answer names another instance, or a join (or a
+        reconnection of the listener) came while it ran."""
+        joins = self._joins
+        others = await self.pg.heartbeat(self.stats())
+        late = anyio.current_time() - self._last_beat > self.lease_ttl
+        self._last_beat = anyio.current_time()
+        if others or joins != self._joins:
+            self._others = True
+        else:
+            self._others = False
+        if late and self._answers is None:
+            # the others may have counted this instance dead meanwhile
+            await self.pg.announce()
+
+    async def _await_answers(self, waiting: set[str]) -> None:
+        """Wait until every instance in `waiting` acknowledged this one's join or joined
+        itself (it publishes from then on), at most `lease_ttl` seconds (one that does not
+        answer died, or stalls)."""
+        with anyio.move_on_after(self.lease_ttl):
+            while True:
+                answered = self._answer = anyio.Event()
+                assert self._answers is not None
+                if waiting <= self._answers:
+                    return
+                await answered.wait()
+        logger.warning(
+            "cluster.start node=%s: %d instance(s) did not answer the join",
+            self.node_id,
+            len(waiting - (self._answers or set())),
+        )
+
+    def _answered(self, instance: str) -> None:
+        if self._answers is not None:
+            self._answers.add(instance)
+            self._answer.set()
 
     @property
     def _ev(self) -> PlacementEvents:
@@ -649,6 +714,11 @@ class PostgresCoordinator:
             try:
                 async with self.pg.listen(conninfo) as notifies:
                     self.listening.set()
+                    if started:
+                        # joins may have been missed while the listener was down
+                        self._joins += 1
+                        self._others = True
+                        await self.pg.announce()
                     if not started:
                         started = True
                         task_status.started()
@@ -678,6 +748,13 @@ class PostgresCoordinator:
             self._wake(note.session_id)
         elif isinstance(note, notify.Cancel) and note.instance != self.instance:
             self._remote_cancel(note.session_id)
+        elif isinstance(note, notify.Join) and note.instance != self.instance:
+            self._joins += 1
+            self._others = True
+            self._answered(note.instance)
+            self._spawn(self.pg.ack, note.instance)
+        elif isinstance(note, notify.Ack) and note.joined == self.instance:
+            self._answered(note.instance)
 
     async def _deliver_event(self, session_id: str, event: int) -> None:
         update = await self.pg.read_event(event)
@@ -717,7 +794,7 @@ class PostgresCoordinator:
                     since_beat = 0.0
                     rounds += 1
                     await self._renew()
-                    await self.pg.heartbeat(self.stats())
+                    await self._beat()
                     if rounds % 100 == 1:
                         await self.pg.cleanup()
                 await self._release_idle()

@@ -9,7 +9,10 @@ Notifications go on one channel per schema (`channel_for(schema)`), JSON payload
 * `{"k": "w", "s": session, "o": owner}` wake the owner: a prompt was queued (`wake`);
 * `{"k": "u", "s": session, "n": instance, "u": update | "e": event_id}` a session update
   (`update`; `e` names a `session_events` row when the update is over `NOTIFY_LIMIT`);
-* `{"k": "c", "s": session, "n": instance}` cancel the session's work (`cancel`).
+* `{"k": "c", "s": session, "n": instance}` cancel the session's work (`cancel`);
+* `{"k": "j", "n": instance}` an instance joined (or came back after a stall or a lost
+  listener): the others publish their updates from now on (`join`);
+* `{"k": "a", "n": instance, "t": joined}` `instance` saw the join of `joined` (`ack`).
 
 Idempotency keys never appear in a payload (nor in a log line or an error message).
 """
@@ -24,13 +27,17 @@ import orjson
 
 __all__ = [
     "NOTIFY_LIMIT",
+    "Ack",
     "Cancel",
+    "Join",
     "Note",
     "Outcome",
     "Update",
     "Wake",
+    "ack",
     "cancel",
     "channel_for",
+    "join",
     "outcome",
     "outcome_sql",
     "read",
@@ -91,6 +98,16 @@ def cancel(session_id: str, instance: str) -> str:
     return _payload(k="c", s=session_id, n=instance)
 
 
+def join(instance: str) -> str:
+    """`instance` listens and wants the other instances' session updates."""
+    return _payload(k="j", n=instance)
+
+
+def ack(instance: str, joined: str) -> str:
+    """`instance` saw the join of `joined` (and publishes its updates from then on)."""
+    return _payload(k="a", n=instance, t=joined)
+
+
 @dataclass(frozen=True, slots=True)
 class Outcome:
     """Read from `outcome`: what became of a queued prompt."""
@@ -127,7 +144,22 @@ class Cancel:
     instance: str | None
 
 
-Note = Outcome | Wake | Update | Cancel
+@dataclass(frozen=True, slots=True)
+class Join:
+    """Read from `join`."""
+
+    instance: str
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    """Read from `ack`: `instance` saw the join of `joined`."""
+
+    instance: str
+    joined: str
+
+
+Note = Outcome | Wake | Update | Cancel | Join | Ack
 
 
 def read(payload: str) -> Note | None:
@@ -148,6 +180,10 @@ def read(payload: str) -> Note | None:
             return Wake(str(note["s"]), note.get("o"))
         if kind == "c":
             return Cancel(str(note["s"]), note.get("n"))
+        if kind == "j":
+            return Join(str(note["n"]))
+        if kind == "a":
+            return Ack(str(note["n"]), str(note["t"]))
     except (orjson.JSONDecodeError, AttributeError, KeyError, TypeError, ValueError):
         return None
     return None

@@ -163,6 +163,7 @@ class _Sql:
     outcomes: sql.Composed
     queued_sessions: sql.Composed
     heartbeat: sql.Composed
+    peers: sql.Composed
     deregister: sql.Composed
     cleanup_rows: sql.Composed
     cleanup_events: sql.Composed
@@ -304,8 +305,15 @@ def _statements(schema: str) -> _Sql:
             " WHERE session_id = ANY(%s) AND state = 'queued'"
         ),
         heartbeat=q(
-            "INSERT INTO {s}.cluster_nodes (instance, node_id, stats) VALUES (%s, %s, %s)"
-            " ON CONFLICT (instance) DO UPDATE SET seen_at = now(), stats = EXCLUDED.stats"
+            "WITH beat AS (INSERT INTO {s}.cluster_nodes (instance, node_id, stats)"
+            " VALUES (%(me)s, %(node)s, %(stats)s)"
+            " ON CONFLICT (instance) DO UPDATE SET seen_at = now(), stats = EXCLUDED.stats)"
+            " SELECT instance FROM {s}.cluster_nodes WHERE instance <> %(me)s"
+            " AND seen_at > now() - make_interval(secs => %(horizon)s)"
+        ),
+        peers=q(
+            "SELECT instance FROM {s}.cluster_nodes WHERE node_id <> %(node)s"
+            " AND seen_at > now() - make_interval(secs => %(horizon)s)"
         ),
         deregister=q("DELETE FROM {s}.cluster_nodes WHERE instance = %s"),
         cleanup_rows=q(
@@ -381,10 +389,47 @@ class PgCluster:
 
     # -- nodes --------------------------------------------------------------------------
 
-    async def heartbeat(self, stats: dict[str, Any]) -> None:
-        """Record that this instance is alive, with its figures for `/ops/status`."""
-        params = (self.instance, self.node_id, orjson.dumps(stats).decode())
-        await self.store.run(lambda conn: _exec(conn, self._sql.heartbeat, params), begin=False)
+    @property
+    def _horizon(self) -> float:
+        """Seconds since its last heartbeat an instance counts as alive for publishing: twice
+        the lease TTL (an instance beats every third of it), so a slow heartbeat does not cut
+        off a live node's updates."""
+        return 2 * self.lease_ttl
+
+    async def heartbeat(self, stats: dict[str, Any]) -> set[str]:
+        """Record that this instance is alive, with its figures for `/ops/status`; the other
+        instances alive (seen within twice the lease TTL) as the statement began."""
+        params = {
+            "me": self.instance,
+            "node": self.node_id,
+            "stats": orjson.dumps(stats).decode(),
+            "horizon": self._horizon,
+        }
+        rows = await self.store.run(
+            lambda conn: _all(conn, self._sql.heartbeat, params), begin=False
+        )
+        return {str(row[0]) for row in rows}
+
+    async def announce(self) -> set[str]:
+        """NOTIFY that this instance joined (committed), then read the instances of other
+        nodes alive: every one of them either receives the join or had this instance in its
+        heartbeat's answer before it sends its own join (`join`/`ack` in
+        `acp_once.cluster.notify`). Instances of this node's id are left out: they are this
+        node's earlier processes (a restart after a crash leaves one seen recently, which
+        would never answer)."""
+
+        async def work(conn: _Conn) -> list[tuple[Any, ...]]:
+            await _exec(conn, self._notify, (self.channel, [notify.join(self.instance)]))
+            params = {"node": self.node_id, "horizon": self._horizon}
+            return await _all(conn, self._sql.peers, params)
+
+        rows = await self.store.run(work, begin=False)
+        return {str(row[0]) for row in rows}
+
+    async def ack(self, joined: str) -> None:
+        """NOTIFY that this instance saw the join of `joined`."""
+        payloads = [notify.ack(self.instance, joined)]
+        await self.store.run(lambda conn: self._notify_in(conn, payloads), begin=False)
 
     async def deregister(self) -> None:
         """Forget this instance (a clean shutdown): its queued prompts count as abandoned."""
