@@ -22,6 +22,17 @@ def initialize_request(name: str = "test-client") -> s.InitializeRequest:
     )
 
 
+def user_texts(updates: list[dict[str, object]]) -> list[str]:
+    """The text of each `user_message` update among `updates`, in order."""
+    out = []
+    for u in updates:
+        if u["sessionUpdate"] == "user_message":
+            content = u["content"]
+            assert isinstance(content, list)
+            out.append(str(content[0]["text"]))
+    return out
+
+
 class UpdateRecorder(Client):
     """Keeps every `session/update` (as wire dicts, `{"sessionId", "update"}`) and lets a test
     wait for a condition on them without sleeping."""

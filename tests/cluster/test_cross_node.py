@@ -12,21 +12,11 @@ from acp_once.client.connection import ClientSideConnection
 from acp_once.protocol.errors import AcpError
 from acp_once.testing import connected
 from tests.cluster.harness import initialize, new_session, node, prompt, resume, until
-from tests.helpers import UpdateRecorder
+from tests.helpers import UpdateRecorder, user_texts
 
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
 
 TIMEOUT = 30
-
-
-def texts(updates: list[dict[str, object]]) -> list[str]:
-    out = []
-    for u in updates:
-        if u["sessionUpdate"] == "user_message":
-            content = u["content"]
-            assert isinstance(content, list)
-            out.append(str(content[0]["text"]))
-    return out
 
 
 async def test_held_prompt_retried_on_another_node_gets_the_same_message(
@@ -67,7 +57,7 @@ async def test_held_prompt_retried_on_another_node_gets_the_same_message(
                 assert await store.count_user_messages(sid, idempotency_key=key) == 1
             # the updates of A's turns reached B's client, in order
             expected = ["[work:1] first", "second", "third"]
-            await recorder_b.wait_for(lambda ups: texts(ups) == expected)
+            await recorder_b.wait_for(lambda ups: user_texts(ups) == expected)
             await recorder_b.wait_for(
                 lambda ups: any(
                     u["sessionUpdate"] == "agent_message" and u["content"][0]["text"] == "third"
@@ -160,7 +150,7 @@ async def test_big_updates_cross_nodes_and_keys_never_travel_in_notifications(
                         for u in ups
                     )
                 )
-                await recorder_b.wait_for(lambda ups: "forwarded" in texts(ups))
+                await recorder_b.wait_for(lambda ups: "forwarded" in user_texts(ups))
                 tg.cancel_scope.cancel()
             assert payloads  # the nodes did talk through PostgreSQL
             assert any('"e":' in p for p in payloads)  # the big update went by reference

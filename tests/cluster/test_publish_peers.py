@@ -12,7 +12,7 @@ import pytest
 from acp_once.cluster import notify
 from acp_once.testing import connected
 from tests.cluster.harness import Node, initialize, new_session, node, prompt, resume
-from tests.helpers import UpdateRecorder
+from tests.helpers import UpdateRecorder, user_texts
 
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
 
@@ -22,16 +22,6 @@ TIMEOUT = 30
 def publishing(n: Node) -> bool:
     """Whether the node publishes its updates to other nodes."""
     return n.coordinator._others
-
-
-def user_texts(updates: list[dict[str, object]]) -> list[str]:
-    out = []
-    for u in updates:
-        if u["sessionUpdate"] == "user_message":
-            content = u["content"]
-            assert isinstance(content, list)
-            out.append(str(content[0]["text"]))
-    return out
 
 
 async def test_a_node_alone_publishes_no_update(
