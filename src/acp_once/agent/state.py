@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import threading
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
@@ -72,37 +71,12 @@ RECOVER_TIMEOUT = 60.0
 """Seconds allowed, shielded, for dealing with a session's interrupted turns."""
 
 
-_ID_BYTES = 16
-_RANDOM_BATCH = 256 * _ID_BYTES
-_random = b""
-_random_at = 0
-_random_lock = threading.Lock()
-
-
-def _reset_random() -> None:
-    """A forked child must not hand out the ids its parent has yet to hand out."""
-    global _random, _random_at, _random_lock
-    _random, _random_at, _random_lock = b"", 0, threading.Lock()
-
-
-os.register_at_fork(after_in_child=_reset_random)
-
-
 def new_id(prefix: str) -> str:
     """A fresh id for a session, message or tool call: `prefix`, "_", 32 hex digits.
 
-    128 random bits from the OS's generator, like a uuid4's hex, without building a `UUID`
-    object on the hot path; read 256 ids at a time (one system call, where each id was one: a
-    prompt makes two), each used once, the rest dropped in a forked child.
+    128 random bits, like a uuid4's hex, without building a `UUID` object on the hot path.
     """
-    global _random, _random_at
-    with _random_lock:  # threads (worker threads, loops in threads) never share an id
-        at = _random_at
-        if at >= len(_random):
-            _random, at = os.urandom(_RANDOM_BATCH), 0
-        _random_at = at + _ID_BYTES
-        chunk = _random[at : at + _ID_BYTES]
-    return f"{prefix}_{chunk.hex()}"
+    return f"{prefix}_{os.urandom(16).hex()}"
 
 
 def prompt_digest(prompt: Sequence[Any]) -> bytes:
