@@ -13,8 +13,9 @@ it instead of one ASGI event per message:
   does, 1007 otherwise), not decoded to a `str` and encoded again;
 - whole text frames, the only frames an ACP connection needs, are read and written here
   (header, unmasking) rather than through websockets' `Frame` objects and parser generator;
-  anything else (a ping, a close, a binary or fragmented message, an extension such as
-  permessage-deflate) is websockets' from that frame on, exactly as without this path;
+  a ping or a pong is handed to websockets alone; anything else (a close, a binary or
+  fragmented message, an extension such as permessage-deflate, websockets' debug log) is
+  websockets' from that frame on, exactly as without this path;
 - reading is paused once `_PAUSE_AT` bytes of messages wait unread (and resumed when they are
   read), not after every message: a pause and a resume are two system calls.
 
@@ -380,6 +381,7 @@ class DirectWebSocketProtocol(WebSocketsSansIOProtocol):
             self.reads_frames = (
                 self.conn.state is State.OPEN
                 and not self.conn.extensions
+                and not self.conn.debug
                 and not self.close_sent
                 and not self.conn.reader.buffer
             )
