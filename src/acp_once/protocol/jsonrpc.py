@@ -37,7 +37,6 @@ __all__ = [
     "Unencodable",
     "decode",
     "decode_entry",
-    "loads",
     "decode_object",
     "encode_batch",
     "encode_error",
@@ -45,6 +44,7 @@ __all__ = [
     "encode_request",
     "encode_result",
     "is_request_id",
+    "loads",
 ]
 
 RequestId = int | str
@@ -128,10 +128,6 @@ def loads(frame: bytes | str) -> Any:
         ValueError: not JSON (NaN and Infinity included).
         RecursionError: nested deeper than the stdlib parses.
     """
-    return _loads(frame)
-
-
-def _loads(frame: bytes | str) -> Any:
     try:
         return orjson.loads(frame)
     except orjson.JSONDecodeError:
@@ -145,7 +141,7 @@ def _loads(frame: bytes | str) -> Any:
 def decode(frame: bytes | str) -> Message:
     """Classify one frame. Never raises."""
     try:
-        obj = _loads(frame)
+        obj = loads(frame)
     except (ValueError, RecursionError):
         return Invalid(PARSE_ERROR, "Parse error")
     if isinstance(obj, dict):

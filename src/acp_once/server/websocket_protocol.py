@@ -400,10 +400,10 @@ class DirectWebSocketProtocol(WebSocketsSansIOProtocol):
     def _receive_frames(self, data: bytes) -> None:
         """Read whole, unfragmented, masked text frames, the messages of an ACP connection,
         without websockets' frame parser (the `Frame`, its checks and the generator steps cost
-        more than the rest of a message's reading). Anything else (a control frame, a binary
-        or fragmented message, a frame over the size limit or not masked) is left to
-        websockets from its first byte on, for the rest of the connection: its parser has seen
-        no frame yet, so it starts at a frame's start and answers it as it would have."""
+        more than the rest of a message's reading). A whole ping or pong goes to websockets
+        alone. Anything else (a close, a binary or fragmented message, a frame over the size
+        limit or not masked) is left to websockets from its first byte on, for the rest of the
+        connection: its parser stands at a frame's start, so it answers it as it would have."""
         partial = self._partial
         if partial is not None:
             partial += data
@@ -414,6 +414,10 @@ class DirectWebSocketProtocol(WebSocketsSansIOProtocol):
         size = len(data)
         at = 0
         conn = self.conn
+        limit = conn.max_message_size  # a whole message is one fragment: the smaller bound
+        fragment = conn.max_fragment_size
+        if fragment is not None and (limit is None or fragment < limit):
+            limit = fragment
         while at < size:
             need = at + 2
             if size < need:
@@ -451,10 +455,6 @@ class DirectWebSocketProtocol(WebSocketsSansIOProtocol):
                 if size < need:
                     break
                 length = int.from_bytes(data[at + 2 : need], "big")
-            limit = conn.max_message_size
-            fragment = conn.max_fragment_size
-            if fragment is not None and (limit is None or fragment < limit):
-                limit = fragment
             if limit is not None and length > limit:
                 self._hand_to_websockets(data, at)
                 return
