@@ -32,11 +32,11 @@ Concurrency (READ COMMITTED, which every write transaction asks for explicitly):
   inserts and appends go through one queue with one writer. An insert is then one statement
   (`insert_one`: the lock, the lookup, the INSERT and `next_seq` together). A lone write is
   that statement in autocommit, one round trip; the writes that queue while a batch commits
-  are sent together in pipeline mode inside one transaction (BEGIN and COMMIT in the same
-  pipeline on the store's own autocommit pool: one round trip), in the order of their session
-  ids (see `_write_batch`), and each caller is answered after its COMMIT. Guarded writes are
-  grouped the same way: a guard that does not hold writes nothing and is that write's own
-  answer (a `FencingError`), and the others commit.
+  are sent together in pipeline mode inside one transaction (BEGIN, the writes as prepared
+  statements and COMMIT in one write: one round trip, `connection.run_batch`), in the order
+  of their session ids (see `_write_batch`), and each caller is answered after its COMMIT.
+  Guarded writes are grouped the same way: a guard that does not hold writes nothing and is
+  that write's own answer (a `FencingError`), and the others commit.
 
 Cancellation (the encode/databases #460 lesson): a connection goes back to the pool only when
 it is idle. When a call ends any other way (an error, or a cancellation at any await,
@@ -102,6 +102,7 @@ from acp_once.storage.postgres.connection import (
     fetch_all,
     fetch_one,
     key_bytes,
+    run_batch,
     storage_error,
     transact,
     use,
@@ -122,9 +123,6 @@ __all__ = ["PostgresStore"]
 
 _T = TypeVar("_T")
 
-_BEGIN: Final = sql.SQL("BEGIN ISOLATION LEVEL READ COMMITTED")
-_READ_COMMITTED: Final = sql.SQL("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
-_COMMIT: Final = sql.SQL("COMMIT")
 
 _INSERT_TIMEOUT: Final = 60.0
 """Seconds a user message insert, shielded from cancellation, may take (`_insert_shielded`)."""
@@ -594,7 +592,7 @@ class PostgresStore(AsyncClosing):
 
     async def _write_batch(self, batch: list[Write[_Work]]) -> None:
         """Write a batch of grouped writes in one transaction on one pooled connection, their
-        statements sent together in pipeline mode (one round trip for the batch).
+        statements sent together in pipeline mode (`run_batch`: one round trip).
 
         Each write is one statement that raises no SQL error for the outcomes callers
         expect: a recorded key is settled by the lookup in the statement or by `ON CONFLICT
@@ -612,38 +610,19 @@ class PostgresStore(AsyncClosing):
         at_commit: list[bool] = []
 
         async def together(conn: Conn) -> None:
-            results: list[list[tuple[Any, ...]]] = []
-            # On an autocommit connection (the store's own pool) BEGIN and COMMIT travel in
-            # the pipeline with the writes: the whole batch is one round trip. Otherwise
-            # psycopg opens the transaction and `transact` commits it.
-            own = conn.autocommit
             sent: list[bool] = []
             try:
-                async with conn.pipeline() as pipeline:
-                    control = conn.cursor()
-                    cursors = [conn.cursor(binary=True, row_factory=tuple_row) for _ in ordered]
-                    try:
-                        await control.execute(_BEGIN if own else _READ_COMMITTED)
-                        for cursor, write in zip(cursors, ordered, strict=True):
-                            await cursor.execute(write.work.query, write.work.params)
-                        if own:
-                            sent.append(True)
-                            await control.execute(_COMMIT)
-                        await pipeline.sync()
-                        results = [await cursor.fetchall() for cursor in cursors]
-                    finally:
-                        for cursor in [control, *cursors]:
-                            await cursor.close()
+                results = await run_batch(
+                    conn, [(write.work.query, write.work.params) for write in ordered], sent=sent
+                )
             except psycopg.Error:
-                # Before the COMMIT was queued (a value refused as it was sent) nothing can
-                # commit. After, a write's SQL error aborts the transaction (the COMMIT then
-                # does nothing): INERROR. Anything else (the COMMIT refused, the connection
-                # lost) leaves the outcome unknown.
+                # Before the batch was sent nothing can commit. After, a write's SQL error
+                # aborts the transaction (the COMMIT then does nothing): INERROR. Anything
+                # else (the COMMIT refused, the connection lost) leaves the outcome unknown.
                 if sent:
                     at_commit.append(conn.info.transaction_status != TransactionStatus.INERROR)
                 raise
-            if own:  # committed: a failure from here on must not write the batch again
-                at_commit.append(True)
+            at_commit.append(True)  # committed: a failure from here on must not write it again
             for write, rows in zip(ordered, results, strict=True):
                 try:
                     outcomes.append((True, await write.work.finish(conn, rows)))
