@@ -7,6 +7,7 @@ connections, held prompts whose connection ends.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -633,3 +634,56 @@ async def test_a_resend_of_a_used_key_covered_by_a_later_session_cancel_gets_its
                 await unkeyed.result()
             assert info.value.code == REQUEST_CANCELLED
             assert await agent.store.count_user_messages(sid) == 1
+
+
+class Gathered(ReferenceAgent):
+    """Every turn waits until `want` turns run at once."""
+
+    want: int
+    running: int
+    all_running: anyio.Event
+
+    async def run_turn(self, turn: Turn, ctx: TurnContext) -> StopReason | Extension:
+        self.running += 1
+        if self.running == self.want:
+            self.all_running.set()
+        await self.all_running.wait()
+        return await super().run_turn(turn, ctx)
+
+
+def _parked(agent: ReferenceAgent) -> int:
+    """How many turn workers wait for their next turn."""
+    pool = agent._pool
+    assert pool is not None
+    return len(pool._idle)
+
+
+def _turn_tasks() -> set[asyncio.Task[Any]]:
+    return {task for task in asyncio.all_tasks() if task.get_name() == "turn"}
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_the_turn_workers_of_many_busy_sessions_are_reused(tmp_path: Path) -> None:
+    """Twenty sessions' turns at once, twice: the second wave runs in the tasks of the first
+    (parked, not ended), so a server whose sessions all prompt starts no task per turn."""
+    sessions = 20
+    with anyio.fail_after(20):
+        async with (
+            MemoryStore() as store,
+            Gathered(store, side_effects=tmp_path / "fx") as agent,
+            client(agent) as conn,
+        ):
+            sids = [
+                (await conn.agent.new_session(s.NewSessionRequest(cwd="/w"))).session_id
+                for _ in range(sessions)
+            ]
+            waves: list[set[asyncio.Task[Any]]] = []
+            for wave in range(2):
+                agent.want, agent.running, agent.all_running = sessions, 0, anyio.Event()
+                async with anyio.create_task_group() as tg:
+                    for sid in sids:
+                        tg.start_soon(prompt, conn, sid, f"wave {wave}", f"{sid}-{wave}")
+                await agent.all_running.wait()
+                await until(lambda: _parked(agent) == sessions)
+                waves.append(_turn_tasks())
+            assert waves[0] == waves[1]

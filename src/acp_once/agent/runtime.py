@@ -170,7 +170,7 @@ class SessionAgent(Agent, anyio.AsyncContextManagerMixin):
         self._sessions: dict[str, Session] = {}
         self._accepted_blocks: tuple[type[Any], ...] | None = None  # from agent_capabilities
         self._tg: TaskGroup | None = None
-        self._pool: TaskPool | None = None  # the task group's, looked up once (a weak dict)
+        self._pool: TaskPool | None = None  # the turn workers' (in the task group)
         self._coordinator: Coordinator | None = None
         self._placement: Placement = LocalPlacement(store)
         self._events = SessionEvents(
@@ -231,7 +231,13 @@ class SessionAgent(Agent, anyio.AsyncContextManagerMixin):
                 async with anyio.create_task_group() as tg:
                     self._tg = tg
                     self._setup.new_scope = cancel_scope_factory()
-                    pool = self._pool = TaskPool.of(tg)
+                    # One session's turn worker at a time, every busy session's at once: the
+                    # loop-wide cap on parked tasks and their age bound this pool, not a
+                    # count of its own (8 would start a new task for most turns of a server
+                    # whose thousands of sessions all prompt).
+                    pool = self._pool = TaskPool(
+                        tg, max_idle=TaskPool.max_parked_per_loop, name="turn"
+                    )
                     self._setup.pool = lambda: pool
                     if coordinator is not None:
                         await coordinator.start(self._events, tg)
