@@ -20,6 +20,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from acp_once.storage.postgres import store as postgres_store
+from acp_once.storage.postgres.connection import run_batch
 from acp_once.testing import connected
 from tests.cluster.harness import (
     Node,
@@ -41,9 +43,15 @@ QUIET = 30.0
 
 @contextmanager
 def statements_sent() -> Iterator[list[str]]:
-    """The text of every statement psycopg sends (any connection) inside the block."""
+    """The text of every statement sent (any connection) inside the block: by psycopg's
+    cursors and by the PostgreSQL store's batches (`run_batch`)."""
     sent: list[str] = []
     execute = psycopg.AsyncCursor.execute
+    batch = run_batch
+
+    async def recording_batch(conn: Any, statements: Any, **kwargs: Any) -> Any:
+        sent.extend(" ".join(query.as_string(None).split()) for query, _ in statements)
+        return await batch(conn, statements, **kwargs)
 
     async def recording(cur: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
         text = query if isinstance(query, str) else query.as_string(cur.connection)
@@ -51,10 +59,12 @@ def statements_sent() -> Iterator[list[str]]:
         return await execute(cur, query, *args, **kwargs)
 
     psycopg.AsyncCursor.execute = recording  # type: ignore[method-assign,assignment]
+    vars(postgres_store)["run_batch"] = recording_batch  # the name the store calls
     try:
         yield sent
     finally:
         psycopg.AsyncCursor.execute = execute  # type: ignore[method-assign]
+        vars(postgres_store)["run_batch"] = batch
 
 
 def drop_wakeups(n: Node) -> None:

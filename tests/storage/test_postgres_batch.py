@@ -155,3 +155,19 @@ async def test_the_store_writes_a_batch_whose_prepared_statements_were_dropped(
             assert await insert("m3") == InsertOutcome("m3", True, b"d")
             assert await insert("m2") == InsertOutcome("m2", False, b"d")
         assert await store.count_user_messages("s") == 3
+
+
+async def test_without_a_transaction_a_statement_commits_on_its_own(conn: Conn) -> None:
+    """A lone write: no BEGIN nor COMMIT; a failing statement leaves the connection idle."""
+    with anyio.fail_after(10):
+        rows = await run_batch(
+            conn, [(_INSERT, {"id": 1, "body": b"x", "note": "t"})], sent=[], transaction=False
+        )
+        assert rows == [[(1, b"x")]]
+        assert conn.info.transaction_status == TransactionStatus.IDLE
+        with pytest.raises(psycopg.errors.DivisionByZero):
+            await run_batch(
+                conn, [(sql.SQL("SELECT 1 / %(zero)s"), {"zero": 0})], sent=[], transaction=False
+            )
+    assert conn.info.transaction_status == TransactionStatus.IDLE
+    assert await _count(conn, "t") == 1

@@ -367,7 +367,11 @@ async def _results(pgconn: pq.abc.PGconn, *, pipeline: bool) -> list[pq.abc.PGre
 
 
 async def run_batch(
-    conn: Conn, statements: Sequence[tuple[Query, Mapping[str, Any]]], *, sent: list[bool]
+    conn: Conn,
+    statements: Sequence[tuple[Query, Mapping[str, Any]]],
+    *,
+    sent: list[bool],
+    transaction: bool = True,
 ) -> list[list[tuple[Any, ...]]]:
     """Run `statements` (each with `%(name)s` parameters) in one READ COMMITTED transaction,
     all sent in one write (BEGIN, the statements, COMMIT and one Sync: one round trip) as
@@ -379,7 +383,9 @@ async def run_batch(
     first time it is used there with its parameters' types, in a round trip before the
     batch. `conn` must be idle (no transaction open); it is idle again after a commit.
 
-    `sent` gets True once the batch, COMMIT included, may have reached the server.
+    `sent` gets True once the batch, COMMIT included, may have reached the server. Without
+    `transaction`, no BEGIN nor COMMIT is sent: the statements run in the implicit transaction
+    that ends at the Sync (one statement alone commits on its own, as in autocommit mode).
 
     Raises:
         psycopg.Error: a statement failed (the transaction is then aborted, nothing of it
@@ -411,10 +417,12 @@ async def run_batch(
                 if key not in prepared:
                     await _prepare(conn, pgconn, prepared, key)
             pgconn.enter_pipeline_mode()
-            pgconn.send_query_params(_BEGIN_READ_COMMITTED, None)
+            if transaction:
+                pgconn.send_query_params(_BEGIN_READ_COMMITTED, None)
             for key, values, formats in batch:
                 pgconn.send_query_prepared(prepared[key], values, formats, result_format=1)
-            pgconn.send_query_params(b"COMMIT", None)
+            if transaction:
+                pgconn.send_query_params(b"COMMIT", None)
             pgconn.pipeline_sync()
             sent.append(True)
             await _send(pgconn)
@@ -427,7 +435,8 @@ async def run_batch(
         except BaseException:
             await _lost(conn)
             raise
-    if len(results) != len(batch) + 2:
+    control = 2 if transaction else 0  # BEGIN and COMMIT
+    if len(results) != len(batch) + control:
         await _lost(conn)
         raise psycopg.InternalError("the server answered a batch with too few results")
     for result in results:
@@ -437,7 +446,7 @@ async def run_batch(
                 prepared.clear()  # the session's prepared statements were dropped
             raise error
     rows: list[list[tuple[Any, ...]]] = []
-    for result in results[1:-1]:
+    for result in results[1:-1] if transaction else results:
         if result.status == _TUPLES_OK:
             transformer.set_pgresult(result)
             rows.append(transformer.load_rows(0, result.ntuples, tuple))

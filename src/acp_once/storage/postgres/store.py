@@ -139,9 +139,10 @@ class _Work:
 
 
 async def _alone(work: _Work, conn: Conn) -> object:
-    """A grouped write written alone: its one statement (which commits on its own in
-    autocommit mode)."""
-    return await work.finish(conn, await fetch_all(conn, work.query, work.params))
+    """A grouped write written alone: its one statement, which commits on its own (sent
+    as a batch of one without BEGIN and COMMIT: `run_batch`)."""
+    rows = await run_batch(conn, [(work.query, work.params)], sent=[], transaction=False)
+    return await work.finish(conn, rows[0])
 
 
 class PostgresStore(AsyncClosing):
