@@ -171,3 +171,30 @@ async def test_without_a_transaction_a_statement_commits_on_its_own(conn: Conn) 
             )
     assert conn.info.transaction_status == TransactionStatus.IDLE
     assert await _count(conn, "t") == 1
+
+
+async def test_after_one_prepared_statement_was_dropped_the_rest_do_not_collide(
+    conn: Conn,
+) -> None:
+    """Only one of the connection's prepared statements dropped: the next batch fails on it,
+    and the statements prepared again take new names (the others still exist)."""
+    with anyio.fail_after(10):
+        await run_batch(
+            conn,
+            [(_INSERT, {"id": 1, "body": b"x", "note": "p"}), (_COUNT, {"note": "p"})],
+            sent=[],
+        )
+        cursor = await conn.execute(
+            "SELECT name FROM pg_prepared_statements WHERE statement LIKE 'SELECT count%%'"
+        )
+        row = await cursor.fetchone()
+        assert row is not None
+        await conn.execute(f'DEALLOCATE "{row[0]}"')
+        with pytest.raises(psycopg.errors.InvalidSqlStatementName):
+            await run_batch(conn, [(_COUNT, {"note": "p"})], sent=[], transaction=False)
+        rows = await run_batch(
+            conn,
+            [(_INSERT, {"id": 2, "body": b"y", "note": "p"}), (_COUNT, {"note": "p"})],
+            sent=[],
+        )
+    assert rows == [[(2, b"y")], [(2,)]]

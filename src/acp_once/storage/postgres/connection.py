@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import re
 import select
 import weakref
@@ -307,6 +308,7 @@ class _Compiled:
 
 
 _compiled: dict[int, _Compiled] = {}
+_names: Final = itertools.count()
 _prepared: weakref.WeakKeyDictionary[pq.abc.PGconn, dict[tuple[bytes, tuple[int, ...]], bytes]] = (
     weakref.WeakKeyDictionary()
 )
@@ -461,7 +463,8 @@ async def _prepare(
     prepared: dict[tuple[bytes, tuple[int, ...]], bytes],
     key: tuple[bytes, tuple[int, ...]],
 ) -> None:
-    name = f"acp_once_{len(prepared)}".encode()
+    # never reused in a process: after `prepared.clear()` some may still exist on the server
+    name = f"acp_once_{next(_names)}".encode()
     text, types = key
     pgconn.send_prepare(name, text, types)
     await _send(pgconn)
