@@ -198,3 +198,26 @@ async def test_after_one_prepared_statement_was_dropped_the_rest_do_not_collide(
             sent=[],
         )
     assert rows == [[(2, b"y")], [(2,)]]
+
+
+async def test_without_prepared_statements_nothing_is_prepared(postgres_dsn: str) -> None:
+    """A connection with `prepare_threshold=None` (PgBouncer in transaction mode) gets its
+    statements unnamed: the batch runs, and the session holds no prepared statement."""
+    connection = await psycopg.AsyncConnection.connect(
+        postgres_dsn, autocommit=True, prepare_threshold=None
+    )
+    try:
+        await connection.execute(
+            "CREATE TEMPORARY TABLE batch_t (id bigint, body bytea, note text)"
+        )
+        with anyio.fail_after(10):
+            rows = await run_batch(
+                connection,
+                [(_INSERT, {"id": 1, "body": b"x", "note": "u"}), (_COUNT, {"note": "u"})],
+                sent=[],
+            )
+        assert rows == [[(1, b"x")], [(1,)]]
+        cursor = await connection.execute("SELECT count(*) FROM pg_prepared_statements")
+        assert await cursor.fetchone() == (0,)
+    finally:
+        await connection.close()

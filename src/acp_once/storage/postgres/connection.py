@@ -383,7 +383,9 @@ async def run_batch(
     CPU a statement here, against some 7 for this); this drives libpq's pipeline through
     psycopg's own `pq` and adapters instead. A statement is prepared on the connection the
     first time it is used there with its parameters' types, in a round trip before the
-    batch. `conn` must be idle (no transaction open); it is idle again after a commit.
+    batch; on a connection whose `prepare_threshold` is None (PgBouncer in transaction mode)
+    none is: each is sent unnamed, parsed every time. `conn` must be idle (no transaction
+    open); it is idle again after a commit.
 
     `sent` gets True once the batch, COMMIT included, may have reached the server. Without
     `transaction`, no BEGIN nor COMMIT is sent: the statements run in the implicit transaction
@@ -415,14 +417,19 @@ async def run_batch(
         if prepared is None:
             prepared = _prepared[pgconn] = {}
         try:
-            for key, _, _ in batch:
-                if key not in prepared:
-                    await _prepare(conn, pgconn, prepared, key)
+            named = conn.prepare_threshold is not None
+            if named:
+                for key, _, _ in batch:
+                    if key not in prepared:
+                        await _prepare(conn, pgconn, prepared, key)
             pgconn.enter_pipeline_mode()
             if transaction:
                 pgconn.send_query_params(_BEGIN_READ_COMMITTED, None)
             for key, values, formats in batch:
-                pgconn.send_query_prepared(prepared[key], values, formats, result_format=1)
+                if named:
+                    pgconn.send_query_prepared(prepared[key], values, formats, result_format=1)
+                else:  # unnamed statements: behind PgBouncer in transaction mode
+                    pgconn.send_query_params(key[0], values, key[1], formats, result_format=1)
             if transaction:
                 pgconn.send_query_params(b"COMMIT", None)
             pgconn.pipeline_sync()
