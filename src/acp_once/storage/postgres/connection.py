@@ -396,6 +396,7 @@ async def run_batch(
             committed, and the connection stays in the failed transaction for its caller to
             roll back), or the COMMIT failed (nothing committed; the connection is idle), or
             the connection failed (then it is closed, and after `sent` the outcome is unknown).
+        ValueError: a statement has positional (`%s`) parameters (nothing was sent).
     """
     transformer = Transformer(conn)
     batch: list[tuple[tuple[bytes, tuple[int, ...]], Sequence[Buffer | None], list[pq.Format]]] = []
