@@ -5,7 +5,7 @@ connection. On a real PostgreSQL server."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import orjson
@@ -15,7 +15,8 @@ from psycopg import sql
 from psycopg.pq import TransactionStatus
 
 from acp_once.storage import InsertOutcome, SessionRecord
-from acp_once.storage.postgres import PostgresStore
+from acp_once.storage.base import StorageError
+from acp_once.storage.postgres import PostgresStore, connection
 from acp_once.storage.postgres.connection import Conn, run_batch
 from tests.storage.conftest import batch_everything
 
@@ -221,3 +222,46 @@ async def test_without_prepared_statements_nothing_is_prepared(postgres_dsn: str
         assert await cursor.fetchone() == (0,)
     finally:
         await connection.close()
+
+
+async def test_a_batch_lost_after_it_was_sent_is_reported_unknown_never_written_again(
+    postgres_dsn: str, new_schema: Callable[[], str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server committed the batch, then the connection failed before its answer came
+    back: each caller learns its write may or may not be stored, and nothing is written
+    again (an append, which has no key, would otherwise be stored twice)."""
+    real = connection._results
+    cut: list[bool] = []
+
+    async def answer_lost(pgconn: Any, *, pipeline: bool) -> list[Any]:
+        results = await real(pgconn, pipeline=pipeline)
+        if pipeline and not cut:
+            cut.append(True)
+            raise psycopg.OperationalError("the connection was lost")
+        return results
+
+    async with PostgresStore.open(postgres_dsn, schema=new_schema()) as store:
+        batch_everything(store)
+        for sid in ("a", "b"):
+            await store.create_session(SessionRecord(sid, "/w", (), None, 1.0, 1.0))
+        monkeypatch.setattr(connection, "_results", answer_lost)
+        errors: dict[str, StorageError] = {}
+
+        async def append(sid: str) -> None:
+            try:
+                await store.append_updates(sid, [(b'{"n": 1}', None), (b'{"n": 2}', None)])
+            except StorageError as exc:
+                errors[sid] = exc
+
+        with anyio.fail_after(20):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(append, "a")
+                tg.start_soon(append, "b")
+        assert cut == [True]
+        assert errors  # the writes of the lost batch, each told so
+        assert all("may or may not have been stored" in str(e) for e in errors.values())
+        for sid in ("a", "b"):
+            written = [entry.update for entry in await store.read_timeline(sid)]
+            assert written in ([], [b'{"n": 1}', b'{"n": 2}'])
+            if sid in errors:
+                assert written == [b'{"n": 1}', b'{"n": 2}']  # committed, once
