@@ -888,3 +888,32 @@ def test_without_a_dsn_postgres_tests_skip_except_on_ci(ci: str, outcome: str) -
     assert (result.returncode != 0) == bool(ci)
     if ci:
         assert "CI=true requires the PostgreSQL tests" in result.stdout
+
+
+@postgres
+@pytest.mark.parametrize("batched", [False, True])
+async def test_updated_at_moves_in_steps_of_a_second_and_never_back(
+    postgres_dsn: str, new_schema: Callable[[], str], batched: bool
+) -> None:
+    """A write within a second of the last bump leaves `updated_at` (and so every index of
+    `sessions`) as it is; `session/list` shows whole seconds, so nothing visible is lost."""
+    now = [1_000.0]
+    async with PostgresStore.open(postgres_dsn, schema=new_schema(), clock=lambda: now[0]) as store:
+        if batched:
+            batch_everything(store)
+        await store.create_session(_record(updated_at=1_000.0))
+        now[0] = 1_000.5
+        await _insert(store, "m1", None)
+        await store.append_updates("sess_1", [(b"{}", None)])
+        await store.append_update("sess_1", b"{}")
+        record = await store.get_session("sess_1")
+        assert record is not None and record.updated_at == 1_000.0  # within the second
+        now[0] = 1_001.0
+        await _insert(store, "m2", "k")
+        record = await store.get_session("sess_1")
+        assert record is not None and record.updated_at == 1_001.0  # a second later: bumped
+        now[0] = 900.0  # a clock that went back never moves it back
+        await store.append_update("sess_1", b"{}")
+        record = await store.get_session("sess_1")
+        assert record is not None and record.updated_at == 1_001.0
+        assert [e.seq for e in await store.read_timeline("sess_1")] == [1, 2, 3, 4, 5]

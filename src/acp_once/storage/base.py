@@ -129,7 +129,8 @@ class SessionRecord:
     updated_at: float
     """Seconds since the epoch; bumped to "now" by timeline writes, never moved back.
     `list_sessions` orders by it. A store may skip a bump less than a second after the last
-    one (the SQLite store does: the row stays unwritten); `session/list` shows whole seconds."""
+    one (the SQLite and PostgreSQL stores do: the row, or its indexes, stay unwritten);
+    `session/list` shows whole seconds."""
     forked_from: str | None = None
     tenant: str | None = None
     """The tenant that created the session (the name its token has in `serve --tokens`), or

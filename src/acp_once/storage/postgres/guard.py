@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 from psycopg import sql
 
 from acp_once.storage.postgres.connection import compose
+from acp_once.storage.postgres.sql import BUMP
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -131,7 +132,7 @@ def guarded_statements(schema: str, guard: GuardSql) -> GuardedStatements:
         "  ON CONFLICT (session_id, idempotency_key) WHERE idempotency_key IS NOT NULL"
         "  DO NOTHING RETURNING seq),"
         " adv AS (UPDATE {s}.sessions SET next_seq = ins.seq + 1,"
-        "  updated_at = GREATEST(updated_at, %(now)s) FROM ins"
+        f"  {BUMP} FROM ins"
         "  WHERE session_id = %(sid)s RETURNING ins.seq),"
         " res AS (SELECT (SELECT seq FROM adv) AS seq, (SELECT message_id FROM rec) AS mid,"
         "  (SELECT prompt_digest FROM rec) AS digest, EXISTS (SELECT 1 FROM l) AS held)"
@@ -146,7 +147,7 @@ def guarded_statements(schema: str, guard: GuardSql) -> GuardedStatements:
     written = _EXISTS_UNLESS.format(written="EXISTS (SELECT 1 FROM w)")
     append = compose(
         head + " s AS (UPDATE {s}.sessions SET next_seq = next_seq + %(n)s::bigint,"
-        "  updated_at = GREATEST(updated_at, %(now)s)"
+        f"  {BUMP}"
         "  WHERE session_id = %(sid)s AND (SELECT holds FROM ok)"
         "  RETURNING next_seq - %(n)s::bigint AS first),"
         " w AS (INSERT INTO {s}.timeline (session_id, seq, message_id, payload)"
@@ -159,7 +160,7 @@ def guarded_statements(schema: str, guard: GuardSql) -> GuardedStatements:
     )
     append_one = compose(
         head + " s AS (UPDATE {s}.sessions SET next_seq = next_seq + 1,"
-        "  updated_at = GREATEST(updated_at, %(now)s)"
+        f"  {BUMP}"
         "  WHERE session_id = %(sid)s AND (SELECT holds FROM ok) RETURNING next_seq - 1 AS seq),"
         " w AS (INSERT INTO {s}.timeline (session_id, seq, message_id, payload)"
         "  SELECT %(sid)s, s.seq, %(mid)s, %(payload)s FROM s RETURNING seq)"

@@ -15,11 +15,21 @@ from acp_once.storage.postgres.connection import compose
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-__all__ = ["SESSION_COLUMNS", "Statements", "from_row", "statements", "to_params"]
+__all__ = ["BUMP", "SESSION_COLUMNS", "Statements", "from_row", "statements", "to_params"]
 
 SESSION_COLUMNS: Final = (
     "session_id, cwd, additional_directories, title, created_at, updated_at, forked_from, tenant"
 )
+
+
+BUMP: Final = (
+    "updated_at = CASE WHEN updated_at <= %(now)s::float8 - 1.0 THEN %(now)s::float8"
+    " ELSE updated_at END"
+)
+"""How a timeline write sets its session's `updated_at`: to now, unless it is less than a
+second old (never back). `session/list` shows `updatedAt` in whole seconds, and the session
+row's update then leaves every index of `sessions` as it is, so PostgreSQL writes it as a
+heap-only tuple: no index entry for the two or more writes of every prompt."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +98,7 @@ def statements(schema: str) -> Statements:
             " ON CONFLICT (session_id, idempotency_key) WHERE idempotency_key IS NOT NULL"
             " DO NOTHING RETURNING seq)"
             " UPDATE {s}.sessions SET next_seq = ins.seq + 1,"
-            "  updated_at = GREATEST(updated_at, %(now)s) FROM ins"
+            f"  {BUMP} FROM ins"
             " WHERE session_id = %(sid)s RETURNING ins.seq"
         ),
         # A whole unguarded insert in one statement (grouped writes: one trip, or one entry of a
@@ -110,7 +120,7 @@ def statements(schema: str) -> Statements:
             "  ON CONFLICT (session_id, idempotency_key) WHERE idempotency_key IS NOT NULL"
             "  DO NOTHING RETURNING seq),"
             " adv AS (UPDATE {s}.sessions SET next_seq = ins.seq + 1,"
-            "  updated_at = GREATEST(updated_at, %(now)s) FROM ins"
+            f"  {BUMP} FROM ins"
             "  WHERE session_id = %(sid)s RETURNING ins.seq)"
             " SELECT EXISTS (SELECT 1 FROM l), (SELECT seq FROM adv),"
             "  (SELECT message_id FROM rec), (SELECT prompt_digest FROM rec)"
@@ -118,7 +128,7 @@ def statements(schema: str) -> Statements:
         append_entry=q(
             "WITH s AS ("
             " UPDATE {s}.sessions SET next_seq = next_seq + 1,"
-            "  updated_at = GREATEST(updated_at, %(now)s)"
+            f"  {BUMP}"
             " WHERE session_id = %(sid)s RETURNING next_seq - 1 AS seq)"
             " INSERT INTO {s}.timeline (session_id, seq, message_id, payload)"
             " SELECT %(sid)s, s.seq, %(mid)s, %(payload)s FROM s RETURNING seq"
@@ -151,7 +161,7 @@ def statements(schema: str) -> Statements:
         append_many=q(
             "WITH s AS ("
             " UPDATE {s}.sessions SET next_seq = next_seq + %(n)s::bigint,"
-            "  updated_at = GREATEST(updated_at, %(now)s)"
+            f"  {BUMP}"
             " WHERE session_id = %(sid)s"
             " RETURNING next_seq - %(n)s::bigint AS first)"
             " INSERT INTO {s}.timeline (session_id, seq, message_id, payload)"
