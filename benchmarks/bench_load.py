@@ -24,9 +24,10 @@ Every connection opens its own session and sends keyed `session/prompt`s back to
 3. Cluster (`--cluster-nodes`): K `acp-once serve` nodes on one fresh PostgreSQL database, the
    client's connections spread over the nodes: CPU per prompt of the nodes and of PostgreSQL
    (its backends on that database plus its WAL writer, background writer and checkpointer, from
-   /proc), transactions per prompt (`pg_stat_database.xact_commit`) and round trips per prompt
+   /proc), transactions per prompt (`pg_stat_database.xact_commit`), round trips per prompt
    (Sync and simple Query messages the nodes send, counted by a small proxy in this process in
-   front of PostgreSQL), so scaling past one machine can be projected.
+   front of PostgreSQL) and statements per prompt (its Execute and simple Query messages), so
+   scaling past one machine can be projected.
 
 Connections are spread over loopback source addresses (127.0.0.1, .2, ...; 400 per address),
 below `serve`'s per-address connection caps, as clients of a service come from many addresses.
@@ -506,11 +507,18 @@ class WireCounts:
 
     syncs: int = 0
     queries: int = 0
+    executes: int = 0
     connections: int = 0
 
     @property
     def round_trips(self) -> int:
         return self.syncs + self.queries
+
+    @property
+    def statements(self) -> int:
+        """Statements run: an Execute each (BEGIN and COMMIT included), a simple Query each
+        (which may hold several; ours hold one)."""
+        return self.executes + self.queries
 
 
 SSL_REQUEST, GSSENC_REQUEST = 80877103, 80877104
@@ -519,8 +527,8 @@ SSL_REQUEST, GSSENC_REQUEST = 80877103, 80877104
 async def count_frontend(
     source: anyio.abc.ByteStream, sink: anyio.abc.ByteStream, counts: WireCounts
 ) -> None:
-    """Forward a PostgreSQL client's bytes, counting its Sync ('S') and Query ('Q') messages:
-    each is one round trip to the server outside pipeline mode."""
+    """Forward a PostgreSQL client's bytes, counting its Sync ('S') and Query ('Q') messages
+    (each is one round trip to the server) and its Execute ('E') messages (statements)."""
     buffer = bytearray()
     started = False  # after the untyped startup message(s)
     with contextlib.suppress(
@@ -551,6 +559,8 @@ async def count_frontend(
                     counts.syncs += 1
                 elif kind == ord("Q"):
                     counts.queries += 1
+                elif kind == ord("E"):
+                    counts.executes += 1
                 del buffer[: 1 + length]
     with contextlib.suppress(Exception):
         await sink.send_eof()
@@ -598,16 +608,18 @@ class PgWindow:
     def __init__(self, probe: PgProbe, counts: WireCounts) -> None:
         self.probe, self.counts = probe, counts
         self.marked = False
-        self.commits = self.round_trips = 0
+        self.commits = self.round_trips = self.statements = 0
 
     def __call__(self) -> float:
         if not self.marked:
             self.marked = True
             self.probe.mark()
             self.commits, self.round_trips = self.probe.commits(), self.counts.round_trips
+            self.statements = self.counts.statements
             return 0.0
         self.commits = self.probe.commits() - self.commits
         self.round_trips = self.counts.round_trips - self.round_trips
+        self.statements = self.counts.statements - self.statements
         return self.probe.cpu()
 
 
@@ -795,6 +807,7 @@ async def cluster_row(
         fmt(run.extra_cpu / prompts * 1e6),
         f"{window.commits / prompts:.2f}",
         f"{window.round_trips / prompts:.2f}",
+        f"{window.statements / prompts:.2f}",
         str(counts.connections),
     ]
 
@@ -806,7 +819,8 @@ async def cluster(args: argparse.Namespace, workdir: Path) -> None:
     )
     for column in (
         "nodes", "connections", "prompts/s", "p99 ms", "node µs CPU/prompt (all nodes)",
-        "PostgreSQL µs CPU/prompt", "transactions/prompt", "round trips/prompt", "PG connections",
+        "PostgreSQL µs CPU/prompt", "transactions/prompt", "round trips/prompt",
+        "statements/prompt", "PG connections",
     ):  # fmt: skip
         table.add_column(column, justify="right")
     for connections in args.cluster_connections:
@@ -814,7 +828,7 @@ async def cluster(args: argparse.Namespace, workdir: Path) -> None:
             try:
                 table.add_row(*await cluster_row(args, workdir, nodes, connections))
             except Failure as exc:
-                table.add_row(str(nodes), f"{connections:,}", "failed", *[""] * 6)
+                table.add_row(str(nodes), f"{connections:,}", "failed", *[""] * 7)
                 console.print(f"[red]{nodes} node(s) at {connections}: {describe(exc)}[/red]")
             console.print(
                 f"[dim]cluster {nodes} node(s) at {connections} done; {load_average()}[/dim]"
