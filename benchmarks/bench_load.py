@@ -99,6 +99,18 @@ def rss_mib(pid: int) -> float:
     return 0.0
 
 
+def family(pid: int) -> list[int]:
+    """`pid` and its child processes (as /proc lists them; none once it is gone)."""
+    children: list[int] = []
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError):
+                children += [int(child) for child in (task / "children").read_text().split()]
+    except OSError:
+        pass
+    return [pid, *children]
+
+
 def cpu(pid: int) -> float:
     seconds = process_cpu_seconds(pid)
     return 0.0 if seconds is None else seconds
@@ -214,14 +226,15 @@ class Running:
         return [f"{transport}://{host}/acp" for host in self.hosts]
 
     def cpu(self) -> float:
-        return sum(cpu(pid) for pid in self.pids)
+        """The CPU time of the nodes and their child processes (the SQLite store's writer)."""
+        return sum(cpu(pid) for node in self.pids for pid in family(node))
 
     def loop_cpu(self) -> float:
         """The CPU time of the nodes' main threads (their event loops)."""
         return sum(main_thread_cpu(pid) for pid in self.pids)
 
     def rss(self) -> float:
-        return sum(rss_mib(pid) for pid in self.pids)
+        return sum(rss_mib(pid) for node in self.pids for pid in family(node))
 
 
 def acp_once_command() -> list[str]:

@@ -79,6 +79,7 @@ STORE_KINDS = [
     "sqlite",
     "sqlite-batched",
     "sqlite-single",
+    "sqlite-writer",
     pytest.param("postgres", marks=pytest.mark.postgres),
     pytest.param("postgres-batched", marks=pytest.mark.postgres),
     pytest.param("postgres-single", marks=pytest.mark.postgres),
@@ -134,7 +135,10 @@ def store_factory(request: pytest.FixtureRequest, tmp_path: Path) -> StoreFactor
 
     def open_sqlite() -> AbstractAsyncContextManager[SessionStore]:
         path = tmp_path / f"store-{next(counter)}.db"
-        return _opened(SqliteStore.open(path, group_commit=group_commit), batched)
+        return _opened(
+            SqliteStore.open(path, group_commit=group_commit, writer_process=variant == "writer"),
+            batched,
+        )
 
     return open_sqlite
 
@@ -172,7 +176,12 @@ def new_storage(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[], 
         path = tmp_path / f"shared-{next(counter)}.db"
 
         def open_sqlite() -> AbstractAsyncContextManager[SessionStore]:
-            return _opened(SqliteStore.open(path, group_commit=group_commit), batched)
+            return _opened(
+                SqliteStore.open(
+                    path, group_commit=group_commit, writer_process=variant == "writer"
+                ),
+                batched,
+            )
 
         return open_sqlite
 

@@ -36,7 +36,7 @@ def say(line: str) -> None:
 
 def stall_before_commit() -> None:
     """Wrap the store's batch writer: its STALL_AT-th batch blocks after its last write."""
-    write_together = sqlite_store._write_together
+    write_together = sqlite_store.write_together
     calls = 0
 
     def stalling(
@@ -59,7 +59,7 @@ def stall_before_commit() -> None:
 
         return write_together(conn, [*first, last_then_stall], path, tails)
 
-    sqlite_store._write_together = stalling
+    sqlite_store.write_together = stalling
 
 
 async def main(path: str, sessions: int) -> None:

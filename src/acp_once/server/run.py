@@ -164,6 +164,7 @@ async def serve_agent(
     migrate: bool = True,
     max_connections_per_address: int | None = DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
     forwarded_allow_ips: Sequence[str] = (),
+    sqlite_writer: bool = True,
 ) -> None:
     """Serve the agent `factory` makes at ws://HOST:PORT/acp and http://HOST:PORT/acp until
     SIGINT or SIGTERM (with `handle_signals`) or `server.should_exit`; then connections are
@@ -186,6 +187,10 @@ async def serve_agent(
     `max_connections_per_address`: established connections of one client address at most
     (None: no cap; see `acp_once.server.guard`). `forwarded_allow_ips`: the reverse proxies
     whose forwarding headers name the client (`acp_once.server.proxies`; none by default).
+
+    `sqlite_writer`: a SQLite store writes user messages and retained updates in a process of
+    its own (`acp_once.storage.sqlite.writer`), so that SQLite's work runs beside the event
+    loop that serves the connections.
 
     `migrate`: apply the store's pending schema migrations when it opens; with False a schema
     that is out of date raises `SchemaOutOfDate` (naming `acp-once db migrate`) before anything
@@ -217,7 +222,7 @@ async def serve_agent(
     # tenants' tokens protect the server as one token does ("": a token, none named here)
     check_listen(host, token if tokens is None else "")
 
-    async with open_store(store, migrate=migrate) as opened:
+    async with open_store(store, migrate=migrate, sqlite_writer=sqlite_writer) as opened:
         made = await build_agent(factory, opened)
         prefix = ""
         if isinstance(made, SessionAgent):

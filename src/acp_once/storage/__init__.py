@@ -88,7 +88,7 @@ def check_store_url(url: str) -> str:
 
 @asynccontextmanager
 async def open_store(
-    url: str | Sequence[str], *, migrate: bool = True
+    url: str | Sequence[str], *, migrate: bool = True, sqlite_writer: bool = False
 ) -> AsyncIterator[SessionStore]:
     """Open the store named by `url` for the duration of the `async with` block.
 
@@ -98,7 +98,9 @@ async def open_store(
 
     * `memory:` (or `memory`) a new, empty `MemoryStore`;
     * `sqlite:PATH` a `SqliteStore` on the file PATH (relative to the working directory,
-      created if missing; `sqlite::memory:` is a private in-memory database);
+      created if missing; `sqlite::memory:` is a private in-memory database); with
+      `sqlite_writer` its user messages and retained updates are written by a process of the
+      store's own (`acp_once.storage.sqlite.writer`: for a server with many busy sessions);
     * `postgresql://...` or `postgres://...` a `PostgresStore` (libpq URL; the acp-once
       parameter `?schema=NAME` picks the schema, `acp_once` by default).
 
@@ -124,7 +126,7 @@ async def open_store(
         async with MemoryStore() as memory:
             yield memory
     elif scheme == "sqlite":
-        async with SqliteStore.open(rest, migrate=migrate) as sqlite:
+        async with SqliteStore.open(rest, migrate=migrate, writer_process=sqlite_writer) as sqlite:
             yield sqlite
     else:  # postgresql:// or postgres://, as check_store_url says
         _postgres_extra()

@@ -21,7 +21,7 @@ Concurrency and durability:
   `CapacityLimiter(1)` owned by the store, so calls on one store are serialised on its one
   connection (opened with `check_same_thread=False` for exactly this reason).
 * A user message or a set of retained updates is one INSERT statement at the session's next
-  `seq`, which the store remembers between writes (`_Tail`; read on the session's first
+  `seq`, which the store remembers between writes (`Tail`; read on the session's first
   write, and again when an INSERT meets a primary key taken by another writer on the file):
   the key and its message are one row of that statement, and a turn's final update and end
   record two rows of one. Inline, on a free database, a lone write is that statement alone
@@ -64,7 +64,7 @@ import functools
 import os
 import sqlite3
 import time
-from typing import TYPE_CHECKING, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeAlias, TypeVar, cast
 
 import anyio
 import anyio.to_thread
@@ -94,6 +94,18 @@ from acp_once.storage.sqlite.checkpoint import (
     truncate_checkpoint,
 )
 from acp_once.storage.sqlite.schema import connect, prepare_schema
+from acp_once.storage.sqlite.writer import WriterOp, WriterProcess
+from acp_once.storage.sqlite.writes import (
+    BUMP_RESOLUTION,
+    FIND_KEY_SQL,
+    SESSION_EXISTS,
+    Tail,
+    Tails,
+    append_rows,
+    find_key,
+    insert_user_row,
+    write_together,
+)
 from acp_once.support import sqlite as db
 from acp_once.support.opening import AsyncClosing, Opening
 from acp_once.support.sqlite import Connection, Synchronous, prepare_file
@@ -115,59 +127,8 @@ _INSERT_SESSION: Final = (
     f"INSERT INTO sessions ({_SESSION_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
 )
 _GET_SESSION: Final = f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE session_id = ?"
-_SESSION_EXISTS: Final = "SELECT 1 FROM sessions WHERE session_id = ?"
 _LIST_ORDER: Final = " ORDER BY updated_at DESC, session_id ASC LIMIT ?"
 _AFTER_CURSOR: Final = "(updated_at < ? OR (updated_at = ? AND session_id > ?))"
-# A bump within a second of the last one is skipped: the session row and both of its indexes
-# stay clean (3 of the ~5 pages a turn's transaction would write), and nothing visible changes,
-# as `session/list` shows `updatedAt` in whole seconds.
-BUMP_RESOLUTION: Final = 1.0
-"""Seconds within which a write leaves `updated_at` as it is (see `_bump`)."""
-# Never moves `updated_at` back: another connection (or a clock that went back) may have
-# stored a later one than the store remembers.
-_BUMP_SESSION: Final = (
-    "UPDATE sessions SET updated_at = ?1 WHERE session_id = ?2 AND updated_at < ?1"
-)
-# The session's `updated_at` and its next `seq` in one statement (no row: no such session):
-# what the store remembers of a session it writes to (`_Tail`), read on its first write and
-# after a conflict.
-_SESSION_FOR_WRITE: Final = (
-    "SELECT updated_at,"
-    " (SELECT COALESCE(MAX(seq), 0) + 1 FROM timeline WHERE session_id = ?1)"
-    " FROM sessions WHERE session_id = ?1"
-)
-
-FIND_KEY_SQL: Final = (
-    "SELECT message_id, prompt_digest FROM timeline WHERE session_id = ? AND idempotency_key = ?"
-)
-# One INSERT per shape, with the absent values as literals: the stdlib module binds `None` and
-# `bytes` parameters through its adaptation protocol, whose failed `__adapt__` lookup raises
-# and clears an AttributeError each time (~2,500 instructions per parameter on 3.11).
-_INSERT_KEYED_USER: Final = (
-    "INSERT INTO timeline"
-    " (session_id, seq, message_id, payload, is_user_message, idempotency_key, prompt_digest)"
-    " VALUES (?, ?, ?, ?, 1, ?, ?)"
-)
-_INSERT_USER: Final = (
-    "INSERT INTO timeline (session_id, seq, message_id, payload, is_user_message)"
-    " VALUES (?, ?, ?, ?, 1)"
-)
-_INSERT_UPDATE: Final = (
-    "INSERT INTO timeline (session_id, seq, message_id, payload) VALUES (?, ?, ?, ?)"
-)
-_INSERT_ANONYMOUS_UPDATE: Final = "INSERT INTO timeline (session_id, seq, payload) VALUES (?, ?, ?)"
-_INSERT_UPDATES: dict[tuple[bool, ...], str] = {}
-"""Multi-row INSERTs of retained updates, by which rows have a message id (`_append_sql`)."""
-_BLOB_COPY_LIMIT: Final = 4096
-
-
-def _blob(data: bytes) -> bytes | bytearray:
-    """`data` as a parameter the stdlib module binds directly: a `bytearray` (bound as a BLOB
-    without the adaptation lookup: copying a small payload costs less), or the bytes
-    themselves when copying them would cost more than the lookup."""
-    return bytearray(data) if len(data) <= _BLOB_COPY_LIMIT else data
-
-
 _READ_TIMELINE: Final = (
     "SELECT seq, message_id, payload FROM timeline"
     " WHERE session_id = ? AND seq > ? ORDER BY seq LIMIT ?"
@@ -223,273 +184,18 @@ def _insert_session(conn: Connection, record: SessionRecord) -> None:
         raise SessionExists(record.session_id) from None
 
 
-class _Tail:
-    """What the store remembers of a session it writes to: the `seq` of its next entry and
-    the `updated_at` it last stored (or read).
-
-    Kept so that a write is one INSERT, with no SELECT before it. Read from the file on the
-    session's first write (`_SESSION_FOR_WRITE`), and again whenever an INSERT fails: a second
-    writer on the file (another process, another store) that appended meanwhile makes the
-    remembered `seq` stale, and the INSERT then hits the primary key (seqs of a session have no
-    gaps, so the stale one is always taken), writes nothing, and runs again with the `seq` read
-    in a write transaction. A remembered `seq` is never ahead of the file: each write advances
-    it only after its INSERT succeeded, and every path that rolls back forgets all of them
-    (`SqliteStore._forget_tails`). One case is not detected: a session deleted and created
-    again under the same id by another connection (session ids are random, so the runtime
-    never does this).
-    """
-
-    __slots__ = ("next_seq", "updated_at")
-
-    def __init__(self, next_seq: int, updated_at: float) -> None:
-        self.next_seq = next_seq
-        self.updated_at = updated_at
-
-
-_Tails = dict[str, _Tail]
-_TAILS_KEPT: Final = 65_536
-"""Sessions remembered at most: beyond, all are forgotten (each costs one SELECT again)."""
-
-
-def _load_tail(cur: sqlite3.Cursor, tails: _Tails, session_id: str) -> _Tail:
-    """Read what `_Tail` remembers of a session (inside a write transaction).
-
-    Raises:
-        SessionMissing: no such session.
-    """
-    row: tuple[float, int] | None = cur.execute(_SESSION_FOR_WRITE, (session_id,)).fetchone()
-    if row is None:
-        tails.pop(session_id, None)
-        raise SessionMissing(session_id)
-    if len(tails) >= _TAILS_KEPT:
-        tails.clear()
-    tail = tails[session_id] = _Tail(row[1], row[0])
-    return tail
-
-
-def _after_conflict(
-    cur: sqlite3.Cursor, tails: _Tails, session_id: str, exc: sqlite3.IntegrityError, fresh: bool
-) -> None:
-    """Return when the failed INSERT (which wrote nothing) met a stale `_Tail` and should
-    run again with the `seq` read in a write transaction; raise otherwise.
-
-    Raises:
-        SessionMissing: the session does not exist (the foreign key failed).
-        sqlite3.IntegrityError: `exc`, any other failure.
-    """
-    tails.pop(session_id, None)
-    code = exc.sqlite_errorcode
-    if code == sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY and not fresh:
-        return
-    if (
-        code == sqlite3.SQLITE_CONSTRAINT_FOREIGNKEY
-        and cur.execute(_SESSION_EXISTS, (session_id,)).fetchone() is None
-    ):
-        raise SessionMissing(session_id) from None
-    raise exc
-
-
-def _bump(cur: sqlite3.Cursor, tail: _Tail, session_id: str, now: float) -> None:
-    """Store `now` as the session's `updated_at` (the caller checked `BUMP_RESOLUTION`)."""
-    cur.execute(_BUMP_SESSION, (now, session_id))
-    tail.updated_at = now
-
-
-def _find_key(cur: sqlite3.Cursor, session_id: str, key: str) -> KeyRecord | None:
-    row: tuple[str, bytes | None] | None = cur.execute(FIND_KEY_SQL, (session_id, key)).fetchone()
-    return None if row is None else KeyRecord(row[0], row[1])
-
-
 def _find_key_call(conn: Connection, session_id: str, key: str) -> KeyRecord | None:
-    return _find_key(conn.cur, session_id, key)
+    return find_key(conn.cur, session_id, key)
 
 
-def _insert_user_row(
-    conn: Connection,
-    tails: _Tails,
-    session_id: str,
-    message_id: str,
-    update: bytes,
-    key: str | None,
-    digest: bytes | None,
-    now: float,
-    fresh: bool = False,
-) -> InsertOutcome:
-    """Insert a user message with its key: one INSERT at the session's remembered next `seq`
-    (`_Tail`), in a transaction of a batch, or alone (in autocommit mode on the inline
-    connection: the statement is its own transaction). A write that needs more statements
-    (the session's first write here, a bump of `updated_at`, a stale `seq`) runs in a write
-    transaction of its own when it is not in one.
-
-    A recorded key is found by the unique index itself (no lookup first): the INSERT fails
-    before writing anything (SQLite undoes the failed statement alone) and the recorded row
-    is read. Nothing has been written then, so a retry writes nothing (not even `updated_at`),
-    and a transaction, which may hold other writes of a batch, goes on. `SessionMissing` is
-    also raised before any write.
-    """
-    tail = tails.get(session_id)
-    if tail is None or tail.updated_at <= now - BUMP_RESOLUTION:
-        if not conn.in_transaction:
-            return db.write(
-                conn, _insert_user_row, tails, session_id, message_id, update, key, digest, now
-            )
-        if tail is None:
-            tail = _load_tail(conn.cur, tails, session_id)
-    cur = conn.cur
-    seq = tail.next_seq
-    # `_blob`, inline (the hot path)
-    payload = bytearray(update) if len(update) <= _BLOB_COPY_LIMIT else update
-    try:
-        if key is None:
-            cur.execute(_INSERT_USER, (session_id, seq, message_id, payload))
-        else:
-            blob_digest = None if digest is None else bytearray(digest)
-            cur.execute(
-                _INSERT_KEYED_USER, (session_id, seq, message_id, payload, key, blob_digest)
-            )
-    except sqlite3.IntegrityError as exc:
-        if key is not None and exc.sqlite_errorcode == sqlite3.SQLITE_CONSTRAINT_UNIQUE:
-            recorded = _find_key(cur, session_id, key)
-            if recorded is not None:
-                return InsertOutcome(recorded.message_id, False, recorded.prompt_digest)
-        _after_conflict(cur, tails, session_id, exc, fresh)
-        if not conn.in_transaction:
-            return db.write(
-                conn, _insert_user_row, tails, session_id, message_id, update, key, digest, now
-            )
-        return _insert_user_row(conn, tails, session_id, message_id, update, key, digest, now, True)
-    tail.next_seq = seq + 1
-    if tail.updated_at <= now - BUMP_RESOLUTION:  # after the INSERT: a key recorded bumps nothing
-        _bump(cur, tail, session_id, now)
-    return InsertOutcome(message_id, True, digest)
+def _close_all(*conns: Connection | None) -> None:
+    for conn in conns:
+        if conn is not None:
+            conn.close()
 
 
-def _append_sql(shape: tuple[bool, ...]) -> str:
-    """One INSERT of len(shape) retained updates at seqs ?2, ?2 + 1, ... of session ?1; each
-    row takes its message id (when `shape` says it has one) and its payload, in order."""
-    rows: list[str] = []
-    n = 2
-    for i, named in enumerate(shape):
-        seq = "?2" if i == 0 else f"?2 + {i}"
-        if named:
-            rows.append(f"(?1, {seq}, ?{n + 1}, ?{n + 2})")
-            n += 2
-        else:
-            rows.append(f"(?1, {seq}, NULL, ?{n + 1})")
-            n += 1
-    return "INSERT INTO timeline (session_id, seq, message_id, payload) VALUES " + ", ".join(rows)
-
-
-def _append_statement(
-    session_id: str, first: int, entries: Sequence[tuple[bytes, str | None]]
-) -> tuple[str, tuple[object, ...]]:
-    """The one INSERT that appends `entries` from seq `first`, with its parameters."""
-    if len(entries) == 1:
-        update, message_id = entries[0]
-        if message_id is None:
-            return _INSERT_ANONYMOUS_UPDATE, (session_id, first, _blob(update))
-        return _INSERT_UPDATE, (session_id, first, message_id, _blob(update))
-    params: list[object] = [session_id, first]
-    shape: list[bool] = []
-    for update, message_id in entries:
-        if message_id is None:
-            shape.append(False)
-        else:
-            shape.append(True)
-            params.append(message_id)
-        params.append(bytearray(update) if len(update) <= _BLOB_COPY_LIMIT else update)
-    key = tuple(shape)
-    sql = _INSERT_UPDATES.get(key)
-    if sql is None:
-        sql = _INSERT_UPDATES[key] = _append_sql(key)
-    return sql, tuple(params)
-
-
-def _append_rows(
-    conn: Connection,
-    tails: _Tails,
-    session_id: str,
-    entries: Sequence[tuple[bytes, str | None]],
-    now: float,
-    fresh: bool = False,
-) -> int:
-    """Append `entries` in one INSERT (its own transaction or a batch's, as
-    `_insert_user_row` writes); return the seq of the first."""
-    tail = tails.get(session_id)
-    if tail is None or tail.updated_at <= now - BUMP_RESOLUTION:
-        if not conn.in_transaction:
-            return db.write(conn, _append_rows, tails, session_id, entries, now)
-        if tail is None:
-            tail = _load_tail(conn.cur, tails, session_id)
-    cur = conn.cur
-    first = tail.next_seq
-    try:
-        cur.execute(*_append_statement(session_id, first, entries))
-    except sqlite3.IntegrityError as exc:
-        _after_conflict(cur, tails, session_id, exc, fresh)
-        if not conn.in_transaction:
-            return db.write(conn, _append_rows, tails, session_id, entries, now)
-        return _append_rows(conn, tails, session_id, entries, now, True)
-    tail.next_seq = first + len(entries)
-    if tail.updated_at <= now - BUMP_RESOLUTION:
-        _bump(cur, tail, session_id, now)
-    return first
-
-
-_Outcome = tuple[bool, object]
-"""What one write of a batch came to: (True, its result) or (False, its error)."""
-
-
-def _write_together(
-    conn: Connection,
-    works: Sequence[Callable[[Connection], object]],
-    path: str,
-    tails: _Tails,
-) -> list[_Outcome]:
-    """Write a batch in one `BEGIN IMMEDIATE` transaction (in the worker thread); return each
-    write's outcome, in order.
-
-    A write that raises a `StorageError` (`SessionMissing`) has written nothing (see
-    `_insert_user_row`, `_append_rows`): that is its answer, and the others go on. A SQLite
-    error inside a write leaves the transaction in doubt: it is rolled back (and `tails`, which
-    the rolled-back writes advanced, forgotten) and each write runs alone, so only the one at
-    fault fails. A failure to begin or to commit fails all.
-    """
-    cur = conn.cur
-    cur.execute("BEGIN IMMEDIATE")
-    outcomes: list[_Outcome] = []
-    try:
-        for work in works:
-            try:
-                outcomes.append((True, work(conn)))
-            except StorageError as exc:
-                outcomes.append((False, exc))
-    except sqlite3.Error:
-        tails.clear()
-        cur.execute("ROLLBACK")
-    except BaseException:
-        tails.clear()
-        cur.execute("ROLLBACK")
-        raise
-    else:
-        try:
-            cur.execute("COMMIT")
-        except BaseException:
-            tails.clear()
-            if conn.in_transaction:
-                cur.execute("ROLLBACK")
-            raise
-        return outcomes
-    outcomes = []
-    for work in works:
-        try:
-            outcomes.append((True, db.write(conn, work)))
-        except StorageError as exc:
-            outcomes.append((False, exc))
-        except sqlite3.Error as exc:
-            tails.clear()
-            outcomes.append((False, StorageError(f"{path}: {exc}")))
-    return outcomes
+_Work: TypeAlias = "Callable[[Connection], object] | WriterOp"
+"""A grouped write: a function of the connection in-process, an op for the writer process."""
 
 
 class SqliteStore(AsyncClosing):
@@ -505,10 +211,12 @@ class SqliteStore(AsyncClosing):
         fast: Connection | None = None,
         checkpointer: Checkpointer | None = None,
         group_commit: bool = False,
+        writer: WriterProcess | None = None,
     ) -> None:
         """Wrap an open, migrated connection; use `SqliteStore.open` instead."""
         self._conn: Connection | None = conn
-        self._group: GroupCommit[Callable[[Connection], object]] | None = (
+        self._writer = writer
+        self._group: GroupCommit[_Work] | None = (
             GroupCommit(self._write_alone, self._write_batch, gather=True) if group_commit else None
         )
         self._fast = fast
@@ -518,8 +226,8 @@ class SqliteStore(AsyncClosing):
         self._limiter = limiter
         self._path = path
         self._clock = clock
-        self._tails: _Tails = {}
-        """What the store remembers of each session it writes to (`_Tail`)."""
+        self._tails: Tails = {}
+        """What the store remembers of each session it writes to (`Tail`)."""
 
     @classmethod
     def open(
@@ -532,6 +240,7 @@ class SqliteStore(AsyncClosing):
         clock: Callable[[], float] = time.time,
         inline: bool = True,
         group_commit: bool = True,
+        writer_process: bool = False,
     ) -> Opening[SqliteStore]:
         """Open (creating if needed) the database at `path`; await it or `async with` it.
 
@@ -547,6 +256,10 @@ class SqliteStore(AsyncClosing):
             group_commit: write user messages and retained updates of many sessions that
                 arrive together in one transaction (see `_write`); False gives every write
                 a transaction of its own.
+            writer_process: write user messages and retained updates in a process of the
+                store's own (`acp_once.storage.sqlite.writer`), with group commit, so that
+                SQLite's work runs beside the event loop: for a server with many busy
+                connections. Ignored for an in-memory database.
 
         Raises:
             SchemaOutOfDate: `migrate=False` and the schema is older than required.
@@ -584,7 +297,15 @@ class SqliteStore(AsyncClosing):
             conn = await anyio.to_thread.run_sync(connect_and_prepare, limiter=limiter)
             fast = await anyio.to_thread.run_sync(connect_fast, limiter=limiter)
             checkpointer = None
-            if fast is not None:
+            writer = None
+            if writer_process and fast is not None:
+                writer = WriterProcess(where, synchronous, busy_timeout_ms)
+                try:
+                    await writer.start()
+                except BaseException:
+                    await anyio.to_thread.run_sync(_close_all, conn, fast)
+                    raise
+            elif fast is not None:
                 checkpointer = await anyio.to_thread.run_sync(
                     Checkpointer.open, where, synchronous, limiter=limiter
                 )
@@ -595,7 +316,8 @@ class SqliteStore(AsyncClosing):
                 clock=clock,
                 fast=fast,
                 checkpointer=checkpointer,
-                group_commit=group_commit,
+                group_commit=group_commit or writer is not None,
+                writer=writer,
             )
 
         return Opening(open_, SqliteStore.aclose)
@@ -679,22 +401,43 @@ class SqliteStore(AsyncClosing):
         """
         group = self._group
         if group is None:
-            return self._write_alone(work)
+            return cast("Awaitable[_T]", self._write_alone(work))
         written: Awaitable[_T] = group.submit(session_id, work)
         return written
 
-    async def _write_alone(self, work: Callable[[Connection], _T]) -> _T:
+    def _write_op(self, session_id: str, op: WriterOp) -> Awaitable[Any]:
+        """Hand `op` to the writer process in the next batch (`writer.WriterProcess`)."""
+        group = self._group
+        assert group is not None  # a store with a writer always groups its writes
+        written: Awaitable[Any] = group.submit(session_id, op)
+        return written
+
+    async def _write_alone(self, work: _Work) -> object:
+        if isinstance(work, tuple):
+            assert self._writer is not None
+            ((ok, value),) = await self._writer.write([work])
+            if ok:
+                return value
+            assert isinstance(value, StorageError)
+            raise value
         # Inline, `work` runs in autocommit mode: its one INSERT is its own transaction (two
         # statements fewer than BEGIN IMMEDIATE ... COMMIT), and a write of several statements
-        # opens its own (`_insert_user_row`). In the thread, which may wait for the lock, the
+        # opens its own (`insert_user_row`). In the thread, which may wait for the lock, the
         # transaction is taken first: in WAL mode a write that found another commit after
         # it started reading fails at once instead of waiting (SQLITE_BUSY_SNAPSHOT).
         return await self._call(work, inline=True, threaded=functools.partial(db.write, work=work))
 
-    async def _write_batch(self, batch: list[Write[Callable[[Connection], object]]]) -> None:
+    async def _write_batch(self, batch: list[Write[_Work]]) -> None:
         works = [write.work for write in batch]
+        if self._writer is not None:
+            # a store with a writer hands it every write, as `WriterOp`s (`_write_op`)
+            settle_each(batch, await self._writer.write(cast("list[WriterOp]", works)))
+            return
         together = functools.partial(
-            _write_together, works=works, path=self._path, tails=self._tails
+            write_together,
+            works=cast("list[Callable[[Connection], object]]", works),
+            path=self._path,
+            tails=self._tails,
         )
         outcomes = await self._call(together, inline=True)
         settle_each(batch, outcomes)
@@ -721,7 +464,7 @@ class SqliteStore(AsyncClosing):
         try:
             return True, fn(fast)
         except sqlite3.Error as exc:
-            # a write may have advanced a `_Tail`, then rolled back: forget them all (rare)
+            # a write may have advanced a `Tail`, then rolled back: forget them all (rare)
             self._tails.clear()
             if isinstance(exc, sqlite3.OperationalError) and exc.sqlite_errorcode & 0xFF in (
                 sqlite3.SQLITE_BUSY,
@@ -754,7 +497,7 @@ class SqliteStore(AsyncClosing):
 
         def work(conn: Connection) -> None:
             _insert_session(conn, record)
-            tails[record.session_id] = _Tail(1, record.updated_at)  # its first write: no read
+            tails[record.session_id] = Tail(1, record.updated_at)  # its first write: no read
 
         await self._call(functools.partial(db.write, work=work), inline=True)
 
@@ -809,7 +552,9 @@ class SqliteStore(AsyncClosing):
                 > 0
             )
 
-        return await self._call(functools.partial(db.write, work=work))
+        deleted = await self._call(functools.partial(db.write, work=work))
+        await self._forget_in_writer(session_id)
+        return deleted
 
     async def update_session(
         self,
@@ -841,11 +586,20 @@ class SqliteStore(AsyncClosing):
                 raise SessionMissing(session_id)
             return _from_row(row)
 
-        return await self._call(functools.partial(db.write, work=work), inline=True)
+        record = await self._call(functools.partial(db.write, work=work), inline=True)
+        if not isinstance(updated_at, Unchanged):
+            await self._forget_in_writer(session_id)
+        return record
+
+    async def _forget_in_writer(self, session_id: str) -> None:
+        """Make the writer process read the session's tail again at its next write, as the
+        store does in-process (`Tail`): after a delete, or `updated_at` set by hand."""
+        if self._writer is not None:
+            await self._write_op(session_id, ("f", session_id))
 
     async def fork_session(self, source_id: str, new_record: SessionRecord) -> None:
         def work(conn: Connection) -> None:
-            if conn.execute(_SESSION_EXISTS, (source_id,)).fetchone() is None:
+            if conn.execute(SESSION_EXISTS, (source_id,)).fetchone() is None:
                 raise SessionMissing(source_id)
             _insert_session(conn, new_record)
             conn.execute(_COPY_TIMELINE, (new_record.session_id, source_id))
@@ -864,10 +618,14 @@ class SqliteStore(AsyncClosing):
         prompt_digest: bytes | None,
     ) -> InsertOutcome:
         now = self._clock()
+        if self._writer is not None:
+            op = ("u", session_id, message_id, update, idempotency_key, prompt_digest, now)
+            outcome: InsertOutcome = await self._write_op(session_id, op)
+            return outcome
         tails = self._tails
         return await self._write(
             session_id,
-            lambda conn: _insert_user_row(
+            lambda conn: insert_user_row(
                 conn, tails, session_id, message_id, update, idempotency_key, prompt_digest, now
             ),
         )
@@ -881,10 +639,14 @@ class SqliteStore(AsyncClosing):
         self, session_id: str, update: bytes, *, message_id: str | None = None
     ) -> int:
         now = self._clock()
+        if self._writer is not None:
+            op = ("a", session_id, ((update, message_id),), now)
+            seq: int = await self._write_op(session_id, op)
+            return seq
         tails = self._tails
         return await self._write(
             session_id,
-            lambda conn: _append_rows(conn, tails, session_id, ((update, message_id),), now),
+            lambda conn: append_rows(conn, tails, session_id, ((update, message_id),), now),
         )
 
     async def append_updates(
@@ -897,15 +659,18 @@ class SqliteStore(AsyncClosing):
         if not entries:
 
             def exists(conn: Connection) -> None:
-                if conn.execute(_SESSION_EXISTS, (session_id,)).fetchone() is None:
+                if conn.execute(SESSION_EXISTS, (session_id,)).fetchone() is None:
                     raise SessionMissing(session_id)
 
             await self._call(exists, inline=True)
             return []
         now = self._clock()
+        if self._writer is not None:
+            first: int = await self._write_op(session_id, ("a", session_id, entries, now))
+            return list(range(first, first + len(entries)))
         tails = self._tails
         first = await self._write(
-            session_id, lambda conn: _append_rows(conn, tails, session_id, entries, now)
+            session_id, lambda conn: append_rows(conn, tails, session_id, entries, now)
         )
         return list(range(first, first + len(entries)))
 
@@ -962,6 +727,8 @@ class SqliteStore(AsyncClosing):
 
         if self._conn is None:
             return
+        if self._writer is not None:
+            await self._writer.aclose()  # after the batch in flight, as below
         # Bounded cleanup: waits for at most the one call in flight, so shielding is safe and
         # guarantees the connection is closed even if the closing task is being cancelled.
         with anyio.CancelScope(shield=True):
