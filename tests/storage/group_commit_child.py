@@ -19,6 +19,7 @@ import anyio
 
 from acp_once.storage import SessionRecord, SqliteStore
 from acp_once.storage.sqlite import store as sqlite_store
+from acp_once.storage.sqlite import writes as sqlite_writes
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -36,7 +37,7 @@ def say(line: str) -> None:
 
 def stall_before_commit() -> None:
     """Wrap the store's batch writer: its STALL_AT-th batch blocks after its last write."""
-    write_together = sqlite_store.write_together
+    write_together = sqlite_writes.write_together
     calls = 0
 
     def stalling(
@@ -59,7 +60,7 @@ def stall_before_commit() -> None:
 
         return write_together(conn, [*first, last_then_stall], path, tails)
 
-    sqlite_store.write_together = stalling
+    vars(sqlite_store)["write_together"] = stalling  # what the store calls
 
 
 async def main(path: str, sessions: int) -> None:

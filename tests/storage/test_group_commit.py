@@ -29,14 +29,17 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+@pytest.fixture(
+    params=["sqlite", "sqlite-writer", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
 def open_grouped(request: pytest.FixtureRequest, tmp_path: Path) -> Opener:
     """Opens a durable store with group commit (the default) on fresh storage."""
     if request.param == "postgres":
         dsn: str = request.getfixturevalue("postgres_dsn")
         new_schema: Callable[[], str] = request.getfixturevalue("new_schema")
         return lambda: PostgresStore.open(dsn, schema=new_schema())
-    return lambda: SqliteStore.open(tmp_path / "grouped.db")
+    writer = request.param == "sqlite-writer"
+    return lambda: SqliteStore.open(tmp_path / "grouped.db", writer_process=writer)
 
 
 def _record(session_id: str) -> SessionRecord:

@@ -1,0 +1,211 @@
+"""The SQLite store's writer process (`acp_once.storage.sqlite.writer`): what happens when it
+dies, hangs, or outlives its store's process, and when a caller is cancelled or the store
+closes while a batch is out. The contract suite runs on it too (`sqlite-writer` in
+`tests/storage/conftest.py`)."""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import sys
+import textwrap
+from typing import TYPE_CHECKING
+
+import anyio
+import orjson
+import pytest
+
+from acp_once.storage import InsertOutcome, SessionRecord, SqliteStore
+from acp_once.storage.base import StorageError
+from acp_once.storage.sqlite import writer as writer_module
+from acp_once.storage.sqlite.writer import WriterProcess
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+pytestmark = pytest.mark.anyio
+
+TIMEOUT = 20.0  # seconds: bounds every wait, sized for a loaded machine
+
+
+def _update(message_id: str) -> bytes:
+    return orjson.dumps({"sessionUpdate": "user_message", "messageId": message_id})
+
+
+async def _insert(store: SqliteStore, key: str, message_id: str) -> InsertOutcome:
+    return await store.insert_user_message(
+        "s",
+        message_id=message_id,
+        update=_update(message_id),
+        idempotency_key=key,
+        prompt_digest=None,
+    )
+
+
+def _writer(store: SqliteStore) -> WriterProcess:
+    writer = store._writer  # pyright: ignore[reportPrivateUsage]
+    assert writer is not None
+    return writer
+
+
+def _wait_gone(pid: int, timeout: float = TIMEOUT) -> bool:
+    """Wait (bounded) until process `pid`, not necessarily our child, has exited."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        readable, _, _ = select.select([fd], [], [], timeout)
+        return bool(readable)
+    finally:
+        os.close(fd)
+
+
+async def test_a_writer_killed_while_idle_is_started_again_by_the_next_write(
+    tmp_path: Path,
+) -> None:
+    async with SqliteStore.open(tmp_path / "w.db", writer_process=True) as store:
+        await store.create_session(SessionRecord("s", "/w", (), None, 1.0, 1.0))
+        assert (await _insert(store, "k1", "m1")).inserted
+        writer = _writer(store)
+        first = writer.pid
+        assert first is not None
+        os.kill(first, signal.SIGKILL)
+        assert _wait_gone(first)
+        outcome = await _insert(store, "k2", "m2")
+        assert outcome.inserted
+        assert writer.starts == 2
+        assert writer.pid not in (None, first)
+        assert await store.count_user_messages("s") == 2
+
+
+async def test_a_writer_killed_with_a_batch_out_answers_unknown_and_the_retry_is_exact(
+    tmp_path: Path,
+) -> None:
+    async with SqliteStore.open(tmp_path / "w.db", writer_process=True) as store:
+        await store.create_session(SessionRecord("s", "/w", (), None, 1.0, 1.0))
+        writer = _writer(store)
+        pid = writer.pid
+        assert pid is not None
+        os.kill(pid, signal.SIGSTOP)  # the batch is sent, and waits for its answer
+        failure: list[BaseException] = []
+
+        async def doomed() -> None:
+            try:
+                await _insert(store, "key-never-shown", "m1")
+            except StorageError as exc:
+                failure.append(exc)
+
+        with anyio.fail_after(TIMEOUT):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(doomed)
+                await anyio.wait_all_tasks_blocked()
+                os.kill(pid, signal.SIGKILL)
+        assert len(failure) == 1
+        assert "may or may not have been stored" in str(failure[0])
+        assert "key-never-shown" not in str(failure[0])
+        # the client's retry with the same key: inserted now (the batch never ran), and once
+        retried = await _insert(store, "key-never-shown", "m2")
+        assert retried.inserted
+        assert retried.message_id == "m2"
+        again = await _insert(store, "key-never-shown", "m3")
+        assert (again.inserted, again.message_id) == (False, "m2")
+        assert await store.count_user_messages("s") == 1
+
+
+async def test_a_hung_writer_is_killed_after_the_busy_timeout_and_its_margin(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(writer_module, "_REPLY_MARGIN_S", 0.2)
+    async with SqliteStore.open(
+        tmp_path / "w.db", writer_process=True, busy_timeout_ms=100
+    ) as store:
+        await store.create_session(SessionRecord("s", "/w", (), None, 1.0, 1.0))
+        writer = _writer(store)
+        pid = writer.pid
+        assert pid is not None
+        os.kill(pid, signal.SIGSTOP)
+        with anyio.fail_after(TIMEOUT), pytest.raises(StorageError, match="may or may not"):
+            await _insert(store, "k", "m1")
+        assert _wait_gone(pid)  # killed, not left stopped
+        assert (await _insert(store, "k", "m2")).inserted
+        assert writer.starts == 2
+
+
+async def test_a_cancelled_caller_does_not_abandon_its_batch(tmp_path: Path) -> None:
+    async with SqliteStore.open(tmp_path / "w.db", writer_process=True) as store:
+        await store.create_session(SessionRecord("s", "/w", (), None, 1.0, 1.0))
+        pid = _writer(store).pid
+        assert pid is not None
+        os.kill(pid, signal.SIGSTOP)
+        with anyio.fail_after(TIMEOUT):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_insert, store, "k", "m1")
+                await anyio.wait_all_tasks_blocked()
+                tg.cancel_scope.cancel()  # the caller waits for its batch regardless
+                os.kill(pid, signal.SIGCONT)
+        # the batch was written, and the socket is in step for the next one
+        assert await store.count_user_messages("s") == 1
+        recorded = await _insert(store, "k", "m2")
+        assert (recorded.inserted, recorded.message_id) == (False, "m1")
+        assert _writer(store).starts == 1
+
+
+async def test_closing_the_store_waits_for_the_batch_out_then_the_writer_exits(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "w.db"
+    results: list[InsertOutcome] = []
+    async with SqliteStore.open(path, writer_process=True) as store:
+        await store.create_session(SessionRecord("s", "/w", (), None, 1.0, 1.0))
+        pid = _writer(store).pid
+        assert pid is not None
+        os.kill(pid, signal.SIGSTOP)
+        with anyio.fail_after(TIMEOUT):
+            async with anyio.create_task_group() as tg:
+
+                async def insert() -> None:
+                    results.append(await _insert(store, "k", "m1"))
+
+                tg.start_soon(insert)
+                await anyio.wait_all_tasks_blocked()
+                tg.start_soon(store.aclose)
+                await anyio.wait_all_tasks_blocked()
+                os.kill(pid, signal.SIGCONT)
+    assert [r.inserted for r in results] == [True]
+    assert _wait_gone(pid)
+    async with SqliteStore.open(path) as reopened:
+        assert await reopened.count_user_messages("s") == 1
+
+
+_CHILD = textwrap.dedent(
+    """
+    import sys, anyio
+    from acp_once.storage import SessionRecord, SqliteStore
+
+    async def main():
+        async with SqliteStore.open(sys.argv[1], writer_process=True) as store:
+            await store.create_session(SessionRecord("s", "/w", (), None, 1.0, 1.0))
+            print(store._writer.pid, flush=True)
+            await anyio.sleep_forever()
+
+    anyio.run(main)
+    """
+)
+
+
+def test_the_writer_exits_when_its_stores_process_is_killed(tmp_path: Path) -> None:
+    with subprocess.Popen(
+        [sys.executable, "-c", _CHILD, str(tmp_path / "w.db")], stdout=subprocess.PIPE
+    ) as child:
+        try:
+            assert child.stdout is not None
+            readable, _, _ = select.select([child.stdout], [], [], TIMEOUT)
+            assert readable, "the child did not open its store"
+            writer_pid = int(child.stdout.readline())
+        finally:
+            child.kill()
+            child.wait(TIMEOUT)
+    assert _wait_gone(writer_pid)
