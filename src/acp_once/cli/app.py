@@ -520,14 +520,14 @@ def serve(
             "refuses a schema that is out of date: `acp-once db migrate` applies them)",
         ),
     ] = False,
-    sqlite_writer: Annotated[
+    no_sqlite_writer: Annotated[
         bool,
         typer.Option(
-            "--sqlite-writer/--no-sqlite-writer",
-            help="write a SQLite store's prompts and agent output in a process of its own, "
-            "beside the event loop (more prompts/s with many busy connections)",
+            "--no-sqlite-writer",
+            help="write a SQLite store on the event loop, not in a process of its own "
+            "beside it (the writer process serves more prompts/s to many busy connections)",
         ),
-    ] = True,
+    ] = False,
     fd: Annotated[
         int | None,
         typer.Option(
@@ -687,7 +687,7 @@ def serve(
                 tokens_file=tokens,
                 migrate=apply,
                 forwarded_allow_ips=proxies,
-                sqlite_writer=sqlite_writer,
+                sqlite_writer=not no_sqlite_writer,
             )
         )
     except FactoryError as exc:
