@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import select
 import signal
 import subprocess
 import sys
@@ -153,12 +154,21 @@ def test_a_group_file_left_by_a_dead_runtime_gets_its_group_killed(tmp_path: Pat
     store kills the recorded group, and only a group that carries the recorded token."""
     token = secrets.token_hex(8)
     env = dict(os.environ, **{GROUP_TOKEN_VARIABLE: token})
-    # a group that ignores SIGTERM: a shell and its sleep
+    # a group that ignores SIGTERM: a shell and its sleep, which says when both are there
     stubborn = subprocess.Popen(
-        ["sh", "-c", "trap '' TERM; sleep 1000 & wait"], env=env, start_new_session=True
+        ["sh", "-c", "trap '' TERM; sleep 1000 & echo started; wait"],
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
     )
     other = subprocess.Popen(["sleep", "1000"], start_new_session=True)  # no token
     try:
+        # Popen returns once the shell's exec is past its point of no return, before the kernel
+        # has laid out its environment: till then /proc shows none, so no token. What a dead
+        # runtime left behind has long been running.
+        assert stubborn.stdout is not None
+        assert select.select([stubborn.stdout], [], [], TIMEOUT)[0], "the group did not start"
+        assert stubborn.stdout.readline() == b"started\n"
         first = GroupFile(tmp_path / "store.group")
         assert first.acquire()
         first.record(stubborn.pid, token)
@@ -177,6 +187,8 @@ def test_a_group_file_left_by_a_dead_runtime_gets_its_group_killed(tmp_path: Pat
             if process.poll() is None:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait(timeout=TIMEOUT)
+        if stubborn.stdout is not None:
+            stubborn.stdout.close()
 
 
 def test_no_group_file_is_kept_in_a_directory_others_may_write(tmp_path: Path) -> None:

@@ -196,7 +196,12 @@ class GroupFile:
 
     def _kill(self, pgid: int, token: str) -> None:
         """SIGKILL the group `pgid` if a process of it carries `token` (a reused pgid is some
-        other program's), and wait for its processes to be gone."""
+        other program's), and wait for its processes to be gone.
+
+        A process still inside its exec shows no environment in /proc, so no token: a launcher
+        whose runtime died, checked here before its exec ended, is not killed. It need not be:
+        once it runs, its parent check finds that runtime gone and it kills its group, before
+        it starts the agent."""
         if not group_members(pgid, token):
             return
         logger.warning("killing the v1 agent a previous runtime left running (group %d)", pgid)
