@@ -50,6 +50,16 @@ def _writer(store: SqliteStore) -> WriterProcess:
     return writer
 
 
+async def _session_and_stopped_writer(store: SqliteStore) -> int:
+    """Create session "s", then stop the writer (SIGSTOP): the next batch waits for its answer.
+    Returns the writer's pid."""
+    await store.create_session(SessionRecord("s", "/w", (), None, 1.0, 1.0))
+    pid = _writer(store).pid
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)
+    return pid
+
+
 def _wait_gone(pid: int, timeout: float = TIMEOUT) -> bool:
     """Wait (bounded) until process `pid`, not necessarily our child, has exited."""
     try:
@@ -136,10 +146,7 @@ async def test_a_hung_writer_is_killed_after_the_busy_timeout_and_its_margin(
 
 async def test_a_cancelled_caller_does_not_abandon_its_batch(tmp_path: Path) -> None:
     async with SqliteStore.open(tmp_path / "w.db", writer_process=True) as store:
-        await store.create_session(SessionRecord("s", "/w", (), None, 1.0, 1.0))
-        pid = _writer(store).pid
-        assert pid is not None
-        os.kill(pid, signal.SIGSTOP)
+        pid = await _session_and_stopped_writer(store)
         with anyio.fail_after(TIMEOUT):
             async with anyio.create_task_group() as tg:
                 tg.start_soon(_insert, store, "k", "m1")
@@ -159,10 +166,7 @@ async def test_closing_the_store_waits_for_the_batch_out_then_the_writer_exits(
     path = tmp_path / "w.db"
     results: list[InsertOutcome] = []
     async with SqliteStore.open(path, writer_process=True) as store:
-        await store.create_session(SessionRecord("s", "/w", (), None, 1.0, 1.0))
-        pid = _writer(store).pid
-        assert pid is not None
-        os.kill(pid, signal.SIGSTOP)
+        pid = await _session_and_stopped_writer(store)
         with anyio.fail_after(TIMEOUT):
             async with anyio.create_task_group() as tg:
 
