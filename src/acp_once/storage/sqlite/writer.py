@@ -196,7 +196,7 @@ class WriterProcess:
 
     async def aclose(self) -> None:
         """Stop the writer after the batch in flight (if any); idempotent. The writer exits
-        at the end of the socket; one that does not within a few seconds is killed."""
+        at the end of the socket; one that does not within 30 s is killed."""
         self._closed = True
         with anyio.CancelScope(shield=True):
             if self._in_flight:
