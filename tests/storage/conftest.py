@@ -94,6 +94,8 @@ write); `postgres-sharded` is a `ShardedStore` over two PostgreSQL servers (two 
 
 def batch_everything(store: SqliteStore | PostgresStore) -> None:
     """Make `store` write even a lone write as a batch (see `STORE_KINDS`)."""
+    if isinstance(store, SqliteStore) and store._writer is not None:
+        return  # the writer process writes every write in a batch (a frame)
     assert store._group is not None
     store._group.batch_from = 1
 

@@ -194,8 +194,8 @@ def _close_all(*conns: Connection | None) -> None:
             conn.close()
 
 
-_Work: TypeAlias = "Callable[[Connection], object] | WriterOp"
-"""A grouped write: a function of the connection in-process, an op for the writer process."""
+_Work: TypeAlias = "Callable[[Connection], object]"
+"""A grouped write: a function of the connection."""
 
 
 class SqliteStore(AsyncClosing):
@@ -316,7 +316,7 @@ class SqliteStore(AsyncClosing):
                 clock=clock,
                 fast=fast,
                 checkpointer=checkpointer,
-                group_commit=group_commit or writer is not None,
+                group_commit=group_commit and writer is None,
                 writer=writer,
             )
 
@@ -405,21 +405,14 @@ class SqliteStore(AsyncClosing):
         written: Awaitable[_T] = group.submit(session_id, work)
         return written
 
-    def _write_op(self, session_id: str, op: WriterOp) -> Awaitable[Any]:
-        """Hand `op` to the writer process in the next batch (`writer.WriterProcess`)."""
-        group = self._group
-        assert group is not None  # a store with a writer always groups its writes
-        written: Awaitable[Any] = group.submit(session_id, op)
+    def _write_op(self, op: WriterOp) -> Awaitable[Any]:
+        """Hand `op` to the writer process, which batches it (`writer.WriterProcess`)."""
+        writer = self._writer
+        assert writer is not None
+        written: Awaitable[Any] = writer.submit(op)
         return written
 
     async def _write_alone(self, work: _Work) -> object:
-        if isinstance(work, tuple):
-            assert self._writer is not None
-            ((ok, value),) = await self._writer.write([work])
-            if ok:
-                return value
-            assert isinstance(value, StorageError)
-            raise value
         # Inline, `work` runs in autocommit mode: its one INSERT is its own transaction (two
         # statements fewer than BEGIN IMMEDIATE ... COMMIT), and a write of several statements
         # opens its own (`insert_user_row`). In the thread, which may wait for the lock, the
@@ -428,14 +421,9 @@ class SqliteStore(AsyncClosing):
         return await self._call(work, inline=True, threaded=functools.partial(db.write, work=work))
 
     async def _write_batch(self, batch: list[Write[_Work]]) -> None:
-        works = [write.work for write in batch]
-        if self._writer is not None:
-            # a store with a writer hands it every write, as `WriterOp`s (`_write_op`)
-            settle_each(batch, await self._writer.write(cast("list[WriterOp]", works)))
-            return
         together = functools.partial(
             write_together,
-            works=cast("list[Callable[[Connection], object]]", works),
+            works=[write.work for write in batch],
             path=self._path,
             tails=self._tails,
         )
@@ -444,8 +432,11 @@ class SqliteStore(AsyncClosing):
 
     @property
     def group_stats(self) -> GroupStats | None:
-        """How many batches (transactions) and writes group commit has written; None without
-        group commit. For tests and benchmarks."""
+        """How many batches (transactions; with the writer process, frames sent to it) and
+        writes group commit has written; None without group commit. For tests and
+        benchmarks."""
+        if self._writer is not None:
+            return self._writer.stats
         return None if self._group is None else self._group.stats
 
     async def _threaded(self, fn: Callable[[Connection], _T]) -> _T:
@@ -595,7 +586,7 @@ class SqliteStore(AsyncClosing):
         """Make the writer process read the session's tail again at its next write, as the
         store does in-process (`Tail`): after a delete, or `updated_at` set by hand."""
         if self._writer is not None:
-            await self._write_op(session_id, ("f", session_id))
+            await self._write_op(("f", session_id))
 
     async def fork_session(self, source_id: str, new_record: SessionRecord) -> None:
         def work(conn: Connection) -> None:
@@ -620,7 +611,7 @@ class SqliteStore(AsyncClosing):
         now = self._clock()
         if self._writer is not None:
             op = ("u", session_id, message_id, update, idempotency_key, prompt_digest, now)
-            outcome: InsertOutcome = await self._write_op(session_id, op)
+            outcome: InsertOutcome = await self._write_op(op)
             return outcome
         tails = self._tails
         return await self._write(
@@ -641,7 +632,7 @@ class SqliteStore(AsyncClosing):
         now = self._clock()
         if self._writer is not None:
             op = ("a", session_id, ((update, message_id),), now)
-            seq: int = await self._write_op(session_id, op)
+            seq: int = await self._write_op(op)
             return seq
         tails = self._tails
         return await self._write(
@@ -666,7 +657,7 @@ class SqliteStore(AsyncClosing):
             return []
         now = self._clock()
         if self._writer is not None:
-            first: int = await self._write_op(session_id, ("a", session_id, entries, now))
+            first: int = await self._write_op(("a", session_id, entries, now))
             return list(range(first, first + len(entries)))
         tails = self._tails
         first = await self._write(

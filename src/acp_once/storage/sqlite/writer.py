@@ -5,29 +5,39 @@ Why a process: a prompt's SQLite work (two INSERTs, and its share of the COMMIT 
 the WAL frames) is ~40 µs, which on the event loop is time no connection is served. A thread
 does not help: every SQLite call gives the GIL up and must win it back from a busy event loop
 (which keeps it for `sys.getswitchinterval()`, 5 ms), several times a batch. A process has a
-GIL of its own; the event loop only sends a batch and reads its outcomes, one message each way.
+GIL of its own.
 
-The protocol, over a Unix socket pair, one batch in flight at a time (the store's group commit
-sees to that): the store sends a frame (a 4-byte little-endian length, then a pickle) holding
-a list of `WriterOp`; the writer writes them in one `BEGIN IMMEDIATE` transaction, exactly as
-the store does in-process (`store._write_together`, with the session tails the writer keeps),
-and after the COMMIT answers with a frame holding each write's outcome, in order. Only the
-store's own process holds the other end of the socket, so pickle is safe here. Writes:
+The protocol, over a Unix socket pair: the store sends frames (a 4-byte little-endian length,
+then a pickle) each holding a list of `WriterOp`; the writer answers every frame, in order,
+with a frame holding each write's outcome, after the COMMIT that holds it. Only the store's own
+process holds the other end of the socket, so pickle is safe here. Writes:
 
 * `("u", session_id, message_id, update, key, digest, now)`: a user message with its key;
   outcome `(True, (message_id, inserted, digest))`;
 * `("a", session_id, entries, now)`: retained updates; outcome `(True, first seq)`;
+* `("f", session_id)`: read the session's tail again at its next write (`Tail`);
 * a failed write: `(False, ("missing", session_id))` or `(False, ("error", message))`.
+
+Pipelined, so that the event loop's side costs one send and a share of one receive a batch:
+the writes submitted while the event loop runs its ready tasks go out as one frame at the end
+of that round (`loop.call_soon`), without waiting for the frames already out; a reader kept
+for the store's lifetime settles the frames as their answers come back. The writer writes
+every frame it has received when it is free in one `BEGIN IMMEDIATE` transaction, exactly as
+the store does in-process (`writes.write_together`, with the session tails the writer keeps),
+so a busy writer makes bigger transactions rather than a queue.
 
 The writer runs the checkpoints of what it writes in a thread of its own (`Checkpointer`, as
 the store in-process does) and exits at end of file: when the store closes, or when the
-store's process dies and the kernel closes its end, after the batch in progress. A batch the
-store sent and never heard back from stays as SQLite left it, committed or not, never half;
-its callers are told that the outcome is unknown, and the next write starts a new writer.
+store's process dies and the kernel closes its end, after the transaction in progress. A
+frame the store sent and never heard back from stays as SQLite left it, committed or not,
+never half; its callers are told that the outcome is unknown, and the next write starts a new
+writer. The store's side needs the asyncio event loop (uvloop included).
 """
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import contextlib
 import pickle
 import socket
@@ -41,6 +51,7 @@ import anyio
 import anyio.to_thread
 
 from acp_once.storage.base import InsertOutcome, SessionMissing, StorageError
+from acp_once.storage.grouping import GroupStats
 from acp_once.storage.sqlite.checkpoint import (
     CHECKPOINT_EVERY,
     CHECKPOINT_LAG_LIMIT,
@@ -62,16 +73,56 @@ WriterOp = tuple[Any, ...]
 _HEADER: Final = struct.Struct("<I")
 _READY: Final = b"ready"  # the writer's first frame: its connection is open
 _START_TIMEOUT_S: Final = 30.0
-# Beyond the busy timeout (a batch's longest wait for another connection's lock): the time a
-# batch may take to write. Past it the writer is taken for hung, killed, and the batch's
-# outcome reported unknown.
+# Beyond the busy timeout (a transaction's longest wait for another connection's lock): the
+# time a frame may take to be answered. Past it the writer is taken for hung, killed, and the
+# outcome of every frame out reported unknown.
 _REPLY_MARGIN_S: Final = 30.0
+_RECEIVE_BYTES: Final = 1 << 18
 _UNKNOWN: Final = "the SQLite writer process failed: the write may or may not have been stored"
+
+
+class _Slot:
+    """One submitted write: its outcome once known, and the future its caller waits on."""
+
+    __slots__ = ("done", "ok", "sent", "value", "waiter")
+
+    def __init__(self) -> None:
+        self.done = False
+        self.sent = False
+        self.ok = False
+        self.value: Any = None
+        self.waiter: asyncio.Future[None] | None = None
+
+
+class _Resend:
+    """The outcome of a write that never reached a writer: its caller submits it again."""
+
+
+_RESEND: Final = _Resend()
+
+
+def _settle(slot: _Slot, ok: bool, value: object) -> None:
+    slot.ok = ok
+    slot.value = value
+    slot.done = True
+    waiter = slot.waiter
+    if waiter is not None and not waiter.done():  # not cancelled meanwhile
+        waiter.set_result(None)
+
+
+class _Frame:
+    """A frame out: its writes, in order, and when its answer is due."""
+
+    __slots__ = ("deadline", "slots")
+
+    def __init__(self, slots: list[_Slot], deadline: float) -> None:
+        self.slots = slots
+        self.deadline = deadline
 
 
 class WriterProcess:
     """The store's side of its writer process: starts it (again after a failure), sends it
-    batches and stops it. One batch at a time: the caller serialises its writes."""
+    the writes submitted to it and settles them as its answers arrive, and stops it."""
 
     def __init__(self, path: str, synchronous: Synchronous, busy_timeout_ms: int) -> None:
         self._path = path
@@ -79,9 +130,19 @@ class WriterProcess:
         self._busy_timeout_ms = busy_timeout_ms
         self._process: subprocess.Popen[bytes] | None = None
         self._sock: socket.socket | None = None
+        self._fd = -1
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
-        self._in_flight = False
-        self._landed: anyio.Event | None = None  # what `aclose` waits on while a batch is out
+        self._start_lock = anyio.Lock()
+        self._queue: list[tuple[WriterOp, _Slot]] = []  # submitted, not yet sent
+        self._flush_due = False
+        self._out: collections.deque[_Frame] = collections.deque()  # sent, not yet answered
+        self._unsent = bytearray()  # what the socket did not take yet
+        self._received = bytearray()
+        self._timer: asyncio.TimerHandle | None = None
+        self._drained: asyncio.Future[None] | None = None  # what `aclose` waits on
+        self.stats = GroupStats()
+        """Frames sent (`batches`) and writes; the writer may join frames in a transaction."""
         self.starts = 0
         """Writers started, for the tests."""
 
@@ -94,16 +155,26 @@ class WriterProcess:
         """Start a writer if none runs.
 
         Raises:
-            StorageError: the store is closed, or the writer did not start (its error, such
-                as a database it cannot open, is on its standard error).
+            StorageError: the store is closed, the event loop is not asyncio's, or the writer
+                did not start (its error, such as a database it cannot open, is on its
+                standard error).
         """
-        if self._closed:
-            raise StorageError("the store is closed")
-        if self._process is not None and self._process.poll() is None:
-            return
-        self._discard()
-        self._process, self._sock = await anyio.to_thread.run_sync(self._spawn)
-        self.starts += 1
+        async with self._start_lock:
+            if self._closed:
+                raise StorageError("the store is closed")
+            if self._sock is not None:
+                return
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                raise StorageError(
+                    "the SQLite writer process needs the asyncio event loop"
+                ) from None
+            process, sock = await anyio.to_thread.run_sync(self._spawn)
+            self._loop, self._process, self._sock, self._fd = loop, process, sock, sock.fileno()
+            self._received.clear()
+            loop.add_reader(self._fd, self._on_readable)
+            self.starts += 1
 
     def _spawn(self) -> tuple[subprocess.Popen[bytes], socket.socket]:
         ours, theirs = socket.socketpair()
@@ -139,55 +210,184 @@ class WriterProcess:
         ours.setblocking(False)
         return process, ours
 
-    async def write(self, ops: list[WriterOp]) -> list[tuple[bool, object]]:
-        """Write `ops` in one transaction; return each one's outcome, `(True, result)` or
-        `(False, StorageError)`, in order.
+    async def submit(self, op: WriterOp) -> Any:
+        """Write `op` with the others submitted in this round of the event loop; return its
+        result once the transaction holding it has committed.
 
-        Once the batch is sent its outcome is awaited even if the caller is cancelled (the
-        cancellation is delivered afterwards), for at most the busy timeout and a margin.
+        A caller cancelled before its write is sent withdraws it (nothing is written); once
+        it is sent, the caller waits for its outcome (for at most the busy timeout and a
+        margin) and gets it, and the cancellation is delivered at its next checkpoint (as
+        anyio's worker threads do), so a stored write is never left unknown to its caller.
 
         Raises:
+            SessionMissing: the write's session does not exist (nothing was written).
             StorageError: the store is closed or no writer could be started (nothing was
                 written); or the writer failed, or took too long and was killed, after the
-                batch was sent: then the batch may or may not have been stored.
+                write was sent: then it may or may not have been stored.
         """
-        await self.start()
+        while True:
+            if self._sock is None:
+                await self.start()
+            loop = self._loop
+            assert loop is not None
+            slot = _Slot()
+            self._queue.append((op, slot))
+            if not self._flush_due:
+                self._flush_due = True
+                loop.call_soon(self._flush)
+            slot.waiter = loop.create_future()
+            try:
+                await slot.waiter
+            except BaseException:
+                if not slot.sent:
+                    with contextlib.suppress(ValueError):  # withdrawn: nothing was written
+                        self._queue.remove((op, slot))
+                    raise
+                # sent: learn its outcome first (bounded by the frame's deadline); the
+                # cancellation is delivered at the caller's next checkpoint
+                with anyio.CancelScope(shield=True):
+                    while not slot.done:
+                        slot.waiter = loop.create_future()
+                        await slot.waiter
+            if slot.ok:
+                return slot.value
+            if slot.value is not _RESEND:
+                raise slot.value
+
+    def _flush(self) -> None:
+        """Send the writes submitted in this round as one frame (a `call_soon` callback)."""
+        self._flush_due = False
+        batch, self._queue = self._queue, []
+        if not batch:
+            return
+        sock, loop = self._sock, self._loop
+        if sock is None or loop is None:  # the writer stopped since: nothing of these was sent
+            for _, slot in batch:
+                _settle(slot, False, _RESEND)
+            return
+        payload = pickle.dumps([op for op, _ in batch], protocol=pickle.HIGHEST_PROTOCOL)
+        data = _HEADER.pack(len(payload)) + payload
+        slots = [slot for _, slot in batch]
+        if not self._unsent:
+            try:
+                sent = sock.send(data)
+            except BlockingIOError:
+                sent = 0
+            except OSError:
+                # the writer's end is closed: this frame never reached it
+                for slot in slots:
+                    _settle(slot, False, _RESEND)
+                self._lost()
+                return
+            if sent < len(data):
+                self._unsent += data[sent:]
+                loop.add_writer(self._fd, self._on_writable)
+        else:
+            self._unsent += data
+        for slot in slots:
+            slot.sent = True
+        self._out.append(
+            _Frame(slots, loop.time() + self._busy_timeout_ms / 1000 + _REPLY_MARGIN_S)
+        )
+        if self._timer is None:
+            self._timer = loop.call_at(self._out[0].deadline, self._on_deadline)
+        stats = self.stats
+        stats.batches += 1
+        stats.writes += len(slots)
+        if len(slots) > stats.largest:
+            stats.largest = len(slots)
+
+    def _on_writable(self) -> None:
         sock = self._sock
-        assert sock is not None
-        payload = pickle.dumps(ops, protocol=pickle.HIGHEST_PROTOCOL)
-        data = memoryview(_HEADER.pack(len(payload)) + payload)
-        self._in_flight = True
-        body: bytes | None = None
+        if sock is None:
+            return
         try:
-            with anyio.CancelScope(shield=True) as scope:
-                scope.deadline = (
-                    anyio.current_time() + self._busy_timeout_ms / 1000 + _REPLY_MARGIN_S
-                )
-                while data:
-                    try:
-                        data = data[sock.send(data) :]
-                    except BlockingIOError:
-                        await anyio.wait_writable(sock)
-                size = _HEADER.unpack(await _receive(sock, _HEADER.size))[0]
-                body = await _receive(sock, size)
-        except OSError as exc:
-            self._discard()
-            raise StorageError(_UNKNOWN) from exc
-        finally:
-            self._in_flight = False
-            if self._landed is not None:
-                self._landed.set()
-        if body is None:  # the deadline passed
-            self._discard()
-            raise StorageError(_UNKNOWN)
-        wired: list[tuple[bool, Any]] = pickle.loads(body)
-        return [(True, _result(value)) if ok else (False, _error(value)) for ok, value in wired]
+            sent = sock.send(self._unsent)
+        except BlockingIOError:
+            return
+        except OSError:
+            self._lost()
+            return
+        del self._unsent[:sent]
+        if not self._unsent:
+            assert self._loop is not None
+            self._loop.remove_writer(self._fd)
+
+    def _on_readable(self) -> None:
+        sock = self._sock
+        if sock is None:
+            return
+        try:
+            chunk = sock.recv(_RECEIVE_BYTES)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:
+            self._lost()
+            return
+        received = self._received
+        received += chunk
+        start = 0
+        size = len(received)
+        out = self._out
+        while size - start >= 4:
+            end = start + 4 + _HEADER.unpack_from(received, start)[0]
+            if end > size:
+                break
+            outcomes: list[tuple[bool, Any]] = pickle.loads(received[start + 4 : end])
+            start = end
+            frame = out.popleft()
+            for slot, (ok, value) in zip(frame.slots, outcomes, strict=True):
+                if ok:
+                    _settle(slot, True, InsertOutcome(*value) if type(value) is tuple else value)
+                else:
+                    kind, detail = value
+                    error = SessionMissing(detail) if kind == "missing" else StorageError(detail)
+                    _settle(slot, False, error)
+        del received[:start]
+        if not out:
+            self._on_drained()
+
+    def _on_deadline(self) -> None:
+        """The oldest frame's answer is due: kill a writer that is late, else wait for the
+        next frame's deadline."""
+        self._timer = None
+        loop = self._loop
+        if not self._out or loop is None:
+            return
+        if self._out[0].deadline <= loop.time():
+            self._lost()
+        else:
+            self._timer = loop.call_at(self._out[0].deadline, self._on_deadline)
+
+    def _lost(self) -> None:
+        """The writer died, hung or closed its socket: kill it if it still runs, and tell the
+        callers of every frame out that their writes may or may not have been stored."""
+        self._discard()
+        out, self._out = self._out, collections.deque()
+        for frame in out:
+            for slot in frame.slots:
+                if not slot.done:
+                    _settle(slot, False, StorageError(_UNKNOWN))
+        self._on_drained()
+
+    def _on_drained(self) -> None:
+        if self._drained is not None and not self._drained.done() and not self._queue:
+            self._drained.set_result(None)
 
     def _discard(self) -> None:
         """Forget the current writer, killing it if it still runs (it may be hung)."""
-        sock, process = self._sock, self._process
+        sock, process, loop = self._sock, self._process, self._loop
         self._sock = self._process = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._unsent.clear()
         if sock is not None:
+            if loop is not None:
+                loop.remove_reader(self._fd)
+                loop.remove_writer(self._fd)
             sock.close()
         if process is not None:
             if process.poll() is None:
@@ -195,17 +395,27 @@ class WriterProcess:
             process.wait()  # killed, or already exited: no wait to speak of
 
     async def aclose(self) -> None:
-        """Stop the writer after the batch in flight (if any); idempotent. The writer exits
-        at the end of the socket; one that does not within 30 s is killed."""
+        """Stop the writer once every frame out is answered (each is bounded by its deadline);
+        idempotent. The writer exits at the end of the socket; one that does not within 30 s
+        is killed."""
         self._closed = True
         with anyio.CancelScope(shield=True):
-            if self._in_flight:
-                self._landed = anyio.Event()
-                await self._landed.wait()  # bounded: `write` bounds a batch
-            sock, process = self._sock, self._process
-            self._sock = self._process = None
+            loop = self._loop
+            if loop is not None and (self._out or self._queue):
+                self._drained = loop.create_future()
+                await self._drained
+            process = self._process
+            self._process = None
+            sock = self._sock
+            self._sock = None
             if sock is not None:
+                if loop is not None:
+                    loop.remove_reader(self._fd)
+                    loop.remove_writer(self._fd)
                 sock.close()
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
             if process is not None:
                 await anyio.to_thread.run_sync(_reap, process)
 
@@ -216,31 +426,6 @@ def _reap(process: subprocess.Popen[bytes]) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
-
-
-async def _receive(sock: socket.socket, n: int) -> bytes:
-    data = bytearray()
-    while len(data) < n:
-        try:
-            chunk = sock.recv(n - len(data))
-        except BlockingIOError:
-            await anyio.wait_readable(sock)
-            continue
-        if not chunk:
-            raise ConnectionResetError("the writer process closed its socket")
-        data += chunk
-    return bytes(data)
-
-
-def _result(value: object) -> object:
-    if isinstance(value, tuple):
-        return InsertOutcome(*value)
-    return value
-
-
-def _error(value: tuple[str, str]) -> StorageError:
-    kind, detail = value
-    return SessionMissing(detail) if kind == "missing" else StorageError(detail)
 
 
 # -- the writer process ------------------------------------------------------------------------
@@ -266,8 +451,45 @@ def _send_frame(sock: socket.socket, payload: bytes) -> None:
     sock.sendall(_HEADER.pack(len(payload)) + payload)
 
 
+class _Frames:
+    """The frames arriving on the writer's socket (blocking reads)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._buffer = bytearray()
+
+    def _complete(self) -> list[bytes]:
+        buffer = self._buffer
+        frames: list[bytes] = []
+        start = 0
+        while len(buffer) - start >= _HEADER.size:
+            end = start + _HEADER.size + _HEADER.unpack_from(buffer, start)[0]
+            if end > len(buffer):
+                break
+            frames.append(bytes(buffer[start + _HEADER.size : end]))
+            start = end
+        del buffer[:start]
+        return frames
+
+    def next(self) -> list[bytes] | None:
+        """Every complete frame received so far, waiting for one if there is none; None at
+        end of file."""
+        while not (frames := self._complete()):
+            chunk = self._sock.recv(_RECEIVE_BYTES)
+            if not chunk:
+                return None
+            self._buffer += chunk
+        # and whatever else has arrived meanwhile, without waiting
+        with contextlib.suppress(BlockingIOError):
+            while chunk := self._sock.recv(_RECEIVE_BYTES, socket.MSG_DONTWAIT):
+                self._buffer += chunk
+                frames += self._complete()
+        return frames
+
+
 def serve(sock: socket.socket, path: str, synchronous: Synchronous, busy_timeout_ms: int) -> None:
-    """Write the batches read from `sock` until its end (see the module docstring).
+    """Write the frames read from `sock` until its end (see the module docstring): every
+    frame waiting when the writer is free, in one transaction.
 
     Raises:
         sqlite3.Error: the database cannot be opened.
@@ -284,21 +506,33 @@ def serve(sock: socket.socket, path: str, synchronous: Synchronous, busy_timeout
         raise
     tails: Tails = {}
     written = 0
+    incoming = _Frames(sock)
     try:
         _send_frame(sock, _READY)
-        while (frame := _read_frame(sock)) is not None:
-            ops: list[WriterOp] = pickle.loads(frame)
-            works = [_work(op, tails) for op in ops]
+        while (frames := incoming.next()) is not None:
+            sizes: list[int] = []
+            works: list[Callable[[Connection], object]] = []
+            for frame in frames:
+                ops: list[WriterOp] = pickle.loads(frame)
+                sizes.append(len(ops))
+                works += [_work(op, tails) for op in ops]
             with checkpointer.restarting:  # a RESTART checkpoint holds writers off: wait here
                 pass
             try:
                 outcomes = write_together(conn, works, path, tails)
             except sqlite3.Error as exc:
-                reply: list[tuple[bool, object]] = [(False, ("error", f"{path}: {exc}"))] * len(ops)
+                failed = (False, ("error", f"{path}: {exc}"))
+                wired: list[tuple[bool, object]] = [failed] * len(works)
             else:
-                reply = [_wire(ok, value) for ok, value in outcomes]
-            _send_frame(sock, pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL))
-            written, before = written + len(ops), written
+                wired = [_wire(ok, value) for ok, value in outcomes]
+            replies: list[bytes] = []
+            start = 0
+            for size in sizes:
+                payload = pickle.dumps(wired[start : start + size], pickle.HIGHEST_PROTOCOL)
+                replies += (_HEADER.pack(len(payload)), payload)
+                start += size
+            sock.sendall(b"".join(replies))
+            written, before = written + len(works), written
             if written // CHECKPOINT_EVERY != before // CHECKPOINT_EVERY:
                 if written - checkpointer.done_for > CHECKPOINT_LAG_LIMIT:
                     # the thread is not keeping up: checkpoint here once (see `Checkpointer`)
