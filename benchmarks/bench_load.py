@@ -73,10 +73,11 @@ TS_DIR = HERE / "ts_server"
 PG_ADMIN_DSN = os.environ.get(
     "ACP_ONCE_BENCH_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres"
 )
-SERVERS = ("memory", "sqlite", "postgres", "ts")
+SERVERS = ("memory", "sqlite", "sqlite-loop", "postgres", "ts")
 LABELS = {
     "memory": "serve memory",
     "sqlite": "serve sqlite",
+    "sqlite-loop": "serve sqlite, no writer",
     "postgres": "serve postgres",
     "ts": "TS SDK 2.4.0",
 }
@@ -245,7 +246,11 @@ def acp_once_command() -> list[str]:
 
 @contextlib.asynccontextmanager
 async def serve_node(
-    store: str, workdir: Path, max_connections: int, node_id: str | None = None
+    store: str,
+    workdir: Path,
+    max_connections: int,
+    node_id: str | None = None,
+    extra: Sequence[str] = (),
 ) -> AsyncIterator[tuple[int, str]]:
     """`acp-once serve --store STORE --port P` until the block ends; yields (pid, host:port)
     once it logged its address. RuntimeError when it exits first."""
@@ -257,6 +262,7 @@ async def serve_node(
     ]  # fmt: skip
     if node_id is not None:
         command += ["--node-id", node_id]
+    command += extra
     process = await anyio.open_process(
         command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
     )
@@ -352,9 +358,10 @@ async def server(kind: str, workdir: Path, max_connections: int) -> AsyncIterato
     store = (
         "memory" if kind == "memory" else f"sqlite:{workdir / f'{secrets.token_hex(4)}.sqlite3'}"
     )
-    if kind == "sqlite":
+    extra = ["--no-sqlite-writer"] if kind == "sqlite-loop" else []
+    if kind != "memory":
         await migrate(store)
-    async with serve_node(store, workdir, max_connections) as (pid, host):
+    async with serve_node(store, workdir, max_connections, extra=extra) as (pid, host):
         yield Running([pid], [host])
 
 

@@ -520,12 +520,13 @@ def serve(
             "refuses a schema that is out of date: `acp-once db migrate` applies them)",
         ),
     ] = False,
-    sqlite_writer: Annotated[
+    no_sqlite_writer: Annotated[
         bool,
         typer.Option(
-            "--sqlite-writer",
-            help="write a SQLite store in a process of its own beside the event loop "
-            "(experimental: fewer prompts/s than on the loop today)",
+            "--no-sqlite-writer",
+            help="write a SQLite store's messages on the event loop, not in a writer process "
+            "of the store's own beside it (which serves more prompts/s to many busy "
+            "connections)",
         ),
     ] = False,
     fd: Annotated[
@@ -687,7 +688,7 @@ def serve(
                 tokens_file=tokens,
                 migrate=apply,
                 forwarded_allow_ips=proxies,
-                sqlite_writer=sqlite_writer,
+                sqlite_writer=not no_sqlite_writer,
             )
         )
     except FactoryError as exc:

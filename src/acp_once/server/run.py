@@ -164,7 +164,7 @@ async def serve_agent(
     migrate: bool = True,
     max_connections_per_address: int | None = DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
     forwarded_allow_ips: Sequence[str] = (),
-    sqlite_writer: bool = False,
+    sqlite_writer: bool = True,
 ) -> None:
     """Serve the agent `factory` makes at ws://HOST:PORT/acp and http://HOST:PORT/acp until
     SIGINT or SIGTERM (with `handle_signals`) or `server.should_exit`; then connections are
@@ -190,7 +190,8 @@ async def serve_agent(
 
     `sqlite_writer`: a SQLite store writes user messages and retained updates in a process of
     its own (`acp_once.storage.sqlite.writer`), beside the event loop that serves the
-    connections (experimental: measured slower than on the loop, `benchmarks/README.md`).
+    connections (`benchmarks/README.md`: more prompts/s with many busy connections); False
+    writes them on the event loop.
 
     `migrate`: apply the store's pending schema migrations when it opens; with False a schema
     that is out of date raises `SchemaOutOfDate` (naming `acp-once db migrate`) before anything

@@ -40,6 +40,7 @@ import asyncio
 import collections
 import contextlib
 import pickle
+import signal
 import socket
 import sqlite3
 import struct
@@ -572,6 +573,11 @@ def main() -> None:
     """The writer's entry point: `main()` with argv `FD PATH SYNCHRONOUS BUSY_TIMEOUT_MS`
     (what `WriterProcess` passes)."""
     fd, path, synchronous, busy = sys.argv[1:5]
+    # The store decides when the writer stops (end of file, once the frames out are answered):
+    # a Ctrl-C, a hang-up or a SIGTERM sent to the whole process group must not end it under
+    # a transaction its store is still waiting on.
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_IGN)
     sock = socket.socket(fileno=int(fd))
     sock.setblocking(True)
     try:
