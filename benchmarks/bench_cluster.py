@@ -401,6 +401,7 @@ async def kill_phase(
             for c, client in enumerate(clients):
                 tg.start_soon(balancer.drive, client, load, f"{transport}{c}", 2, len(stores))
             with anyio.fail_after(600):
+                await load.ready(len(clients))
                 await balancer.kill_in_turn(nodes, lb, load, args.kill_step)
             load.stop.set()
             with anyio.move_on_after(60):  # what is still unanswered then counts as lost

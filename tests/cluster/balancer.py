@@ -269,6 +269,13 @@ class Load:
     pending: dict[str, str] = field(default_factory=dict)
     """key -> session of each submission sent and not answered yet."""
     stop: anyio.Event = field(default_factory=anyio.Event)
+    clients_ready: int = 0
+    """Clients that have opened all their sessions (`drive`): `session/new` is not resent
+    after a lost answer, so nodes are killed only once every client is past it."""
+
+    async def ready(self, clients: int) -> None:
+        """Wait until `clients` clients opened their sessions (bound it with fail_after)."""
+        await until(lambda: self.clients_ready >= clients)
 
     async def progress(self, step: int) -> None:
         """Wait until `step` more prompts were answered (bound it with fail_after)."""
@@ -289,6 +296,7 @@ async def drive(client: AcpClient, load: Load, tag: str, sessions: int, shards: 
             if shard_of(session.session_id, shards) == k % shards:
                 break
         opened.append(session)
+    load.clients_ready += 1
 
     async def one(index: int) -> None:
         session = opened[index]

@@ -85,6 +85,7 @@ async def test_nodes_killed_in_turn_behind_haproxy_lose_and_duplicate_nothing(
                     tg.start_soon(drive, client, load, f"c{c}", SESSIONS_PER_CLIENT, len(stores))
                 # before any kill, every client kept its first connection: over HTTP each
                 # POST and GET of a connection reached the node holding it
+                await load.ready(CLIENTS)
                 await load.progress(STEP)
                 assert [client.reconnects for client in clients] == [0] * CLIENTS
                 await kill_in_turn(nodes, lb, load, STEP)

@@ -14,6 +14,7 @@ import textwrap
 from typing import TYPE_CHECKING
 
 import anyio
+import anyio.lowlevel
 import orjson
 import pytest
 
@@ -213,3 +214,75 @@ def test_the_writer_exits_when_its_stores_process_is_killed(tmp_path: Path) -> N
             child.kill()
             child.wait(TIMEOUT)
     assert _wait_gone(writer_pid)
+
+
+async def test_frames_go_out_without_waiting_for_answers_and_are_answered_in_order(
+    tmp_path: Path,
+) -> None:
+    """Writes of three rounds of the event loop go out as three frames while the writer is
+    stopped (none waits for an answer); once it runs, each caller gets its own outcome and
+    the timeline holds them in the order they went out."""
+    async with SqliteStore.open(tmp_path / "w.db", writer_process=True) as store:
+        pid = await _session_and_stopped_writer(store)
+        writer = _writer(store)
+        frames = writer.stats.batches
+        outcomes: dict[str, InsertOutcome] = {}
+
+        async def insert(n: int) -> None:
+            outcomes[f"m{n}"] = await _insert(store, f"k{n}", f"m{n}")
+
+        with anyio.fail_after(TIMEOUT):
+            async with anyio.create_task_group() as tg:
+                for round_ in range(3):
+                    tg.start_soon(insert, 2 * round_)
+                    tg.start_soon(insert, 2 * round_ + 1)
+                    await anyio.wait_all_tasks_blocked()
+                    await anyio.lowlevel.checkpoint()  # after the round's flush: its frame is out
+                    assert writer.stats.batches == frames + round_ + 1
+                assert outcomes == {}
+                os.kill(pid, signal.SIGCONT)
+        assert outcomes == {f"m{n}": InsertOutcome(f"m{n}", True, None) for n in range(6)}
+        timeline = await store.read_timeline("s")
+        assert [entry.message_id for entry in timeline] == [f"m{n}" for n in range(6)]
+        assert writer.starts == 1
+
+
+async def test_frames_larger_than_the_socket_takes_at_once_are_sent_as_it_drains(
+    tmp_path: Path,
+) -> None:
+    """While the writer is stopped, frames beyond what the socket buffers wait for it to
+    drain; every write is then answered and stored whole."""
+    big = 256 * 1024
+    async with SqliteStore.open(tmp_path / "w.db", writer_process=True) as store:
+        pid = await _session_and_stopped_writer(store)
+        writer = _writer(store)
+        seqs: list[int] = []
+
+        async def append(n: int) -> None:
+            seqs.append(await store.append_update("s", b"x" * big + str(n).encode()))
+
+        with anyio.fail_after(TIMEOUT):
+            async with anyio.create_task_group() as tg:
+                for n in range(8):  # 2 MiB: more than a socket pair buffers
+                    tg.start_soon(append, n)
+                    await anyio.wait_all_tasks_blocked()
+                assert writer._unsent  # pyright: ignore[reportPrivateUsage]
+                os.kill(pid, signal.SIGCONT)
+        assert sorted(seqs) == list(range(1, 9))
+        timeline = await store.read_timeline("s")
+        assert [entry.update for entry in timeline] == [
+            b"x" * big + str(n).encode() for n in range(8)
+        ]
+        assert not writer._unsent  # pyright: ignore[reportPrivateUsage]
+
+
+async def test_the_writer_ignores_the_signals_sent_to_its_process_group(tmp_path: Path) -> None:
+    async with SqliteStore.open(tmp_path / "w.db", writer_process=True) as store:
+        await store.create_session(SessionRecord("s", "/w", (), None, 1.0, 1.0))
+        pid = _writer(store).pid
+        assert pid is not None
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            os.kill(pid, signum)
+        assert (await _insert(store, "k", "m1")).inserted  # answered by the same writer
+        assert _writer(store).pid == pid
+        assert _writer(store).starts == 1

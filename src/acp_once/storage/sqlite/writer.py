@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import logging
 import pickle
 import signal
 import socket
@@ -79,17 +80,17 @@ _START_TIMEOUT_S: Final = 30.0
 # outcome of every frame out reported unknown.
 _REPLY_MARGIN_S: Final = 30.0
 _RECEIVE_BYTES: Final = 1 << 18
+logger = logging.getLogger(__name__)
 _UNKNOWN: Final = "the SQLite writer process failed: the write may or may not have been stored"
 
 
 class _Slot:
     """One submitted write: its outcome once known, and the future its caller waits on."""
 
-    __slots__ = ("done", "ok", "sent", "value", "waiter")
+    __slots__ = ("done", "ok", "value", "waiter")
 
     def __init__(self) -> None:
         self.done = False
-        self.sent = False
         self.ok = False
         self.value: Any = None
         self.waiter: asyncio.Future[None] | None = None
@@ -215,10 +216,9 @@ class WriterProcess:
         """Write `op` with the others submitted in this round of the event loop; return its
         result once the transaction holding it has committed.
 
-        A caller cancelled before its write is sent withdraws it (nothing is written); once
-        it is sent, the caller waits for its outcome (for at most the busy timeout and a
-        margin) and gets it, and the cancellation is delivered at its next checkpoint (as
-        anyio's worker threads do), so a stored write is never left unknown to its caller.
+        A cancelled caller waits for its write's outcome (for at most the busy timeout and a
+        margin) and gets it; the cancellation is delivered at its next checkpoint (as anyio's
+        worker threads do), so a stored write is never left unknown to its caller.
 
         Raises:
             SessionMissing: the write's session does not exist (nothing was written).
@@ -240,16 +240,15 @@ class WriterProcess:
             try:
                 await slot.waiter
             except BaseException:
-                if not slot.sent:
-                    with contextlib.suppress(ValueError):  # withdrawn: nothing was written
-                        self._queue.remove((op, slot))
-                    raise
-                # sent: learn its outcome first (bounded by the frame's deadline); the
-                # cancellation is delivered at the caller's next checkpoint
+                # The frame holding it has gone out (its flush was scheduled before this
+                # caller could be woken): learn its outcome first, bounded by the frame's
+                # deadline; the cancellation is delivered at the caller's next checkpoint.
                 with anyio.CancelScope(shield=True):
                     while not slot.done:
                         slot.waiter = loop.create_future()
                         await slot.waiter
+                if slot.value is _RESEND:
+                    raise  # it never reached a writer: nothing was written
             if slot.ok:
                 return slot.value
             if slot.value is not _RESEND:
@@ -285,8 +284,6 @@ class WriterProcess:
                 loop.add_writer(self._fd, self._on_writable)
         else:
             self._unsent += data
-        for slot in slots:
-            slot.sent = True
         self._out.append(
             _Frame(slots, loop.time() + self._busy_timeout_ms / 1000 + _REPLY_MARGIN_S)
         )
@@ -332,20 +329,26 @@ class WriterProcess:
         start = 0
         size = len(received)
         out = self._out
-        while size - start >= 4:
-            end = start + 4 + _HEADER.unpack_from(received, start)[0]
-            if end > size:
-                break
-            outcomes: list[tuple[bool, Any]] = pickle.loads(received[start + 4 : end])
-            start = end
-            frame = out.popleft()
-            for slot, (ok, value) in zip(frame.slots, outcomes, strict=True):
-                if ok:
-                    _settle(slot, True, InsertOutcome(*value) if type(value) is tuple else value)
-                else:
-                    kind, detail = value
-                    error = SessionMissing(detail) if kind == "missing" else StorageError(detail)
-                    _settle(slot, False, error)
+        try:
+            while size - start >= 4:
+                end = start + 4 + _HEADER.unpack_from(received, start)[0]
+                if end > size:
+                    break
+                outcomes: list[tuple[bool, Any]] = pickle.loads(received[start + 4 : end])
+                start = end
+                for slot, (ok, value) in zip(out[0].slots, outcomes, strict=True):
+                    if ok:
+                        result = InsertOutcome(*value) if type(value) is tuple else value
+                        _settle(slot, True, result)
+                    else:
+                        kind, detail = value
+                        missing = kind == "missing"
+                        _settle(slot, False, (SessionMissing if missing else StorageError)(detail))
+                out.popleft()
+        except Exception:  # an answer out of step with the frames out: trust none of it
+            logger.exception("the SQLite writer process of %s answered out of step", self._path)
+            self._lost()
+            return
         del received[:start]
         if not out:
             self._on_drained()
