@@ -947,10 +947,13 @@ def create_app(
 
 
 class _AcpApp(Starlette):
-    """Starlette, with WebSockets at the ACP path handed to `AcpServer` directly (unless
-    middleware was added beyond the app's own `_HttpFirst`): Starlette's middleware and routing
-    stay on the stack of every connection's task while it lives, ~4 KiB each, and do nothing
-    for it (its handler catches its own errors). Everything else goes through Starlette."""
+    """Starlette, with WebSockets, POSTs and GETs at the ACP path handed to `AcpServer`
+    directly (unless middleware was added beyond the app's own `_HttpFirst`, which then
+    routes them): Starlette's middleware and routing would stay on the stack of every
+    connection's task and SSE stream while it lives, ~4 KiB each, and cost every POST its
+    frames, for nothing (the handlers catch their own errors; uvicorn answers 500 to one that
+    escapes before a response, as Starlette's error handler would). Everything else goes
+    through Starlette."""
 
     def __init__(self, server: AcpServer, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -958,15 +961,23 @@ class _AcpApp(Starlette):
         self._own_middleware = len(self.user_middleware)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "websocket" and len(self.user_middleware) == self._own_middleware:
-            path: str = scope["path"]
-            root: str = scope.get("root_path", "")
-            if root and path.startswith(root):
-                path = path[len(root) :]
-            if path == self._acp.path:
-                scope["app"] = self
-                await self._acp._websocket(WebSocket(scope, receive, send))
-                return
+        if len(self.user_middleware) == self._own_middleware:
+            kind = scope["type"]
+            if kind == "http":
+                # as `_HttpFirst` routes them
+                if scope["path"] == self._acp.path and scope["method"] in ("POST", "GET"):
+                    scope["app"] = self
+                    await self._acp.http_asgi(scope, receive, send)
+                    return
+            elif kind == "websocket":
+                path: str = scope["path"]
+                root: str = scope.get("root_path", "")
+                if root and path.startswith(root):
+                    path = path[len(root) :]
+                if path == self._acp.path:
+                    scope["app"] = self
+                    await self._acp._websocket(WebSocket(scope, receive, send))
+                    return
         await super().__call__(scope, receive, send)
 
 
