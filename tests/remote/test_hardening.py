@@ -236,3 +236,34 @@ async def test_serve_flags_allow_an_origin_and_a_host(tmp_path: Path) -> None:
             assert await _status(port, _upgrade(port, host="acp.internal")) == 101
             assert await _status(port, _upgrade(port, origin="https://other.example")) == 403
             assert await _status(port, _upgrade(port, host="evil.example")) == 421
+
+
+async def test_a_kept_alive_socket_idle_past_the_header_timeout_is_closed(tmp_path: Path) -> None:
+    """After an answered request the next request's headers are due within `header_timeout`,
+    counted from the answer (the check armed at connect time runs again for what is left)."""
+    listen = {"header_timeout": 2.0}
+    with anyio.fail_after(TIMEOUT):
+        async with running(tmp_path, listen_options=listen) as srv:
+            guard = _guard(srv)
+            before = guard.timed_out
+            stream = await anyio.connect_tcp("127.0.0.1", srv.port)
+            try:
+                await anyio.sleep(1.5)  # most of the first deadline passes before the request
+                await stream.send(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+                answer = b""
+                while b"\r\n\r\n" not in answer:
+                    answer += await stream.receive()
+                assert answer.startswith(b"HTTP/1.1 200")
+                answered = anyio.current_time()
+                with (
+                    anyio.fail_after(5),
+                    pytest.raises((anyio.EndOfStream, anyio.BrokenResourceError)),
+                ):
+                    while True:
+                        await stream.receive()
+                # not at the first deadline (~0.5 s after the answer) but at the answer's own
+                # (2 s after it; the margin covers a loaded machine reading the answer late)
+                assert anyio.current_time() - answered >= 1.25
+                assert guard.timed_out == before + 1
+            finally:
+                await stream.aclose()

@@ -22,6 +22,7 @@ long a socket may hold a slot without sending a request (half-open connections).
 from __future__ import annotations
 
 import asyncio
+import functools
 import ipaddress
 import time
 from collections.abc import Iterable, Mapping
@@ -57,6 +58,7 @@ _REFUSED = (
 )
 
 
+@functools.lru_cache(maxsize=256)  # asked for every request's Host; a client sends few
 def is_loopback(host: str) -> bool:
     """True for an address only this machine can reach (127.0.0.0/8, ::1, localhost)."""
     if host.lower() in ("localhost", "localhost."):
@@ -244,7 +246,10 @@ class _GuardedH11(H11Protocol):
         """From now on a request's headers are due within `header_timeout`."""
         self._since = time.monotonic()
         self.guard.wait(self, self._address)
-        self._arm(self.guard.header_timeout)
+        if self._deadline is None:
+            # else the armed check comes earlier and arms itself again for what is left
+            # (`_check_deadline`): no timer replaced on every request of a kept-alive socket
+            self._arm(self.guard.header_timeout)
 
     def _arm(self, delay: float) -> None:
         if self._deadline is not None:
