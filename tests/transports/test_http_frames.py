@@ -209,6 +209,29 @@ async def test_keepalive_comment_after_silence_only() -> None:
             reader.leave()
 
 
+async def test_keepalive_counts_silence_from_the_last_message() -> None:
+    """Messages more often than `keepalive` keep the stream free of comments (the timer armed
+    before them fires early and is armed again for what is left); the comment comes a whole
+    `keepalive` after the last message."""
+    frames = ServerHttpFrames("c1", keepalive=1.0)
+    reader = AsgiReader()
+    with anyio.fail_after(TIMEOUT):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(frames.stream, "s1", reader.send, reader.receive)
+            await reader.started.wait()
+            for n in range(15):  # 1.5 s of messages, 0.1 s apart: the scenario's pace
+                frames.send_frames_nowait([update("s1", n)])
+                await reader.next_write()
+                await anyio.sleep(0.1)
+            last = anyio.current_time()
+            assert b":\n\n" not in reader.chunks
+            while reader.chunks[-1] != b":\n\n":
+                reader.wrote = anyio.Event()  # no write can come between the check and here
+                await reader.wrote.wait()
+            assert anyio.current_time() - last >= 0.85  # a whole keepalive, less the last sleep
+            reader.leave()
+
+
 async def test_initialize_call_is_answered_in_its_post_and_ends_with_the_connection() -> None:
     frames = ServerHttpFrames("c1")
     init = {"jsonrpc": "2.0", "id": 0, "method": "initialize"}

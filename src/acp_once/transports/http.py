@@ -117,6 +117,10 @@ def _wake(waiter: asyncio.Future[None] | None) -> None:
         waiter.set_result(None)
 
 
+def _wake_reader(outlet: _Outlet) -> None:
+    _wake(outlet.waiter)
+
+
 def _sse(frames: Iterable[bytes]) -> bytes:
     """`frames` as SSE events, one `data:` line each (a frame holds no newline)."""
     return b"".join([b"data: " + frame + b"\n\n" for frame in frames])
@@ -518,29 +522,37 @@ class ServerHttpFrames:
         frames = outlet.frames
         outlet.direct = direct
         outlet.written = time.monotonic()
-        while not self.closed.is_set():
-            if frames:
-                data = _sse(frames)
-                frames.clear()
-                await self._write(send, direct, data)
-                outlet.written = time.monotonic()
-                continue
-            timer = None
-            if keepalive is not None:
-                silent = time.monotonic() - outlet.written
-                if silent >= keepalive:
-                    await self._write(send, direct, b":\n\n")
+        # One keep-alive timer at a time, kept across waits: it fires at or before the
+        # silence would reach `keepalive` (writes only push that later), wakes whichever wait
+        # is current, and is armed again for what is left (not replaced on every message).
+        timer: asyncio.TimerHandle | None = None
+        timer_at = 0.0
+        try:
+            while not self.closed.is_set():
+                if frames:
+                    data = _sse(frames)
+                    frames.clear()
+                    await self._write(send, direct, data)
                     outlet.written = time.monotonic()
                     continue
-            waiter = outlet.waiter = loop.create_future()
-            if keepalive is not None:
-                timer = loop.call_later(keepalive - silent, _wake, waiter)
-            try:
-                await waiter
-            finally:
-                outlet.waiter = None
-                if timer is not None:
-                    timer.cancel()
+                if keepalive is not None:
+                    now = time.monotonic()
+                    silent = now - outlet.written
+                    if silent >= keepalive:
+                        await self._write(send, direct, b":\n\n")
+                        outlet.written = time.monotonic()
+                        continue
+                    if timer is None or now >= timer_at:
+                        timer_at = now + keepalive - silent
+                        timer = loop.call_later(keepalive - silent, _wake_reader, outlet)
+                outlet.waiter = loop.create_future()
+                try:
+                    await outlet.waiter
+                finally:
+                    outlet.waiter = None
+        finally:
+            if timer is not None:
+                timer.cancel()
 
     async def _write(self, send: Send, direct: SseWriter | None, data: bytes) -> None:
         """Write SSE events; a reader that takes nothing for `write_timeout` seconds ends the
