@@ -206,13 +206,24 @@ class HalfOpenGuard:
 class _GuardedH11(H11Protocol):
     guard: HalfOpenGuard
 
-    _deadline: asyncio.TimerHandle | None = None
-    _since = 0.0
-    _admitted: bool | None = None
+    # In slots: five more keys in the instance dict of uvicorn's protocol would take it past
+    # CPython's shared-key limit, a table of its own (~0.8 KiB) for every connection.
+    __slots__ = ("_admitted", "_counted_as", "_deadline", "_limit_concurrency", "_since")
+    _deadline: asyncio.TimerHandle | None
+    _since: float
+    _admitted: bool | None
     """None until the first request's headers; then whether the address's cap let it in."""
-    _counted_as = "?"
+    _counted_as: str
     """The client address the established connection is counted for (`_admit`)."""
-    _limit_concurrency: int | None = None
+    _limit_concurrency: int | None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._deadline = None
+        self._since = 0.0
+        self._admitted = None
+        self._counted_as = "?"
+        self._limit_concurrency = None
+        super().__init__(*args, **kwargs)
 
     @property
     def _address(self) -> str:
