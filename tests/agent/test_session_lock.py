@@ -52,7 +52,7 @@ async def test_one_holder_at_a_time_waiters_in_order_and_a_cancelled_one_leaves(
                 await anyio.wait_all_tasks_blocked()
                 leaving.cancel()
                 await anyio.wait_all_tasks_blocked()
-                assert lock.locked() and order == []
+                assert lock.locked() and order == [] and lock.waiting() == 3
                 inside -= 1
             assert order == [f"a{round_}", f"b{round_}", f"c{round_}"]
             assert not lock.locked()

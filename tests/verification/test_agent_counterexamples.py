@@ -163,7 +163,7 @@ async def test_retry_early_a_retry_during_the_insert_is_not_answered_before_the_
             retry = await b.rpc.start_request("session/prompt", params(sid, "deploy"))
             lock = agent._sessions[sid].inbox.lock
             # the retry waits for the insert (or, wrongly, was answered already)
-            await until(lambda: lock._sem.statistics().tasks_waiting == 1 or retry.done, 0.005)
+            await until(lambda: lock.waiting() == 1 or retry.done, 0.005)
             assert not retry.done
             store.go.set()
             assert await outcome(first) == f"error {INTERNAL_ERROR}"

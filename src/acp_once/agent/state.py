@@ -124,6 +124,11 @@ class SessionLock:
         sem = self._sem
         return self._held if sem is None else sem.value == 0
 
+    def waiting(self) -> int:
+        """How many tasks wait for the lock."""
+        sem = self._sem
+        return 0 if sem is None else sem.statistics().tasks_waiting
+
     async def __aenter__(self) -> None:
         sem = self._sem
         if sem is None:
