@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import select
 from collections.abc import Callable
 from typing import Any
 
@@ -13,6 +15,20 @@ from acp_once.agent.interface import Agent
 from acp_once.client import Client, ClientSideConnection
 from acp_once.protocol import schema as s
 from acp_once.rpc.streams import memory_pair
+
+
+def wait_gone(pid: int, timeout: float) -> bool:
+    """Wait (bounded) until process `pid`, not necessarily our child, has exited; False when
+    it still runs after `timeout` seconds."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        readable, _, _ = select.select([fd], [], [], timeout)
+        return bool(readable)
+    finally:
+        os.close(fd)
 
 
 def initialize_request(name: str = "test-client") -> s.InitializeRequest:

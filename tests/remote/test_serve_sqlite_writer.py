@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import select
 import signal
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -19,6 +18,7 @@ from acp_once.protocol.errors import AcpError
 from acp_once.protocol.keys import new_key
 from acp_once.storage import open_store
 from acp_once.support.backoff import Backoff
+from tests.helpers import wait_gone
 from tests.remote.harness import ServeProcess
 
 if TYPE_CHECKING:
@@ -44,17 +44,8 @@ def _children(pid: int) -> list[int]:
     return children
 
 
-def _wait_gone(pid: int, timeout: float = TIMEOUT) -> bool:
-    """Wait (bounded) until process `pid`, not necessarily our child, has exited."""
-    try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return True
-    try:
-        readable, _, _ = select.select([fd], [], [], timeout)
-        return bool(readable)
-    finally:
-        os.close(fd)
+def _wait_gone(pid: int) -> bool:
+    return wait_gone(pid, TIMEOUT)
 
 
 async def _until(predicate: Callable[[], bool], interval: float = 0.01) -> None:

@@ -22,6 +22,7 @@ from acp_once.storage import InsertOutcome, SessionRecord, SqliteStore
 from acp_once.storage.base import StorageError
 from acp_once.storage.sqlite import writer as writer_module
 from acp_once.storage.sqlite.writer import WriterProcess
+from tests.helpers import wait_gone
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -61,17 +62,8 @@ async def _session_and_stopped_writer(store: SqliteStore) -> int:
     return pid
 
 
-def _wait_gone(pid: int, timeout: float = TIMEOUT) -> bool:
-    """Wait (bounded) until process `pid`, not necessarily our child, has exited."""
-    try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return True
-    try:
-        readable, _, _ = select.select([fd], [], [], timeout)
-        return bool(readable)
-    finally:
-        os.close(fd)
+def _wait_gone(pid: int) -> bool:
+    return wait_gone(pid, TIMEOUT)
 
 
 async def test_a_writer_killed_while_idle_is_started_again_by_the_next_write(
