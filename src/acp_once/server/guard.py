@@ -58,9 +58,13 @@ _REFUSED = (
 )
 
 
-@functools.lru_cache(maxsize=256)  # asked for every request's Host; a client sends few
 def is_loopback(host: str) -> bool:
     """True for an address only this machine can reach (127.0.0.0/8, ::1, localhost)."""
+    return _is_loopback(host)
+
+
+@functools.lru_cache(maxsize=256)  # asked for every request's Host; a client sends few
+def _is_loopback(host: str) -> bool:
     if host.lower() in ("localhost", "localhost."):
         return True
     try:
