@@ -62,6 +62,13 @@ async def _session_and_stopped_writer(store: SqliteStore) -> int:
     return pid
 
 
+async def _sent() -> None:
+    """Return once the writes the other tasks submitted have gone out to the writer: they
+    wait for their answers, and the round's flush (`loop.call_soon`) has run."""
+    await anyio.wait_all_tasks_blocked()
+    await anyio.lowlevel.checkpoint()
+
+
 def _wait_gone(pid: int) -> bool:
     return wait_gone(pid, TIMEOUT)
 
@@ -104,7 +111,7 @@ async def test_a_writer_killed_with_a_batch_out_answers_unknown_and_the_retry_is
         with anyio.fail_after(TIMEOUT):
             async with anyio.create_task_group() as tg:
                 tg.start_soon(doomed)
-                await anyio.wait_all_tasks_blocked()
+                await _sent()
                 os.kill(pid, signal.SIGKILL)
         assert len(failure) == 1
         assert "may or may not have been stored" in str(failure[0])
@@ -143,7 +150,7 @@ async def test_a_cancelled_caller_does_not_abandon_its_batch(tmp_path: Path) -> 
         with anyio.fail_after(TIMEOUT):
             async with anyio.create_task_group() as tg:
                 tg.start_soon(_insert, store, "k", "m1")
-                await anyio.wait_all_tasks_blocked()
+                await _sent()
                 tg.cancel_scope.cancel()  # the caller waits for its batch regardless
                 os.kill(pid, signal.SIGCONT)
         # the batch was written, and the socket is in step for the next one
@@ -167,7 +174,7 @@ async def test_closing_the_store_waits_for_the_batch_out_then_the_writer_exits(
                     results.append(await _insert(store, "k", "m1"))
 
                 tg.start_soon(insert)
-                await anyio.wait_all_tasks_blocked()
+                await _sent()
                 tg.start_soon(store.aclose)
                 await anyio.wait_all_tasks_blocked()
                 os.kill(pid, signal.SIGCONT)
@@ -228,8 +235,7 @@ async def test_frames_go_out_without_waiting_for_answers_and_are_answered_in_ord
                 for round_ in range(3):
                     tg.start_soon(insert, 2 * round_)
                     tg.start_soon(insert, 2 * round_ + 1)
-                    await anyio.wait_all_tasks_blocked()
-                    await anyio.lowlevel.checkpoint()  # after the round's flush: its frame is out
+                    await _sent()  # this round's frame is out
                     assert writer.stats.batches == frames + round_ + 1
                 assert outcomes == {}
                 os.kill(pid, signal.SIGCONT)
