@@ -324,18 +324,11 @@ class WriterProcess:
         if not chunk:
             self._lost()
             return
-        received = self._received
-        received += chunk
-        start = 0
-        size = len(received)
+        self._received += chunk
         out = self._out
         try:
-            while size - start >= 4:
-                end = start + 4 + _HEADER.unpack_from(received, start)[0]
-                if end > size:
-                    break
-                outcomes: list[tuple[bool, Any]] = pickle.loads(received[start + 4 : end])
-                start = end
+            for body in _take_frames(self._received):
+                outcomes: list[tuple[bool, Any]] = pickle.loads(body)
                 for slot, (ok, value) in zip(out[0].slots, outcomes, strict=True):
                     if ok:
                         result = InsertOutcome(*value) if type(value) is tuple else value
@@ -349,7 +342,6 @@ class WriterProcess:
             logger.exception("the SQLite writer process of %s answered out of step", self._path)
             self._lost()
             return
-        del received[:start]
         if not out:
             self._on_drained()
 
@@ -436,7 +428,9 @@ def _reap(process: subprocess.Popen[bytes]) -> None:
 
 
 def _read_frame(sock: socket.socket) -> bytes | None:
-    """The next frame's payload (blocking); None at end of file."""
+    """The next frame's payload, waiting for it alone (the store reads the writer's first
+    frame so, on a socket with a timeout, before it reads through `_on_readable`); None at
+    end of file."""
     header = _read_exact(sock, _HEADER.size)
     return None if header is None else _read_exact(sock, _HEADER.unpack(header)[0])
 
@@ -451,6 +445,21 @@ def _read_exact(sock: socket.socket, n: int) -> bytes | None:
     return bytes(data)
 
 
+def _take_frames(buffer: bytearray) -> list[bytes]:
+    """The payloads of the complete frames at the start of `buffer`, taken out of it (both
+    sides' reader: the store's and the writer's)."""
+    frames: list[bytes] = []
+    start = 0
+    while len(buffer) - start >= _HEADER.size:
+        end = start + _HEADER.size + _HEADER.unpack_from(buffer, start)[0]
+        if end > len(buffer):
+            break
+        frames.append(bytes(buffer[start + _HEADER.size : end]))
+        start = end
+    del buffer[:start]
+    return frames
+
+
 def _send_frame(sock: socket.socket, payload: bytes) -> None:
     sock.sendall(_HEADER.pack(len(payload)) + payload)
 
@@ -462,23 +471,10 @@ class _Frames:
         self._sock = sock
         self._buffer = bytearray()
 
-    def _complete(self) -> list[bytes]:
-        buffer = self._buffer
-        frames: list[bytes] = []
-        start = 0
-        while len(buffer) - start >= _HEADER.size:
-            end = start + _HEADER.size + _HEADER.unpack_from(buffer, start)[0]
-            if end > len(buffer):
-                break
-            frames.append(bytes(buffer[start + _HEADER.size : end]))
-            start = end
-        del buffer[:start]
-        return frames
-
     def next(self) -> list[bytes] | None:
         """Every complete frame received so far, waiting for one if there is none; None at
         end of file."""
-        while not (frames := self._complete()):
+        while not (frames := _take_frames(self._buffer)):
             chunk = self._sock.recv(_RECEIVE_BYTES)
             if not chunk:
                 return None
@@ -487,7 +483,7 @@ class _Frames:
         with contextlib.suppress(BlockingIOError):
             while chunk := self._sock.recv(_RECEIVE_BYTES, socket.MSG_DONTWAIT):
                 self._buffer += chunk
-                frames += self._complete()
+                frames += _take_frames(self._buffer)
         return frames
 
 
