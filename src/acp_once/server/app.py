@@ -858,6 +858,11 @@ _ACCEPTED_START: dict[str, Any] = {
 _EMPTY_BODY: dict[str, Any] = {"type": "http.response.body", "body": b"", "more_body": False}
 
 
+def _at_acp_path(scope: Scope, path: str) -> bool:
+    """An HTTP request `AcpServer.http_asgi` serves: a POST or GET at the ACP path."""
+    return scope["path"] == path and scope["method"] in ("POST", "GET")
+
+
 class _HttpFirst:
     """The app's outermost layer below Starlette's error handler: a `POST` or `GET` at the ACP
     path goes straight to `AcpServer.http_asgi`; everything else (WebSocket upgrades too) to
@@ -869,11 +874,7 @@ class _HttpFirst:
         self.path = server.path
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if (
-            scope["type"] == "http"
-            and scope["path"] == self.path
-            and scope["method"] in ("POST", "GET")
-        ):
+        if scope["type"] == "http" and _at_acp_path(scope, self.path):
             await self.server.http_asgi(scope, receive, send)
         else:
             await self.app(scope, receive, send)
@@ -964,8 +965,7 @@ class _AcpApp(Starlette):
         if len(self.user_middleware) == self._own_middleware:
             kind = scope["type"]
             if kind == "http":
-                # as `_HttpFirst` routes them
-                if scope["path"] == self._acp.path and scope["method"] in ("POST", "GET"):
+                if _at_acp_path(scope, self._acp.path):
                     scope["app"] = self
                     await self._acp.http_asgi(scope, receive, send)
                     return
