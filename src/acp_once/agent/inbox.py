@@ -501,6 +501,7 @@ class SessionInbox:
         # before its turn starts runs it instead of reporting it interrupted (A3). Decided
         # once: the worker stores its STARTED marker before running a turn marked queued.
         queued = not live_only and self._listener.busy()
+        announced = False
         try:
             try:
                 await self._rules.after_insert(self.session_id, message_id)
@@ -510,9 +511,23 @@ class SessionInbox:
                 await self._mark_queued(message_id)
             pending.finish(message_id=message_id)
             await self._listener.publish(update)
+            if not self._listener.running:
+                # No worker: this turn starts next. Its `running` goes out now, in the same
+                # write as the answer, instead of in a write of its own when the worker
+                # starts (a turn whose first update waits for a commit: a store other than
+                # memory). `running` may precede the answer; it never precedes insertion.
+                announced = True
+                await self._listener.publish({"sessionUpdate": "state_update", "state": "running"})
         finally:
             pending.finish(message_id=message_id)
-            turn = Turn(self.session_id, message_id, pending.prompt, live_only, queued=queued)
+            turn = Turn(
+                self.session_id,
+                message_id,
+                pending.prompt,
+                live_only,
+                queued=queued,
+                announced=announced,
+            )
             self._listener.inserted(turn)
 
     async def _mark_queued(self, message_id: str) -> None:

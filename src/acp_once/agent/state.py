@@ -303,6 +303,9 @@ class Turn:
     queued: bool = False
     """Inserted behind another turn (its `QUEUED` marker stored): its `STARTED` marker is
     stored before it runs. An unfinished turn found with it never started."""
+    announced: bool = False
+    """Its `running` state was sent by the inbox, beside the prompt's answer (the worker was
+    idle, so this turn is the next to start): the worker does not send it again."""
 
     @property
     def text(self) -> str:

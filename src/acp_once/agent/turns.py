@@ -227,7 +227,8 @@ class TurnRunner:
         error: dict[str, Any] | None = None
         reason = "error"
         with scope:
-            await context.emit({"sessionUpdate": "state_update", "state": "running"})
+            if not turn.announced:
+                await context.emit({"sessionUpdate": "state_update", "state": "running"})
             try:
                 if turn.queued:  # stored before it runs: a restart must not run it again (A3)
                     await self.setup.store.append_update(
