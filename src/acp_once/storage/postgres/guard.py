@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 from psycopg import sql
 
 from acp_once.storage.postgres.connection import compose
-from acp_once.storage.postgres.sql import BUMP
+from acp_once.storage.postgres.sql import BUMP, TWO_ROWS
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -106,6 +106,9 @@ class GuardedStatements:
     append_one: sql.Composed | None
     """One entry (`%(mid)s`, `%(payload)s`): `append` without the arrays, as often as a turn
     writes; None as `append`."""
+    append_two: sql.Composed | None
+    """Two entries (`%(mid)s`, `%(payload)s`, `%(mid2)s`, `%(payload2)s`): `append` without
+    the arrays, for a turn's last update and its end record; None as `append`."""
 
 
 _EXISTS_UNLESS: Final = (
@@ -142,7 +145,7 @@ def guarded_statements(schema: str, guard: GuardSql) -> GuardedStatements:
         schema,
     )
     if guard.after:
-        return GuardedStatements(insert, None, None)
+        return GuardedStatements(insert, None, None, None)
     head = f"WITH {guard.before}, ok AS (SELECT {guard.holds} AS holds),"
     written = _EXISTS_UNLESS.format(written="EXISTS (SELECT 1 FROM w)")
     append = compose(
@@ -167,4 +170,14 @@ def guarded_statements(schema: str, guard: GuardSql) -> GuardedStatements:
         f" SELECT {written}, ok.holds, ARRAY(SELECT seq FROM w), {guard.columns} FROM ok",
         schema,
     )
-    return GuardedStatements(insert, append, append_one)
+    append_two = compose(
+        head + " s AS (UPDATE {s}.sessions SET next_seq = next_seq + 2,"
+        f"  {BUMP}"
+        "  WHERE session_id = %(sid)s AND (SELECT holds FROM ok) RETURNING next_seq - 2 AS first),"
+        f" w AS (INSERT INTO {{s}}.timeline (session_id, seq, message_id, payload)"
+        f"  SELECT %(sid)s, s.first + u.i, u.mid, u.payload FROM s, {TWO_ROWS} RETURNING seq)"
+        f" SELECT {written}, ok.holds, ARRAY(SELECT seq FROM w ORDER BY seq),"
+        f"  {guard.columns} FROM ok",
+        schema,
+    )
+    return GuardedStatements(insert, append, append_one, append_two)

@@ -688,7 +688,7 @@ class PostgresStore(AsyncClosing):
             "now": self._clock(),
         }
         if guard is not None:
-            seqs = await self._append_guarded(session_id, params, guard, one=True)
+            seqs = await self._append_guarded(session_id, params, guard, shape=1)
             return seqs[0]
         query = self._sql.append_entry
 
@@ -727,16 +727,31 @@ class PostgresStore(AsyncClosing):
         """
         if not updates:
             return []
-        params: dict[str, object] = {
-            "sid": session_id,
-            "n": len(updates),
-            "now": self._clock(),
-            "mids": [mid for _, mid in updates],
-            "payloads": [update for update, _ in updates],
-        }
+        params: dict[str, object]
+        if len(updates) == 2:  # a turn's last update and its end record: no arrays
+            (payload, mid), (payload2, mid2) = updates
+            params = {
+                "sid": session_id,
+                "now": self._clock(),
+                "mid": mid,
+                "payload": payload,
+                "mid2": mid2,
+                "payload2": payload2,
+            }
+            shape = 2
+            query = self._sql.append_two
+        else:
+            params = {
+                "sid": session_id,
+                "n": len(updates),
+                "now": self._clock(),
+                "mids": [mid for _, mid in updates],
+                "payloads": [update for update, _ in updates],
+            }
+            shape = 0
+            query = self._sql.append_many
         if guard is not None:
-            return await self._append_guarded(session_id, params, guard, one=False)
-        query = self._sql.append_many
+            return await self._append_guarded(session_id, params, guard, shape=shape)
 
         async def all_seqs(conn: Conn, rows: list[tuple[Any, ...]]) -> list[int]:
             if not rows:
@@ -753,12 +768,18 @@ class PostgresStore(AsyncClosing):
         return seqs
 
     async def _append_guarded(
-        self, session_id: str, params: dict[str, object], guard: WriteGuard, *, one: bool
+        self, session_id: str, params: dict[str, object], guard: WriteGuard, *, shape: int
     ) -> list[int]:
-        """A guarded append of one entry (`one`: `%(mid)s`, `%(payload)s`) or several
-        (`%(n)s`, `%(mids)s`, `%(payloads)s`); the seqs written."""
+        """A guarded append of one entry (`shape` 1: `%(mid)s`, `%(payload)s`), of two
+        (`shape` 2: and `%(mid2)s`, `%(payload2)s`) or of any number (`shape` 0: `%(n)s`,
+        `%(mids)s`, `%(payloads)s`); the seqs written."""
         statements = guarded_statements(self._sql.schema, guard.guard_sql)
-        query = statements.append_one if one else statements.append
+        if shape == 1:
+            query = statements.append_one
+        elif shape == 2:
+            query = statements.append_two
+        else:
+            query = statements.append
         if query is None:
             raise ValueError("this guard guards inserts only")
         params = {**params, **guard.guard_params()}
