@@ -185,6 +185,47 @@ async def test_two_stores_racing_on_one_key_insert_once(
 
 
 @postgres
+async def test_a_delete_waiting_on_a_writer_removes_what_the_writer_committed(
+    postgres_dsn: str, new_schema: Callable[[], str]
+) -> None:
+    """Trace: a writer holds a session's row (as every timeline write does) and has appended a
+    row, uncommitted; `delete_session` is called and waits on the row; the writer commits.
+    Property: the delete removes the session and every timeline row, the one committed while
+    it waited included (the timeline has no foreign key: the store deletes it itself)."""
+    schema = new_schema()
+    app = f"acp-once-delete-{uuid.uuid4().hex[:8]}"
+    with anyio.fail_after(60):
+        async with (
+            _caller_pool(postgres_dsn, application_name=app) as pool,
+            PostgresStore.open(pool, schema=schema) as store,
+        ):
+            await store.create_session(_record())
+            await _insert(store, "m1", "key-1")
+            statements = compose_statements(schema)
+            deleted: list[bool] = []
+
+            async def delete() -> None:
+                deleted.append(await store.delete_session("sess_1"))
+
+            async with await _raw(postgres_dsn) as writer, anyio.create_task_group() as tg:
+                transaction = writer.transaction()
+                async with transaction:
+                    await writer.execute(
+                        statements.append_entry,
+                        {"sid": "sess_1", "mid": "late", "payload": b"{}", "now": 200.0},
+                    )
+                    tg.start_soon(delete)
+                    await _until_waiting_on_a_lock(postgres_dsn, app)
+                # the writer's row is committed; the task group waits for the delete
+            assert deleted == [True]
+            assert await store.get_session("sess_1") is None
+            async with await _raw(postgres_dsn) as conn:
+                query = sql.SQL("SELECT count(*) FROM {}.timeline WHERE session_id = %s")
+                cur = await conn.execute(query.format(sql.Identifier(schema)), ("sess_1",))
+                assert await cur.fetchone() == (0,)
+
+
+@postgres
 async def test_two_stores_writing_concurrently_get_strictly_increasing_seqs(
     postgres_dsn: str, new_schema: Callable[[], str]
 ) -> None:

@@ -57,6 +57,7 @@ class Statements:
     get_session: sql.Composed
     list_sessions: sql.Composed
     delete_session: sql.Composed
+    delete_timeline: sql.Composed
     lock_session: sql.Composed
     find_key: sql.Composed
     insert_entry: sql.Composed
@@ -101,6 +102,7 @@ def statements(schema: str) -> Statements:
             " ORDER BY updated_at DESC, session_id ASC LIMIT %(limit)s"
         ),
         delete_session=q("DELETE FROM {s}.sessions WHERE session_id = %s"),
+        delete_timeline=q("DELETE FROM {s}.timeline WHERE session_id = %s"),
         lock_session=q("SELECT next_seq FROM {s}.sessions WHERE session_id = %s FOR NO KEY UPDATE"),
         find_key=q(
             "SELECT message_id, prompt_digest FROM {s}.timeline"

@@ -337,14 +337,20 @@ class PostgresStore(AsyncClosing):
         return one_page(records, limit)
 
     async def delete_session(self, session_id: str) -> bool:
-        query = self._sql.delete_session
+        statements = self._sql
 
         async def work(conn: Conn) -> bool:
             async with conn.cursor(binary=True, row_factory=tuple_row) as cur:
-                await cur.execute(query, (session_id,))  # the timeline goes by ON DELETE CASCADE
-                return cur.rowcount > 0
+                # The session's row first: its delete waits for every writer holding the row
+                # (each timeline write locks it), and a writer after it finds no row and writes
+                # nothing. Then the timeline, in a statement of its own, whose snapshot holds
+                # the rows of the writers it waited for (one statement would miss them).
+                await cur.execute(statements.delete_session, (session_id,))
+                deleted = cur.rowcount > 0
+                await cur.execute(statements.delete_timeline, (session_id,))
+                return deleted
 
-        return await self._call(work)
+        return await self._call(work, begin=True)
 
     async def update_session(
         self,
