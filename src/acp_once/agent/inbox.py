@@ -516,8 +516,10 @@ class SessionInbox:
                 # write as the answer, instead of in a write of its own when the worker
                 # starts (a turn whose first update waits for a commit: a store other than
                 # memory). `running` may precede the answer; it never precedes insertion.
-                announced = True
+                # Marked once sent: a publish cut short leaves it to the worker (twice is
+                # harmless, never is not).
                 await self._listener.publish({"sessionUpdate": "state_update", "state": "running"})
+                announced = True
         finally:
             pending.finish(message_id=message_id)
             turn = Turn(
