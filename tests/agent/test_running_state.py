@@ -72,6 +72,13 @@ class Peer:
             if done(frame):
                 return
 
+    async def open_session(self) -> str:
+        """Initialize, open a session and forget the frames so far; the session's id."""
+        await self.call("initialize", INITIALIZE)
+        opened = await self.call("session/new", {"cwd": "/tmp", "additionalDirectories": []})
+        self.frames.clear()
+        return str(opened["sessionId"])
+
     async def call(self, method: str, params: dict[str, Any]) -> Any:
         rid = await self.request(method, params)
         await self.until(lambda f: f.get("id") == rid and "method" not in f)
@@ -113,11 +120,7 @@ async def test_an_idle_sessions_prompt_has_its_running_state_before_its_answer(
     peer = Peer(client_end)
     with anyio.fail_after(TIMEOUT):
         async with aclosing(client_end), agent, AgentSideConnection(agent, agent_end):
-            await peer.call("initialize", INITIALIZE)
-            sid = (await peer.call("session/new", {"cwd": "/tmp", "additionalDirectories": []}))[
-                "sessionId"
-            ]
-            peer.frames.clear()
+            sid = await peer.open_session()
             rid = await peer.request(
                 "session/prompt",
                 {"sessionId": sid, "prompt": [{"type": "text", "text": "hi"}]},
@@ -147,11 +150,7 @@ async def test_a_prompt_behind_a_turn_has_its_running_state_when_its_turn_starts
     prompt = [{"type": "text", "text": "hi"}]
     with anyio.fail_after(TIMEOUT):
         async with aclosing(client_end), agent, AgentSideConnection(agent, agent_end):
-            await peer.call("initialize", INITIALIZE)
-            sid = (await peer.call("session/new", {"cwd": "/tmp", "additionalDirectories": []}))[
-                "sessionId"
-            ]
-            peer.frames.clear()
+            sid = await peer.open_session()
             first = await peer.request("session/prompt", {"sessionId": sid, "prompt": prompt})
             await peer.until(lambda f: f.get("id") == first)
             second = await peer.request("session/prompt", {"sessionId": sid, "prompt": prompt})
