@@ -631,9 +631,10 @@ async def check_append_updates(factory: StoreFactory) -> None:
         equal(more, [seqs[1] + 1], "the next append follows")
         # one, two and more entries may take different statements (PostgreSQL: arrays beyond two)
         three = [(b'{"n":2}', "b2"), (b'{"n":3}', None), (b'{"n":4}', "b4")]
-        equal(await append_updates("s", three), [more[0] + 1, more[0] + 2, more[0] + 3], "3")
+        seqs3 = await append_updates("s", three)
+        equal(seqs3, [more[0] + 1, more[0] + 2, more[0] + 3], "the seqs of three entries")
         tail = (await store.read_timeline("s"))[-3:]
-        equal([(e.message_id, e.update) for e in tail], [(m, u) for u, m in three], "3 stored")
+        equal([(e.message_id, e.update) for e in tail], [(m, u) for u, m in three], "three stored")
 
 
 async def check_payload_fidelity(factory: StoreFactory) -> None:

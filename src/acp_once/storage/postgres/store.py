@@ -694,7 +694,7 @@ class PostgresStore(AsyncClosing):
             "now": self._clock(),
         }
         if guard is not None:
-            seqs = await self._append_guarded(session_id, params, guard, shape=1)
+            seqs = await self._append_guarded(session_id, params, guard, entries=1)
             return seqs[0]
         query = self._sql.append_entry
 
@@ -733,31 +733,24 @@ class PostgresStore(AsyncClosing):
         """
         if not updates:
             return []
-        params: dict[str, object]
-        if len(updates) == 2:  # a turn's last update and its end record: no arrays
+        params: dict[str, object] = {"sid": session_id, "now": self._clock()}
+        if len(updates) == 1:
+            ((payload, mid),) = updates
+            params |= {"mid": mid, "payload": payload}
+            query = self._sql.append_entry
+        elif len(updates) == 2:  # a turn's last update and its end record: no arrays
             (payload, mid), (payload2, mid2) = updates
-            params = {
-                "sid": session_id,
-                "now": self._clock(),
-                "mid": mid,
-                "payload": payload,
-                "mid2": mid2,
-                "payload2": payload2,
-            }
-            shape = 2
+            params |= {"mid": mid, "payload": payload, "mid2": mid2, "payload2": payload2}
             query = self._sql.append_two
         else:
-            params = {
-                "sid": session_id,
+            params |= {
                 "n": len(updates),
-                "now": self._clock(),
                 "mids": [mid for _, mid in updates],
                 "payloads": [update for update, _ in updates],
             }
-            shape = 0
             query = self._sql.append_many
         if guard is not None:
-            return await self._append_guarded(session_id, params, guard, shape=shape)
+            return await self._append_guarded(session_id, params, guard, entries=len(updates))
 
         async def all_seqs(conn: Conn, rows: list[tuple[Any, ...]]) -> list[int]:
             if not rows:
@@ -774,15 +767,15 @@ class PostgresStore(AsyncClosing):
         return seqs
 
     async def _append_guarded(
-        self, session_id: str, params: dict[str, object], guard: WriteGuard, *, shape: int
+        self, session_id: str, params: dict[str, object], guard: WriteGuard, *, entries: int
     ) -> list[int]:
-        """A guarded append of one entry (`shape` 1: `%(mid)s`, `%(payload)s`), of two
-        (`shape` 2: and `%(mid2)s`, `%(payload2)s`) or of any number (`shape` 0: `%(n)s`,
+        """A guarded append of `entries` entries, with the parameters of its statement: one
+        (`%(mid)s`, `%(payload)s`), two (and `%(mid2)s`, `%(payload2)s`) or more (`%(n)s`,
         `%(mids)s`, `%(payloads)s`); the seqs written."""
         statements = guarded_statements(self._sql.schema, guard.guard_sql)
-        if shape == 1:
+        if entries == 1:
             query = statements.append_one
-        elif shape == 2:
+        elif entries == 2:
             query = statements.append_two
         else:
             query = statements.append
