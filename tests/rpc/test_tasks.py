@@ -8,7 +8,7 @@ import contextvars
 import anyio
 import pytest
 
-from acp_once.rpc.tasks import TaskPool
+from acp_once.rpc.tasks import TaskPool, _Budget
 
 pytestmark = pytest.mark.anyio
 
@@ -165,3 +165,44 @@ async def test_tasks_parked_longer_than_the_age_limit_retire_when_another_parks(
             assert list(parked) == busy._idle
             tg.cancel_scope.cancel()
     assert ran == ["a", "b"]
+
+
+async def test_a_parked_task_retires_past_the_age_limit_on_a_quiet_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A server gone quiet keeps no parked task: with no other task parking, the loop's timer
+    retires a task parked longer than `max_parked_seconds`, and then stops."""
+    monkeypatch.setattr(TaskPool, "max_parked_seconds", 0.05)
+    ran: list[str] = []
+
+    async def call(name: str) -> None:
+        ran.append(name)
+
+    with anyio.fail_after(TIMEOUT):
+        async with anyio.create_task_group() as tg:
+            pool = TaskPool(tg)
+            before = asyncio.all_tasks()
+            pool.start_soon(call, "a")
+            (task,) = asyncio.all_tasks() - before
+            while "a" not in ran or not pool._idle:
+                await anyio.lowlevel.checkpoint()
+            parked_at = asyncio.get_running_loop().time()
+            budget = TaskPool._parked[asyncio.get_running_loop()]
+            assert _timed(budget) and len(budget) == 1
+            ended = asyncio.Event()
+            task.add_done_callback(lambda _: ended.set())
+            await ended.wait()  # nothing else runs: only the timer can end it
+            assert asyncio.get_running_loop().time() - parked_at >= 0.05
+            assert not pool._idle and not budget and not _timed(budget)
+            pool.start_soon(call, "b")  # the pool starts a new task for its next call
+            while "b" not in ran or not pool._idle:
+                await anyio.lowlevel.checkpoint()
+            assert _timed(budget) and len(budget) == 1
+            tg.cancel_scope.cancel()
+    assert ran == ["a", "b"]
+
+
+def _timed(budget: _Budget) -> bool:
+    """Whether the loop's retirement timer is armed (read through a call: mypy would take the
+    first assertion on the attribute as true for the rest of the test)."""
+    return budget.timed

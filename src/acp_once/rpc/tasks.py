@@ -14,8 +14,10 @@ call set one is not parked again).
 
 Parked tasks are bounded per event loop: at most `TaskPool.max_parked_per_loop` across all
 pools of a loop. When that many are parked, a task that parks retires the one parked longest
-ago; and a task that parks retires those parked longer than `TaskPool.max_parked_seconds`. So a
-server's many idle connections hold no parked task each while its busy ones keep theirs.
+ago; and a task parked longer than `TaskPool.max_parked_seconds` retires, whether or not
+other tasks park meanwhile (one timer per loop, armed while tasks are parked). So a server's
+many idle connections hold no parked task each while its busy ones keep theirs, also once the
+whole server has gone quiet.
 """
 
 from __future__ import annotations
@@ -112,21 +114,51 @@ class _Parked:
         return True
 
 
+class _Budget(collections.OrderedDict[_Parked, list[_Parked]]):
+    """An event loop's parked tasks, oldest first, each with the idle list of its pool.
+
+    Ordered by a linked list: the oldest is found at once, where a plain dict's first live
+    entry is found by skipping the slots of the ones taken out before it.
+    """
+
+    timed = False
+    """Whether the loop's retirement timer (`_sweep`) is armed."""
+
+
+def _sweep(loop_ref: weakref.ref[asyncio.AbstractEventLoop], lru: _Budget) -> None:
+    """Retire the tasks parked longer than `TaskPool.max_parked_seconds` (a timer callback);
+    armed again for the oldest left, until none is parked. The loop is held weakly: a timer
+    never keeps a closed loop's budget alive."""
+    lru.timed = False
+    loop = loop_ref()
+    if loop is None or loop.is_closed():
+        return
+    limit = TaskPool.max_parked_seconds
+    now = loop.time()
+    while lru and now - next(iter(lru)).since > limit:
+        TaskPool._retire_oldest(lru)
+    if lru:
+        lru.timed = True
+        due = next(iter(lru)).since + max(limit, 0.0) - now
+        # a timer's own lateness is not added to the next: at least a millisecond ahead
+        loop.call_later(max(due, 0.001), _sweep, loop_ref, lru)
+
+
 class TaskPool:
     """Runs calls in tasks of `tg`, keeping up to `max_idle` finished tasks for the next calls.
 
     A parked task waits for its next call until the task group is cancelled (it holds nothing
-    but its stack) or, on asyncio, until parked tasks of newer calls in the same event loop
-    retire it: when `max_parked_per_loop` are parked, or when it has been parked longer than
-    `max_parked_seconds` (looked at whenever a task parks); at most `max_idle` of them exist
-    at once.
+    but its stack) or, on asyncio, until it retires: when `max_parked_per_loop` are parked in
+    its event loop and a newer one parks, or once it has been parked longer than
+    `max_parked_seconds` (looked at whenever a task parks, and by a timer of the loop); at most
+    `max_idle` of them exist at once.
     """
 
     _shared: ClassVar[weakref.WeakKeyDictionary[TaskGroup, TaskPool]] = weakref.WeakKeyDictionary()
     # each loop's parked tasks, oldest first, with the idle list of the pool each is in
-    _parked: ClassVar[
-        weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[_Parked, list[_Parked]]]
-    ] = weakref.WeakKeyDictionary()
+    _parked: ClassVar[weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Budget]] = (
+        weakref.WeakKeyDictionary()
+    )
     # Parked tasks per event loop, all pools together. A parked task holds ~4 KiB (its task,
     # cancel scope, event and frames); busy connections need a few each. The count bounds the
     # memory; the age keeps them for the connections that are busy now: a server whose
@@ -145,12 +177,12 @@ class TaskPool:
         # the running loop, looked up once: each lookup is a getpid() system call on 3.11
         self._loop: asyncio.AbstractEventLoop | None = None
         # the loop's parked tasks (None when not on asyncio: no budget there)
-        self._lru: dict[_Parked, list[_Parked]] | None = None
+        self._lru: _Budget | None = None
         with contextlib.suppress(RuntimeError):  # not asyncio (or no loop): anyio.Event
             self._loop = asyncio.get_running_loop()
-            # ordered by a linked list: the oldest is found at once, where a dict's first live
-            # entry is found by skipping the slots of the ones taken out before it
-            self._lru = TaskPool._parked.setdefault(self._loop, collections.OrderedDict())
+            self._lru = TaskPool._parked.get(self._loop)
+            if self._lru is None:
+                self._lru = TaskPool._parked[self._loop] = _Budget()
 
     @classmethod
     def of(cls, tg: TaskGroup) -> TaskPool:
@@ -205,6 +237,11 @@ class TaskPool:
                 while lru and now - next(iter(lru)).since > self.max_parked_seconds:
                     self._retire_oldest(lru)
                 lru[parked] = self._idle
+                if not lru.timed:
+                    lru.timed = True
+                    self._loop.call_later(
+                        max(self.max_parked_seconds, 0.0), _sweep, weakref.ref(self._loop), lru
+                    )
             try:
                 # awaited here, not in a method of _Parked: a coroutine less per hand-off
                 if parked.future is not None:
@@ -231,7 +268,7 @@ class TaskPool:
             del fn, args, context
 
     @staticmethod
-    def _retire_oldest(lru: dict[_Parked, list[_Parked]]) -> None:
+    def _retire_oldest(lru: _Budget) -> None:
         """End the task parked longest ago in this loop (it leaves when it next runs)."""
         oldest = next(iter(lru))
         idle = lru.pop(oldest)
