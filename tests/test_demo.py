@@ -21,7 +21,9 @@ async def test_with_keys_every_submission_is_inserted_exactly_once(tmp_path: Pat
     assert result.inserted_twice_or_more == 0
     assert result.lost == 0
     assert result.duplicate_side_effects == 0
-    assert result.missing_side_effects == 0
+    # a turn interrupted twice is reported, not run a third time (A3): told, not lost
+    assert result.unreported_missing_side_effects == 0
+    assert result.missing_side_effects <= result.interrupted_turns
     assert result.cut_answers > 0, "no answer was cut"
     assert result.client_restarts == 2
 
@@ -40,7 +42,9 @@ async def test_over_websocket_with_keys_every_submission_is_inserted_exactly_onc
     assert result.inserted_twice_or_more == 0
     assert result.lost == 0
     assert result.duplicate_side_effects == 0
-    assert result.missing_side_effects == 0
+    # a turn interrupted twice is reported, not run a third time (A3): told, not lost
+    assert result.unreported_missing_side_effects == 0
+    assert result.missing_side_effects <= result.interrupted_turns
     assert result.cut_answers > 0, "no answer was cut"
     assert result.client_restarts == 2
 
@@ -57,7 +61,9 @@ async def test_over_streamable_http_with_keys_every_submission_is_inserted_exact
     assert result.inserted_twice_or_more == 0
     assert result.lost == 0
     assert result.duplicate_side_effects == 0
-    assert result.missing_side_effects == 0
+    # a turn interrupted twice is reported, not run a third time (A3): told, not lost
+    assert result.unreported_missing_side_effects == 0
+    assert result.missing_side_effects <= result.interrupted_turns
     assert result.cut_answers > 0, "no answer was cut"
 
 

@@ -92,6 +92,11 @@ class DemoResult:
     side_effects_counted: bool = True
     """False for an agent whose side effects the demo cannot see (`agent_cmd` without
     `effects`): the side-effect counts are then 0 and mean nothing."""
+    unreported_missing_side_effects: int = 0
+    """Submissions counted in `missing_side_effects` whose turn did not end with
+    `stopReason: "error"`: work neither done nor reported as failed. Under `--interrupted
+    continue` a turn interrupted twice is reported rather than run a third time (A3), so
+    `missing_side_effects` may be above 0 under faults; this must not."""
 
 
 def prompt_text(i: int) -> str:
@@ -501,6 +506,7 @@ async def _count(demo: _Demo, elapsed: float, cuts: int) -> DemoResult:
     copies: dict[int, list[str]] = {i: [] for i in range(n)}
     interrupted = 0
     turns: set[str] = set()  # the message ids of the submissions
+    reported: set[str] = set()  # messages whose turn ended with stopReason "error" (told)
     answered = True
     async with open_store(f"sqlite:{workdir / 'agent.sqlite3'}") as store:
         for sid in demo.session_ids:
@@ -514,6 +520,8 @@ async def _count(demo: _Demo, elapsed: float, cuts: int) -> DemoResult:
                     elif (ended := ended_message(update)) is not None:
                         # a submission's turn that ended without a stored answer: interrupted
                         interrupted += int(not answered and ended in turns)
+                        if update.get("stopReason") == "error":
+                            reported.add(ended)
                     if kind != "user_message" or entry.message_id is None:
                         continue
                     answered = True  # until this turn's end record is seen
@@ -534,7 +542,7 @@ async def _count(demo: _Demo, elapsed: float, cuts: int) -> DemoResult:
             continue
         for line in log.read_text(encoding="utf-8").split():
             effects[line] = effects.get(line, 0) + 1
-    duplicate_effects = missing_effects = 0
+    duplicate_effects = missing_effects = unreported = 0
     for i, ids in copies.items():
         if not ids or not demo.effects:
             continue
@@ -545,7 +553,9 @@ async def _count(demo: _Demo, elapsed: float, cuts: int) -> DemoResult:
         else:
             total = effects.get(str(i), 0)
         duplicate_effects += max(0, total - 1)
-        missing_effects += int(total == 0)
+        if total == 0:
+            missing_effects += 1
+            unreported += int(not any(m in reported for m in ids))
     kills, restarts, keys = demo.kills, demo.restarts, demo.keys
     return DemoResult(
         keys=keys,
@@ -562,4 +572,5 @@ async def _count(demo: _Demo, elapsed: float, cuts: int) -> DemoResult:
         interrupted_turns=interrupted,
         side_effects_counted=demo.effects,
         session_ids=tuple(demo.session_ids),
+        unreported_missing_side_effects=unreported,
     )
