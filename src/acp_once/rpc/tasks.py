@@ -127,8 +127,8 @@ class _Budget(collections.OrderedDict[_Parked, list[_Parked]]):
 
 def _sweep(loop_ref: weakref.ref[asyncio.AbstractEventLoop], lru: _Budget) -> None:
     """Retire the tasks parked longer than `TaskPool.max_parked_seconds` (a timer callback);
-    armed again for the oldest left, until none is parked. The loop is held weakly: a timer
-    never keeps a closed loop's budget alive."""
+    armed again for the oldest left, until none is parked. Given a weak reference to its loop:
+    a loop closed or gone meanwhile leaves nothing to do."""
     lru.timed = False
     loop = loop_ref()
     if loop is None or loop.is_closed():
@@ -140,7 +140,8 @@ def _sweep(loop_ref: weakref.ref[asyncio.AbstractEventLoop], lru: _Budget) -> No
     if lru:
         lru.timed = True
         due = next(iter(lru)).since + max(limit, 0.0) - now
-        # a timer's own lateness is not added to the next: at least a millisecond ahead
+        # due when the oldest passes the limit (a late timer does not delay the next); at
+        # least a millisecond ahead, as one parked exactly `limit` ago is not yet too old
         loop.call_later(max(due, 0.001), _sweep, loop_ref, lru)
 
 
