@@ -124,6 +124,17 @@ class _Budget(collections.OrderedDict[_Parked, list[_Parked]]):
     timed = False
     """Whether the loop's retirement timer (`_sweep`) is armed."""
 
+    def retire_aged(self, now: float) -> None:
+        """Retire the tasks parked longer than `TaskPool.max_parked_seconds` before `now`."""
+        limit = TaskPool.max_parked_seconds
+        while self and now - next(iter(self)).since > limit:
+            TaskPool._retire_oldest(self)
+
+    def arm(self, loop: asyncio.AbstractEventLoop, delay: float) -> None:
+        """Run `_sweep` on this budget in `delay` seconds."""
+        self.timed = True
+        loop.call_later(delay, _sweep, weakref.ref(loop), self)
+
 
 def _sweep(loop_ref: weakref.ref[asyncio.AbstractEventLoop], lru: _Budget) -> None:
     """Retire the tasks parked longer than `TaskPool.max_parked_seconds` (a timer callback);
@@ -133,16 +144,13 @@ def _sweep(loop_ref: weakref.ref[asyncio.AbstractEventLoop], lru: _Budget) -> No
     loop = loop_ref()
     if loop is None or loop.is_closed():
         return
-    limit = TaskPool.max_parked_seconds
     now = loop.time()
-    while lru and now - next(iter(lru)).since > limit:
-        TaskPool._retire_oldest(lru)
+    lru.retire_aged(now)
     if lru:
-        lru.timed = True
-        due = next(iter(lru)).since + max(limit, 0.0) - now
+        due = next(iter(lru)).since + max(TaskPool.max_parked_seconds, 0.0) - now
         # due when the oldest passes the limit (a late timer does not delay the next); at
-        # least a millisecond ahead, as one parked exactly `limit` ago is not yet too old
-        loop.call_later(max(due, 0.001), _sweep, loop_ref, lru)
+        # least a millisecond ahead, as one parked exactly the limit ago is not yet too old
+        lru.arm(loop, max(due, 0.001))
 
 
 class TaskPool:
@@ -235,14 +243,10 @@ class TaskPool:
                 parked.since = now = self._loop.time()
                 if len(lru) >= self.max_parked_per_loop:
                     self._retire_oldest(lru)
-                while lru and now - next(iter(lru)).since > self.max_parked_seconds:
-                    self._retire_oldest(lru)
+                lru.retire_aged(now)
                 lru[parked] = self._idle
                 if not lru.timed:
-                    lru.timed = True
-                    self._loop.call_later(
-                        max(self.max_parked_seconds, 0.0), _sweep, weakref.ref(self._loop), lru
-                    )
+                    lru.arm(self._loop, max(self.max_parked_seconds, 0.0))
             try:
                 # awaited here, not in a method of _Parked: a coroutine less per hand-off
                 if parked.future is not None:
