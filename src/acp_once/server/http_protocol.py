@@ -18,9 +18,11 @@ reads uvicorn's request cycle (`conn`, `disconnected`, `flow`).
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final, Literal, cast
 
 import anyio
 import h11
@@ -103,6 +105,38 @@ def send_accepted(scope: Any, headers: list[tuple[bytes, bytes]]) -> bool:
     return True
 
 
+_NO_WAITERS: Final = cast("collections.deque[asyncio.Future[Any]]", ())
+
+
+class LazyEvent(asyncio.Event):
+    """An `asyncio.Event` whose deque of waiters is made by the first `wait` that waits.
+
+    An empty deque is ~0.75 KiB. uvicorn gives every connection an Event (its flow control's
+    "writable") and every request one (its cycle's "a message arrived"), and on an idle
+    connection neither is ever waited on: a socket whose buffer never filled, an SSE stream
+    whose events the direct writer sends. `set` and `clear` behave as `asyncio.Event`'s (`set`
+    wakes the waiters of the deque, which is empty until someone waits).
+    """
+
+    def __init__(self) -> None:
+        # not asyncio.Event.__init__, which makes the deque; the loop binds on the first wait
+        self._waiters = _NO_WAITERS
+        self._value = False
+
+    async def wait(self) -> Literal[True]:
+        if not self._value and self._waiters is _NO_WAITERS:
+            self._waiters = collections.deque()
+        return await super().wait()
+
+
+def _lazy(event: asyncio.Event) -> LazyEvent:
+    """A `LazyEvent` in the state of `event`, which nothing waits on yet."""
+    lazy = LazyEvent()
+    if event.is_set():
+        lazy.set()
+    return lazy
+
+
 class DirectSseWriter:
     """Writes body chunks of one started response on an h11 connection (implements
     `acp_once.transports.http.SseWriter`)."""
@@ -151,13 +185,20 @@ class _DirectSseH11(_GuardedH11):
     """`send_accepted`'s last response event: (uvicorn's default headers object, the caller's
     headers object, Connection: close asked, the event)."""
 
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        # nothing waits on it yet: only a response's send does, once the socket's buffer fills
+        self.flow._is_writable_event = _lazy(self.flow._is_writable_event)
+
     def handle_events(self) -> None:
         before = self.cycle
         super().handle_events()
         cycle = self.cycle
         # a new request's cycle: its task has not started yet, so the app sees the extension
+        # and nothing waits on its message event (which a whole body has set already)
         if cycle is None or cycle is before:
             return
+        cycle.message_event = _lazy(cycle.message_event)
         method = cycle.scope["method"]
         if method == "GET":
             # kept in the scope only: one more attribute would grow every protocol's __dict__
