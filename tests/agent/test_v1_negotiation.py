@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from acp_once.agent.reference import ReferenceAgent
+from acp_once.protocol import schema as s
 from acp_once.protocol import v1
 from acp_once.protocol.errors import (
     INVALID_PARAMS,
@@ -118,6 +119,28 @@ async def test_a_newer_version_downgrades_to_v2_and_its_unparsable_params_are_dr
         info = p.served.client_info
         assert info is not None and info.info.name == "unknown"
         assert "capabilities" not in info.model_fields_set and info.field_meta is None
+
+
+async def test_client_info_reads_back_the_v2_initialize_as_validated(tmp_path: Path) -> None:
+    """The connection keeps the client's `initialize` (as JSON, validated again when read):
+    what it gives back equals the request as validated, unset fields and extras included."""
+    params = {
+        "protocolVersion": 2,
+        "info": {"name": "raw", "title": "Raw", "version": "2"},
+        "capabilities": {"elicitation": {}, "_meta": {"x": [1, "two", None]}},
+        "_meta": {"trace": "t-1"},
+        "vendorExtra": {"kept": True},
+    }
+    async with peer(tmp_path) as p:
+        before = p.served.client_info
+        assert before is None
+        assert (await p.call("initialize", params))["result"]["protocolVersion"] == 2
+        info = p.served.client_info
+        expected = s.InitializeRequest.model_validate(params)
+        assert info == expected
+        assert info is not None and info.model_fields_set == expected.model_fields_set
+        assert info.model_dump(by_alias=True, exclude_unset=True) == params
+        assert p.served.client_info is info  # validated once, then kept
 
 
 async def test_a_v2_connection_takes_repeats_for_v2_or_newer_and_refuses_v1(

@@ -162,9 +162,27 @@ class AgentSideConnection(anyio.AsyncContextManagerMixin):
             inline_reader=inline_reader,
         )
         self.client = ClientPeer(self._rpc)
-        self.client_info: s.InitializeRequest | None = None
+        self._client_info: s.InitializeRequest | bytes | None = None
         self.version: int | None = None
         self._validators = param_validators()
+
+    @property
+    def client_info(self) -> s.InitializeRequest | None:
+        """What the client's `initialize` said about it (None before `initialize`)."""
+        info = self._client_info
+        if isinstance(info, bytes):
+            info = self._client_info = s.InitializeRequest.model_validate_json(info)
+        return info
+
+    @client_info.setter
+    def client_info(self, request: s.InitializeRequest | None) -> None:
+        # Kept as its JSON, validated again when read: a validated request is ~1.3 KiB and few
+        # agents read it, while an idle server holds one per connection.
+        self._client_info = (
+            None
+            if request is None
+            else request.model_dump_json(by_alias=True, exclude_unset=True).encode()
+        )
 
     @property
     def v1_face(self) -> V1Face | None:
