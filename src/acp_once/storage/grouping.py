@@ -6,9 +6,10 @@ A store hands each write (a user message with its key, a retained update) to
 it takes everything queued (its own write, and whatever else is waiting) and hands that batch
 to the store's `write` callback, which writes it in one transaction. Callers that arrive while
 a batch is being written queue; when the batch is done, the first of them becomes the writer
-of the next batch. So a lone write never waits for company (there is no timer), and under load
-the batch is whatever queued while the previous batch was being written, or, with `gather`,
-what the other ready tasks queued when the writer let them run once.
+of the next batch, and is woken before the callers of the batch just done. So a lone write
+never waits for company (there is no timer), and under load the batch is whatever queued while
+the previous batch was being written, or, with `gather`, what the other ready tasks queued
+when the writer let them run once.
 
 Each caller is answered only after the transaction holding its own write has committed, with
 its own outcome: the store's `write` callback settles every item of the batch (`Write.settle`
@@ -255,9 +256,13 @@ class GroupCommit(Generic[_W]):
         finally:
             _fail_unsettled(batch, StorageError("the store left a write unsettled"))
             self._count(len(batch), batch[-1].session_id)
+            # The next writer first: it sends the writes that queued meanwhile before this
+            # batch's callers go on with what their commits allowed (answers, the turn's next
+            # steps), so the database (or the SQLite thread) works while the event loop does.
+            # Rung after them, it would wait for all of that, the database idle meanwhile.
+            self._hand_over()
             for write in batch:
                 _ring(write)
-            self._hand_over()
 
     def _hand_over(self) -> None:
         if self._queue:
