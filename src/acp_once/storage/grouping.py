@@ -258,8 +258,10 @@ class GroupCommit(Generic[_W]):
             self._count(len(batch), batch[-1].session_id)
             # The next writer first: it sends the writes that queued meanwhile before this
             # batch's callers go on with what their commits allowed (answers, the turn's next
-            # steps), so the database (or the SQLite thread) works while the event loop does.
-            # Rung after them, it would wait for all of that, the database idle meanwhile.
+            # steps), so a database across a connection (PostgreSQL) works while the event
+            # loop serves them; rung after them, it would wait for all of that, the database
+            # idle meanwhile. A writer with `gather` still lets them run once before it takes
+            # the queue.
             self._hand_over()
             for write in batch:
                 _ring(write)
