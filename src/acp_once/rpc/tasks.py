@@ -130,10 +130,14 @@ class _Budget(collections.OrderedDict[_Parked, list[_Parked]]):
         while self and now - next(iter(self)).since > limit:
             TaskPool._retire_oldest(self)
 
-    def arm(self, loop: asyncio.AbstractEventLoop, delay: float) -> None:
-        """Run `_sweep` on this budget in `delay` seconds."""
+    def arm(self, loop: asyncio.AbstractEventLoop, now: float) -> None:
+        """Run `_sweep` on this budget when its oldest task passes the age limit (the budget
+        is not empty)."""
+        due = next(iter(self)).since + max(TaskPool.max_parked_seconds, 0.0) - now
         self.timed = True
-        loop.call_later(delay, _sweep, weakref.ref(loop), self)
+        # due when the oldest passes the limit (a late timer does not delay the next); at
+        # least a millisecond ahead, as one parked exactly the limit ago is not yet too old
+        loop.call_later(max(due, 0.001), _sweep, weakref.ref(loop), self)
 
 
 def _sweep(loop_ref: weakref.ref[asyncio.AbstractEventLoop], lru: _Budget) -> None:
@@ -147,10 +151,7 @@ def _sweep(loop_ref: weakref.ref[asyncio.AbstractEventLoop], lru: _Budget) -> No
     now = loop.time()
     lru.retire_aged(now)
     if lru:
-        due = next(iter(lru)).since + max(TaskPool.max_parked_seconds, 0.0) - now
-        # due when the oldest passes the limit (a late timer does not delay the next); at
-        # least a millisecond ahead, as one parked exactly the limit ago is not yet too old
-        lru.arm(loop, max(due, 0.001))
+        lru.arm(loop, now)
 
 
 class TaskPool:
@@ -246,7 +247,7 @@ class TaskPool:
                 lru.retire_aged(now)
                 lru[parked] = self._idle
                 if not lru.timed:
-                    lru.arm(self._loop, max(self.max_parked_seconds, 0.0))
+                    lru.arm(self._loop, now)
             try:
                 # awaited here, not in a method of _Parked: a coroutine less per hand-off
                 if parked.future is not None:
