@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import sqlite3
 import threading
 from typing import TYPE_CHECKING
@@ -532,22 +533,34 @@ async def test_checkpoints_run_in_their_own_thread_and_stop_with_the_store(tmp_p
     await store.create_session(_record())
     for i in range(300):  # one poke at the 250th inline call
         await store.append_update("sess_1", b'{"n":%d}' % i)
-    assert await anyio.to_thread.run_sync(checkpointer.checkpointed.wait, 10.0)
-    assert checkpointer.checkpoints >= 1
-    # what was checkpointed is in the main file: a reader that ignores the WAL sees the rows.
-    # It reads holding the checkpointer's lock, so no checkpoint writes the file meanwhile
-    # (an immutable reader would see its pages half-copied).
+
+    # the poked checkpoint, then the one of the pause, which runs with no write in progress
+    def two_checkpoints() -> bool:
+        while checkpointer.checkpoints < 2:
+            if not checkpointer.checkpointed.wait(10.0):
+                return False
+            checkpointer.checkpointed.clear()
+        return True
+
+    assert await anyio.to_thread.run_sync(two_checkpoints)
+    # what was checkpointed is in the main file: a copy of that file alone, with no log beside
+    # it, holds every row. Only a checkpoint that copied the whole log leaves the file a
+    # consistent database: one that stopped at a reader's snapshot skips each page whose
+    # latest frame is past that snapshot. The copy is taken holding the checkpointer's lock,
+    # so no checkpoint writes the file meanwhile.
+    copy = tmp_path / "ck-main-file-only.db"
 
     def count_in_file() -> int:
         with checkpointer.lock:
-            reader = sqlite3.connect(f"file:{path}?immutable=1", uri=True)
-            try:
-                (count,) = reader.execute("SELECT COUNT(*) FROM timeline").fetchone()
-            finally:
-                reader.close()
+            shutil.copyfile(path, copy)
+        reader = sqlite3.connect(copy)
+        try:
+            (count,) = reader.execute("SELECT COUNT(*) FROM timeline").fetchone()
+        finally:
+            reader.close()
         return int(count)
 
-    assert await anyio.to_thread.run_sync(count_in_file) >= 249
+    assert await anyio.to_thread.run_sync(count_in_file) == 300
     await store.aclose()
     assert not thread.is_alive()
     assert store._checkpointer is None  # pyright: ignore[reportPrivateUsage]
