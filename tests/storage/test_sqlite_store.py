@@ -30,6 +30,8 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
     from pathlib import Path
 
+    from acp_once.storage.sqlite.checkpoint import Checkpointer
+
 
 def _record(session_id: str = "sess_1", *, updated_at: float = 100.0) -> SessionRecord:
     return SessionRecord(session_id, "/work", ("/lib",), "title", 50.0, updated_at)
@@ -520,6 +522,16 @@ async def test_inline_writes_are_checkpointed(tmp_path: Path) -> None:
         assert last.seq == 10_000 and last.update == b'{"n":9999}'
 
 
+def _two_checkpoints(checkpointer: Checkpointer) -> bool:
+    """Wait (blocking) until the checkpoint thread has completed two checkpoints; False if
+    10 s pass without one."""
+    while checkpointer.checkpoints < 2:
+        if not checkpointer.checkpointed.wait(10.0):
+            return False
+        checkpointer.checkpointed.clear()
+    return True
+
+
 @pytest.mark.anyio
 async def test_checkpoints_run_in_their_own_thread_and_stop_with_the_store(tmp_path: Path) -> None:
     """The checkpoint thread checkpoints while inline calls go on (the log's frames reach the
@@ -535,14 +547,7 @@ async def test_checkpoints_run_in_their_own_thread_and_stop_with_the_store(tmp_p
         await store.append_update("sess_1", b'{"n":%d}' % i)
 
     # the poked checkpoint, then the one of the pause, which runs with no write in progress
-    def two_checkpoints() -> bool:
-        while checkpointer.checkpoints < 2:
-            if not checkpointer.checkpointed.wait(10.0):
-                return False
-            checkpointer.checkpointed.clear()
-        return True
-
-    assert await anyio.to_thread.run_sync(two_checkpoints)
+    assert await anyio.to_thread.run_sync(_two_checkpoints, checkpointer)
     # what was checkpointed is in the main file: a copy of that file alone, with no log beside
     # it, holds every row. Only a checkpoint that copied the whole log leaves the file a
     # consistent database: one that stopped at a reader's snapshot skips each page whose
@@ -578,15 +583,8 @@ async def test_a_pause_in_the_writes_lets_the_log_rewind(tmp_path: Path) -> None
         await store.create_session(_record())
         for i in range(260):  # one poke at the 250th inline call, then ten more writes
             await store.append_update("sess_1", b'{"n":%d}' % i)
-
-        def two_checkpoints() -> bool:  # the poked one, then the one of the pause
-            while checkpointer.checkpoints < 2:
-                if not checkpointer.checkpointed.wait(10.0):
-                    return False
-                checkpointer.checkpointed.clear()
-            return True
-
-        assert await anyio.to_thread.run_sync(two_checkpoints)
+        # the poked checkpoint, then the one of the pause
+        assert await anyio.to_thread.run_sync(_two_checkpoints, checkpointer)
         await store.append_update("sess_1", b'{"n":"after"}')
         probe = sqlite3.connect(path, isolation_level=None)
         try:
