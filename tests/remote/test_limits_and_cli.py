@@ -102,6 +102,18 @@ def test_cli_refuses_a_public_host_without_a_token(tmp_path: Path) -> None:
     assert helped.returncode == 0
     for option in ("--host", "--port", "--store", "--token", "ACP_ONCE_TOKEN", "--policy"):
         assert option in helped.stdout
+    assert "--sqlite-busy-poll-ms" in helped.stdout
+
+
+def test_cli_refuses_a_negative_busy_poll_time(tmp_path: Path) -> None:
+    refused = subprocess.run(
+        [sys.executable, "-m", "acp_once", "serve", "--port", "1", "--sqlite-busy-poll-ms", "-1",
+         "--store", f"sqlite:{tmp_path / 'never.sqlite3'}"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert refused.returncode == 2
+    assert "--sqlite-busy-poll-ms" in refused.stderr
+    assert not (tmp_path / "never.sqlite3").exists()
 
 
 async def test_serve_reference_composition_with_a_token(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ closes while a batch is out. The contract suite runs on it too (`sqlite-writer` 
 
 from __future__ import annotations
 
+import asyncio
 import os
 import select
 import signal
@@ -22,6 +23,7 @@ from acp_once.storage import InsertOutcome, SessionRecord, SqliteStore
 from acp_once.storage.base import StorageError
 from acp_once.storage.sqlite import writer as writer_module
 from acp_once.storage.sqlite.writer import WriterProcess
+from acp_once.support.busypoll import BusyPoll
 from tests.helpers import wait_gone
 
 if TYPE_CHECKING:
@@ -158,6 +160,68 @@ async def test_a_cancelled_caller_does_not_abandon_its_batch(tmp_path: Path) -> 
         recorded = await _insert(store, "k", "m2")
         assert (recorded.inserted, recorded.message_id) == (False, "m1")
         assert _writer(store).starts == 1
+
+
+def _poll(store: SqliteStore) -> BusyPoll:
+    poll = _writer(store)._poll  # pyright: ignore[reportPrivateUsage]
+    assert poll is not None
+    return poll
+
+
+async def _rounds(n: int) -> None:
+    for _ in range(n):
+        await asyncio.sleep(0)  # one turn of the event loop each
+
+
+async def test_the_event_loop_polls_while_a_batch_is_out_and_sleeps_once_it_is_answered(
+    tmp_path: Path,
+) -> None:
+    # a limit longer than the test: polling here stops only because the answer came
+    async with SqliteStore.open(
+        tmp_path / "w.db", writer_process=True, busy_poll_s=TIMEOUT
+    ) as store:
+        pid = await _session_and_stopped_writer(store)
+        poll = _poll(store)
+        assert not poll.polling()
+        with anyio.fail_after(TIMEOUT):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_insert, store, "k", "m1")
+                try:
+                    await _sent()
+                    assert poll.polling()
+                    polled = poll.rounds
+                    await _rounds(3)
+                    assert poll.rounds >= polled + 3
+                finally:
+                    os.kill(pid, signal.SIGCONT)
+        await _rounds(2)
+        assert not poll.polling()
+        stopped = poll.rounds
+        await _rounds(3)
+        assert poll.rounds == stopped
+        assert await store.count_user_messages("s") == 1
+
+
+async def test_with_no_busy_poll_time_the_event_loop_never_polls(tmp_path: Path) -> None:
+    async with SqliteStore.open(tmp_path / "w.db", writer_process=True, busy_poll_s=0) as store:
+        pid = await _session_and_stopped_writer(store)
+        poll = _poll(store)
+        with anyio.fail_after(TIMEOUT):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_insert, store, "k", "m1")
+                try:
+                    await _sent()
+                    await _rounds(3)
+                    assert not poll.polling()
+                finally:
+                    os.kill(pid, signal.SIGCONT)
+        assert poll.rounds == 0
+        assert await store.count_user_messages("s") == 1
+
+
+async def test_a_negative_busy_poll_time_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="busy-poll time"):
+        await SqliteStore.open(tmp_path / "w.db", writer_process=True, busy_poll_s=-1.0)
 
 
 async def test_closing_the_store_waits_for_the_batch_out_then_the_writer_exits(

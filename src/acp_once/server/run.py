@@ -22,6 +22,7 @@ import uvicorn
 from acp_once.agent.factory import AgentFactory
 from acp_once.agent.interface import Agent
 from acp_once.bridge import Bridge
+from acp_once.support.busypoll import DEFAULT_LIMIT_S
 from acp_once.support.server_options import (
     DEFAULT_IDLE_TIMEOUT,
     DEFAULT_MAX_CONNECTIONS,
@@ -165,6 +166,7 @@ async def serve_agent(
     max_connections_per_address: int | None = DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
     forwarded_allow_ips: Sequence[str] = (),
     sqlite_writer: bool = True,
+    sqlite_busy_poll_s: float = DEFAULT_LIMIT_S,
 ) -> None:
     """Serve the agent `factory` makes at ws://HOST:PORT/acp and http://HOST:PORT/acp until
     SIGINT or SIGTERM (with `handle_signals`) or `server.should_exit`; then connections are
@@ -191,7 +193,9 @@ async def serve_agent(
     `sqlite_writer`: a SQLite store writes user messages and retained updates in a process of
     its own (`acp_once.storage.sqlite.writer`), beside the event loop that serves the
     connections (`benchmarks/README.md`: more prompts/s with many busy connections); False
-    writes them on the event loop.
+    writes them on the event loop. `sqlite_busy_poll_s`: how long the event loop then polls
+    for the writer's answers after each batch instead of sleeping (`acp_once.support.busypoll`:
+    lower latency for some CPU; 0: never).
 
     `migrate`: apply the store's pending schema migrations when it opens; with False a schema
     that is out of date raises `SchemaOutOfDate` (naming `acp-once db migrate`) before anything
@@ -211,7 +215,7 @@ async def serve_agent(
         SchemaOutOfDate: `migrate` is False and the store's schema is out of date.
         StorageError: the store cannot be opened.
         TokensFileError: `tokens_file` cannot be read or is not valid.
-        ValueError: both `token` and `tokens_file`.
+        ValueError: both `token` and `tokens_file`, or a negative `sqlite_busy_poll_s`.
     """
     from acp_once.agent.factory import build_agent, entered
     from acp_once.agent.runtime import SessionAgent
@@ -223,7 +227,12 @@ async def serve_agent(
     # tenants' tokens protect the server as one token does ("": a token, none named here)
     check_listen(host, token if tokens is None else "")
 
-    async with open_store(store, migrate=migrate, sqlite_writer=sqlite_writer) as opened:
+    async with open_store(
+        store,
+        migrate=migrate,
+        sqlite_writer=sqlite_writer,
+        sqlite_busy_poll_s=sqlite_busy_poll_s,
+    ) as opened:
         made = await build_agent(factory, opened)
         prefix = ""
         if isinstance(made, SessionAgent):

@@ -35,6 +35,7 @@ from acp_once.storage.base import (
 from acp_once.storage.memory import MemoryStore
 from acp_once.storage.sharded import ShardedStore
 from acp_once.storage.sqlite import SqliteStore, migrate_database
+from acp_once.support.busypoll import DEFAULT_LIMIT_S
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Sequence
@@ -88,7 +89,11 @@ def check_store_url(url: str) -> str:
 
 @asynccontextmanager
 async def open_store(
-    url: str | Sequence[str], *, migrate: bool = True, sqlite_writer: bool = False
+    url: str | Sequence[str],
+    *,
+    migrate: bool = True,
+    sqlite_writer: bool = False,
+    sqlite_busy_poll_s: float = DEFAULT_LIMIT_S,
 ) -> AsyncIterator[SessionStore]:
     """Open the store named by `url` for the duration of the `async with` block.
 
@@ -100,12 +105,15 @@ async def open_store(
     * `sqlite:PATH` a `SqliteStore` on the file PATH (relative to the working directory,
       created if missing; `sqlite::memory:` is a private in-memory database); with
       `sqlite_writer` its user messages and retained updates are written by a process of the
-      store's own (`acp_once.storage.sqlite.writer`: for a server with many busy sessions);
+      store's own (`acp_once.storage.sqlite.writer`: for a server with many busy sessions),
+      and `sqlite_busy_poll_s` is how long the event loop polls for its answers after each
+      batch instead of sleeping (`SqliteStore.open`'s `busy_poll_s`);
     * `postgresql://...` or `postgres://...` a `PostgresStore` (libpq URL; the acp-once
       parameter `?schema=NAME` picks the schema, `acp_once` by default).
 
     Raises:
-        ValueError: an unsupported scheme or a missing path.
+        ValueError: an unsupported scheme or a missing path, or a negative
+            `sqlite_busy_poll_s`.
         SchemaOutOfDate: `migrate=False` and the schema is out of date.
         StorageError: the database cannot be opened.
         ModuleNotFoundError: a PostgreSQL URL without the `postgres` extra installed.
@@ -126,7 +134,9 @@ async def open_store(
         async with MemoryStore() as memory:
             yield memory
     elif scheme == "sqlite":
-        async with SqliteStore.open(rest, migrate=migrate, writer_process=sqlite_writer) as sqlite:
+        async with SqliteStore.open(
+            rest, migrate=migrate, writer_process=sqlite_writer, busy_poll_s=sqlite_busy_poll_s
+        ) as sqlite:
             yield sqlite
     else:  # postgresql:// or postgres://, as check_store_url says
         _postgres_extra()

@@ -61,6 +61,7 @@ from acp_once.storage.sqlite.checkpoint import (
     truncate_checkpoint,
 )
 from acp_once.storage.sqlite.writes import Tails, append_rows, insert_user_row, write_together
+from acp_once.support.busypoll import DEFAULT_LIMIT_S, BusyPoll
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -126,8 +127,19 @@ class WriterProcess:
     """The store's side of its writer process: starts it (again after a failure), sends it
     the writes submitted to it and settles them as its answers arrive, and stops it."""
 
-    def __init__(self, path: str, synchronous: Synchronous, busy_timeout_ms: int) -> None:
+    def __init__(
+        self,
+        path: str,
+        synchronous: Synchronous,
+        busy_timeout_ms: int,
+        busy_poll_s: float = DEFAULT_LIMIT_S,
+    ) -> None:
+        """`busy_poll_s`: how long the event loop keeps polling for the answers, instead of
+        sleeping, after it sent a frame, while frames are out (`acp_once.support.busypoll`);
+        0: never."""
         self._path = path
+        self._busy_poll_s = busy_poll_s
+        self._poll: BusyPoll | None = None
         self._synchronous = synchronous
         self._busy_timeout_ms = busy_timeout_ms
         self._process: subprocess.Popen[bytes] | None = None
@@ -176,6 +188,8 @@ class WriterProcess:
             self._loop, self._process, self._sock, self._fd = loop, process, sock, sock.fileno()
             self._received.clear()
             loop.add_reader(self._fd, self._on_readable)
+            if self._poll is None or self._poll.loop is not loop:
+                self._poll = BusyPoll(loop, lambda: bool(self._out), self._busy_poll_s)
             self.starts += 1
 
     def _spawn(self) -> tuple[subprocess.Popen[bytes], socket.socket]:
@@ -289,6 +303,8 @@ class WriterProcess:
         )
         if self._timer is None:
             self._timer = loop.call_at(self._out[0].deadline, self._on_deadline)
+        if self._poll is not None:
+            self._poll.arm()
         stats = self.stats
         stats.batches += 1
         stats.writes += len(slots)
