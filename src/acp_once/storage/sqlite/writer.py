@@ -21,10 +21,11 @@ process holds the other end of the socket, so pickle is safe here. Writes:
 Pipelined, so that the event loop's side costs one send and a share of one receive a batch:
 the writes submitted while the event loop runs its ready tasks go out as one frame at the end
 of that round (`loop.call_soon`), without waiting for the frames already out; a reader kept
-for the store's lifetime settles the frames as their answers come back. The writer writes
-every frame it has received when it is free in one `BEGIN IMMEDIATE` transaction, exactly as
-the store does in-process (`writes.write_together`, with the session tails the writer keeps),
-so a busy writer makes bigger transactions rather than a queue.
+for the store's lifetime settles the frames as their answers come back, and while frames are
+out the event loop polls for them instead of sleeping (`acp_once.support.busypoll`). The
+writer writes every frame it has received when it is free in one `BEGIN IMMEDIATE`
+transaction, exactly as the store does in-process (`writes.write_together`, with the session
+tails the writer keeps), so a busy writer makes bigger transactions rather than a queue.
 
 The writer runs the checkpoints of what it writes in a thread of its own (`Checkpointer`, as
 the store in-process does) and exits at end of file: when the store closes, or when the
