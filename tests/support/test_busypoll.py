@@ -27,6 +27,22 @@ async def _rounds(n: int) -> None:
         await asyncio.sleep(0)
 
 
+def _armed(clock: _Clock) -> BusyPoll:
+    """A poll armed for 10 ms, of something always pending."""
+    poll = BusyPoll(asyncio.get_running_loop(), lambda: True, 0.010, clock)
+    poll.arm()
+    return poll
+
+
+async def _stopped(poll: BusyPoll) -> None:
+    """Assert that `poll` stops polling within two rounds, and stays stopped."""
+    await _rounds(2)
+    assert not poll.polling()
+    stopped = poll.rounds
+    await _rounds(5)
+    assert poll.rounds == stopped
+
+
 async def test_the_loop_is_polled_while_something_is_pending_and_no_longer() -> None:
     pending = True
     poll = BusyPoll(asyncio.get_running_loop(), lambda: pending, 1.0, _Clock())
@@ -39,40 +55,29 @@ async def test_the_loop_is_polled_while_something_is_pending_and_no_longer() -> 
     await _rounds(5)
     assert poll.rounds >= polled + 5
     pending = False
-    await _rounds(2)
-    assert not poll.polling()
-    stopped = poll.rounds
-    await _rounds(5)
-    assert poll.rounds == stopped
+    await _stopped(poll)
 
 
 async def test_polling_stops_at_the_limit_even_while_something_is_pending() -> None:
     clock = _Clock()
-    poll = BusyPoll(asyncio.get_running_loop(), lambda: True, 0.010, clock)
-    poll.arm()
+    poll = _armed(clock)
     clock.now += 0.009
     await _rounds(3)
     assert poll.polling()
     clock.now += 0.002
-    await _rounds(2)
-    assert not poll.polling()
-    stopped = poll.rounds
-    await _rounds(5)
-    assert poll.rounds == stopped
+    await _stopped(poll)
 
 
 async def test_arming_again_counts_the_limit_from_then() -> None:
     clock = _Clock()
-    poll = BusyPoll(asyncio.get_running_loop(), lambda: True, 0.010, clock)
-    poll.arm()
+    poll = _armed(clock)
     clock.now += 0.008
     poll.arm()
     clock.now += 0.008  # 16 ms after the first arm, 8 ms after the second
     await _rounds(3)
     assert poll.polling()
     clock.now += 0.003
-    await _rounds(2)
-    assert not poll.polling()
+    await _stopped(poll)
     poll.arm()  # armed again after it stopped: polls again
     await _rounds(2)
     assert poll.polling()
