@@ -652,6 +652,15 @@ def fmt(value: float | None, digits: int = 0) -> str:
     return f"{value:,.{digits}f}"
 
 
+def ratio(by_round: Sequence[dict[str, float]], kind: str, base: str) -> str:
+    """The median over the rounds of `kind`'s rate over `base`'s in the same round ("" for
+    `base` itself, or when no round ran both)."""
+    if kind == base:
+        return ""
+    found = median([r[kind] / r[base] for r in by_round if r.get(kind) and r.get(base)])
+    return "" if found is None else f"{found:.2f}x"
+
+
 def median(values: Sequence[float | None]) -> float | None:
     present = [v for v in values if v is not None]
     return statistics.median(present) if present else None
@@ -669,16 +678,22 @@ async def throughput(args: argparse.Namespace, workdir: Path) -> None:
             f"{args.warmup:g} s warm-up, {args.duration:g} s measured)"
         )
         for column in (
-            "connections", "server", "prompts/s", "vs TS", "p50 ms", "p99 ms",
+            "connections", "server", "prompts/s", "vs TS", "vs memory", "p50 ms", "p99 ms",
             "server µs CPU/prompt", "of which loop thread", "client µs CPU/prompt",
             "server RSS MiB", "errors",
         ):  # fmt: skip
             table.add_column(column, justify="right" if column != "server" else "left")
         for connections in args.connections:
             runs: dict[str, list[ClientRun]] = {kind: [] for kind in args.servers}
+            # each round's rate of each server, for the ratios of one round's runs
+            by_round: list[dict[str, float]] = []
             failures: dict[str, str] = {}
-            for _round in range(args.rounds):
-                for kind in args.servers:
+            for round_ in range(args.rounds):
+                by_round.append({})
+                # every other round in the reverse order: a machine that drifts over a round
+                # favours no server in the median of the rounds' ratios
+                order = args.servers if round_ % 2 == 0 else args.servers[::-1]
+                for kind in order:
                     if kind in failures:
                         continue
                     try:
@@ -686,7 +701,9 @@ async def throughput(args: argparse.Namespace, workdir: Path) -> None:
                             command = client_command(
                                 transport, running.urls(transport), connections, args
                             )
-                            runs[kind].append(await run_client(command, running))
+                            run = await run_client(command, running)
+                            runs[kind].append(run)
+                            by_round[-1][kind] = run.result["promptsPerSecond"]
                     except Failure as exc:
                         failures[kind] = describe(exc)
                         console.print(
@@ -696,7 +713,6 @@ async def throughput(args: argparse.Namespace, workdir: Path) -> None:
                 kind: median([r.result["promptsPerSecond"] for r in runs[kind]])
                 for kind in args.servers
             }
-            ts_rate = rates.get("ts")
             for kind in args.servers:
                 done = runs[kind]
                 if not done:
@@ -704,6 +720,7 @@ async def throughput(args: argparse.Namespace, workdir: Path) -> None:
                         str(connections),
                         LABELS[kind],
                         "failed",
+                        "",
                         "",
                         "",
                         "",
@@ -721,7 +738,8 @@ async def throughput(args: argparse.Namespace, workdir: Path) -> None:
                     f"{connections:,}",
                     LABELS[kind],
                     fmt(rate),
-                    f"{rate / ts_rate:.2f}x" if rate and ts_rate and kind != "ts" else "",
+                    ratio(by_round, kind, "ts"),
+                    ratio(by_round, kind, "memory"),
                     fmt(median([r.result["p50Ms"] for r in done]), 1),
                     fmt(median([r.result["p99Ms"] for r in done]), 1),
                     fmt(
