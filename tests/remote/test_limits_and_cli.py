@@ -105,14 +105,16 @@ def test_cli_refuses_a_public_host_without_a_token(tmp_path: Path) -> None:
     assert "--sqlite-busy-poll-ms" in helped.stdout
 
 
-def test_cli_refuses_a_negative_busy_poll_time(tmp_path: Path) -> None:
+@pytest.mark.parametrize("ms", ["-1", "nan", "inf", "1001"])
+def test_cli_refuses_a_busy_poll_time_out_of_range(tmp_path: Path, ms: str) -> None:
     refused = subprocess.run(
-        [sys.executable, "-m", "acp_once", "serve", "--port", "1", "--sqlite-busy-poll-ms", "-1",
+        [sys.executable, "-m", "acp_once", "serve", "--port", "1", "--sqlite-busy-poll-ms", ms,
          "--store", f"sqlite:{tmp_path / 'never.sqlite3'}"],
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert refused.returncode == 2
     assert "--sqlite-busy-poll-ms" in refused.stderr
+    assert "from 0 to 1000" in refused.stderr
     assert not (tmp_path / "never.sqlite3").exists()
 
 

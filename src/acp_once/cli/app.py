@@ -63,6 +63,7 @@ _EXTRAS = {
 }
 _HINTS = {"postgres": " (and 'psycopg[binary]' for psycopg's bundled libpq)"}
 _URL_SCHEMES = ("ws://", "wss://", "http://", "https://")
+_BUSY_POLL_MAX_MS = 1000.0  # polling longer than a second for a batch only burns the core
 
 
 def _missing_extra(extra: str, missing: list[str], what: str) -> typer.Exit:
@@ -533,10 +534,9 @@ def serve(
     sqlite_busy_poll_ms: Annotated[
         float,
         typer.Option(
-            min=0,
             metavar="<float>",
             help="how long the event loop polls for a SQLite writer's answers after each "
-            "batch instead of sleeping: lower latency for some CPU (0: never)",
+            "batch instead of sleeping: lower latency for some CPU (0: never; at most 1000)",
         ),
     ] = DEFAULT_LIMIT_S * 1000,
     fd: Annotated[
@@ -648,6 +648,10 @@ def serve(
     url = _store_urls(store, "sessions.sqlite3" if target is None else factory_db(target))
     if lease_ttl <= 0:
         raise typer.BadParameter("must be positive", param_hint="--lease-ttl")
+    if not 0 <= sqlite_busy_poll_ms <= _BUSY_POLL_MAX_MS:  # also NaN, which `min` lets by
+        raise typer.BadParameter(
+            f"must be from 0 to {_BUSY_POLL_MAX_MS:g}", param_hint="--sqlite-busy-poll-ms"
+        )
     if lease_grace is not None and lease_grace < 0:
         raise typer.BadParameter("0 or positive", param_hint="--lease-grace")
     if idle_timeout < 0:
