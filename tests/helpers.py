@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import select
@@ -15,6 +16,7 @@ from acp_once.agent.interface import Agent
 from acp_once.client import Client, ClientSideConnection
 from acp_once.protocol import schema as s
 from acp_once.rpc.streams import memory_pair
+from acp_once.support.busypoll import BusyPoll
 
 
 def wait_gone(pid: int, timeout: float) -> bool:
@@ -29,6 +31,21 @@ def wait_gone(pid: int, timeout: float) -> bool:
         return bool(readable)
     finally:
         os.close(fd)
+
+
+async def loop_rounds(n: int) -> None:
+    """Let the asyncio event loop turn `n` times (one round of its ready callbacks each)."""
+    for _ in range(n):
+        await asyncio.sleep(0)
+
+
+async def assert_stops_polling(poll: BusyPoll) -> None:
+    """Assert that `poll` stops polling within two rounds of the loop, and stays stopped."""
+    await loop_rounds(2)
+    assert not poll.polling()
+    stopped = poll.rounds
+    await loop_rounds(5)
+    assert poll.rounds == stopped
 
 
 def initialize_request(name: str = "test-client") -> s.InitializeRequest:

@@ -5,7 +5,6 @@ closes while a batch is out. The contract suite runs on it too (`sqlite-writer` 
 
 from __future__ import annotations
 
-import asyncio
 import os
 import select
 import signal
@@ -24,7 +23,7 @@ from acp_once.storage.base import StorageError
 from acp_once.storage.sqlite import writer as writer_module
 from acp_once.storage.sqlite.writer import WriterProcess
 from acp_once.support.busypoll import BusyPoll
-from tests.helpers import wait_gone
+from tests.helpers import assert_stops_polling, loop_rounds, wait_gone
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -168,11 +167,6 @@ def _poll(store: SqliteStore) -> BusyPoll:
     return poll
 
 
-async def _rounds(n: int) -> None:
-    for _ in range(n):
-        await asyncio.sleep(0)  # one turn of the event loop each
-
-
 async def test_the_event_loop_polls_while_a_batch_is_out_and_sleeps_once_it_is_answered(
     tmp_path: Path,
 ) -> None:
@@ -190,15 +184,11 @@ async def test_the_event_loop_polls_while_a_batch_is_out_and_sleeps_once_it_is_a
                     await _sent()
                     assert poll.polling()
                     polled = poll.rounds
-                    await _rounds(3)
+                    await loop_rounds(3)
                     assert poll.rounds >= polled + 3
                 finally:
                     os.kill(pid, signal.SIGCONT)
-        await _rounds(2)
-        assert not poll.polling()
-        stopped = poll.rounds
-        await _rounds(3)
-        assert poll.rounds == stopped
+        await assert_stops_polling(poll)
         assert await store.count_user_messages("s") == 1
 
 
@@ -211,7 +201,7 @@ async def test_with_no_busy_poll_time_the_event_loop_never_polls(tmp_path: Path)
                 tg.start_soon(_insert, store, "k", "m1")
                 try:
                     await _sent()
-                    await _rounds(3)
+                    await loop_rounds(3)
                     assert not poll.polling()
                 finally:
                     os.kill(pid, signal.SIGCONT)

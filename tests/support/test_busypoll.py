@@ -10,6 +10,7 @@ import math
 import pytest
 
 from acp_once.support.busypoll import BusyPoll
+from tests.helpers import assert_stops_polling, loop_rounds
 
 pytestmark = pytest.mark.anyio
 
@@ -22,11 +23,6 @@ class _Clock:
         return self.now
 
 
-async def _rounds(n: int) -> None:
-    for _ in range(n):
-        await asyncio.sleep(0)
-
-
 def _armed(clock: _Clock) -> BusyPoll:
     """A poll armed for 10 ms, of something always pending."""
     poll = BusyPoll(asyncio.get_running_loop(), lambda: True, 0.010, clock)
@@ -34,38 +30,29 @@ def _armed(clock: _Clock) -> BusyPoll:
     return poll
 
 
-async def _stopped(poll: BusyPoll) -> None:
-    """Assert that `poll` stops polling within two rounds, and stays stopped."""
-    await _rounds(2)
-    assert not poll.polling()
-    stopped = poll.rounds
-    await _rounds(5)
-    assert poll.rounds == stopped
-
-
 async def test_the_loop_is_polled_while_something_is_pending_and_no_longer() -> None:
     pending = True
     poll = BusyPoll(asyncio.get_running_loop(), lambda: pending, 1.0, _Clock())
     poll.arm()
     assert poll.polling()
-    await _rounds(5)
+    await loop_rounds(5)
     assert poll.polling()
     polled = poll.rounds
     assert polled >= 4
-    await _rounds(5)
+    await loop_rounds(5)
     assert poll.rounds >= polled + 5
     pending = False
-    await _stopped(poll)
+    await assert_stops_polling(poll)
 
 
 async def test_polling_stops_at_the_limit_even_while_something_is_pending() -> None:
     clock = _Clock()
     poll = _armed(clock)
     clock.now += 0.009
-    await _rounds(3)
+    await loop_rounds(3)
     assert poll.polling()
     clock.now += 0.002
-    await _stopped(poll)
+    await assert_stops_polling(poll)
 
 
 async def test_arming_again_counts_the_limit_from_then() -> None:
@@ -74,19 +61,19 @@ async def test_arming_again_counts_the_limit_from_then() -> None:
     clock.now += 0.008
     poll.arm()
     clock.now += 0.008  # 16 ms after the first arm, 8 ms after the second
-    await _rounds(3)
+    await loop_rounds(3)
     assert poll.polling()
     clock.now += 0.003
-    await _stopped(poll)
+    await assert_stops_polling(poll)
     poll.arm()  # armed again after it stopped: polls again
-    await _rounds(2)
+    await loop_rounds(2)
     assert poll.polling()
 
 
 async def test_a_limit_of_zero_never_polls() -> None:
     poll = BusyPoll(asyncio.get_running_loop(), lambda: True, 0.0, _Clock())
     poll.arm()
-    await _rounds(3)
+    await loop_rounds(3)
     assert not poll.polling()
     assert poll.rounds == 0
 
