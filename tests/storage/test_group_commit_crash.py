@@ -78,7 +78,8 @@ async def test_a_kill_between_enqueue_and_commit_loses_only_unanswered_writes(
             assert [e.seq for e in entries] == list(range(1, len(entries) + 1))
     with sqlite3.connect(path) as raw:  # no message without its key, no key without message
         rows = raw.execute(
-            "SELECT session_id, message_id, idempotency_key FROM timeline"
+            "SELECT s.session_id, t.message_id, t.idempotency_key"
+            " FROM timeline AS t JOIN sessions AS s ON s.number = t.session"
         ).fetchall()
     assert {(sid, key) for sid, _, key in rows} == set(answered)
     assert all(mid == f"m-{sid}-{key}" for sid, mid, key in rows)

@@ -152,8 +152,9 @@ async def test_the_unique_index_refuses_a_second_row_for_a_key(tmp_path: Path) -
     raw = sqlite3.connect(path)
     try:
         insert = (
-            "INSERT INTO timeline (session_id, seq, message_id, payload, is_user_message,"
-            " idempotency_key) VALUES ('sess_1', 99, 'm2', x'7b7d', 1, 'key-1')"
+            "INSERT INTO timeline (session, seq, message_id, payload, is_user_message,"
+            " idempotency_key) VALUES ((SELECT number FROM sessions WHERE session_id = 'sess_1'),"
+            " 99, 'm2', x'7b7d', 1, 'key-1')"
         )
         with pytest.raises(sqlite3.IntegrityError, match="UNIQUE"):
             raw.execute(insert)
@@ -238,6 +239,85 @@ async def test_a_partly_migrated_file_is_out_of_date_until_migrated(tmp_path: Pa
     async with SqliteStore.open(path) as store:  # migrate=True is the default
         versions = _raw(store).execute("SELECT version FROM schema_version ORDER BY version")
         assert [v for (v,) in versions] == list(range(1, LATEST_VERSION + 1))
+
+
+@pytest.mark.anyio
+async def test_version_3_numbers_the_sessions_and_keeps_every_row_and_key(tmp_path: Path) -> None:
+    """A file written at version 2 (timeline keyed by the text id) keeps its sessions, its
+    history, its keys and their guard through the migration that keys it by number."""
+    path = tmp_path / "v2.db"
+    raw = sqlite3.connect(path, isolation_level=None, factory=Connection)
+    try:
+        assert apply_migrations(raw, target=2) == [1, 2]
+        raw.execute("PRAGMA foreign_keys = ON")
+        raw.execute("BEGIN")
+        for sid, created, tenant in (("sess_b", 20.0, "t1"), ("sess_a", 10.0, None)):
+            raw.execute(
+                "INSERT INTO sessions (session_id, cwd, additional_directories, title,"
+                " created_at, updated_at, forked_from, tenant) VALUES (?, '/w', '[]', ?, ?, ?,"
+                " NULL, ?)",
+                (sid, f"title {sid}", created, created + 1, tenant),
+            )
+            for seq in (1, 2, 3):
+                keyed = seq != 2
+                raw.execute(
+                    "INSERT INTO timeline (session_id, seq, message_id, payload,"
+                    " is_user_message, idempotency_key, prompt_digest)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        sid,
+                        seq,
+                        f"m-{sid}-{seq}",
+                        _update(f"m-{sid}-{seq}"),
+                        1 if keyed else 0,
+                        f"key-{seq}" if keyed else None,
+                        b"digest" if keyed else None,
+                    ),
+                )
+        raw.execute("COMMIT")
+    finally:
+        raw.close()
+    async with SqliteStore.open(path) as store:
+        assert current_version(_raw(store)) == 3
+        # numbered in creation order
+        numbers = _raw(store).execute("SELECT session_id, number FROM sessions ORDER BY number")
+        assert [sid for sid, _ in numbers] == ["sess_a", "sess_b"]
+        for sid in ("sess_a", "sess_b"):
+            record = await store.get_session(sid)
+            assert record is not None and record.title == f"title {sid}"
+            entries = await store.read_timeline(sid)
+            assert [(e.seq, e.message_id) for e in entries] == [
+                (seq, f"m-{sid}-{seq}") for seq in (1, 2, 3)
+            ]
+            assert await store.find_key(sid, "key-3") == KeyRecord(f"m-{sid}-3", b"digest")
+            assert await store.find_key(sid, "key-2") is None
+            # the guard still holds, and the next write follows the migrated history
+            again = await _insert(store, "m-new", "key-1", session_id=sid)
+            assert (again.message_id, again.inserted) == (f"m-{sid}-1", False)
+            fresh = await _insert(store, f"m-{sid}-4", "key-4", session_id=sid)
+            assert fresh.inserted
+            assert [e.seq for e in await store.read_timeline(sid)] == [1, 2, 3, 4]
+        listed, _ = await store.list_sessions(tenant="t1")
+        assert [r.session_id for r in listed] == ["sess_b"]
+        tables = _raw(store).execute("SELECT name FROM sqlite_master WHERE name LIKE '%_v2'")
+        assert tables.fetchall() == []
+
+
+@pytest.mark.anyio
+async def test_a_session_created_again_under_its_id_gets_a_new_number(tmp_path: Path) -> None:
+    """A store that remembers the number of a session another store deleted and created
+    again writes into the new session, never into a number that is given twice."""
+    path = tmp_path / "again.db"
+    async with SqliteStore.open(path) as first, SqliteStore.open(path) as second:
+        await first.create_session(_record())
+        await _insert(first, "m1", "key-1")  # `first` remembers the session's number
+        assert await second.delete_session("sess_1")
+        await second.create_session(_record())
+        outcome = await _insert(first, "m2", "key-1")
+        assert outcome.inserted  # the key belonged to the deleted session's history
+        assert [e.message_id for e in await second.read_timeline("sess_1")] == ["m2"]
+        numbers = _raw(second).execute("SELECT number FROM sessions").fetchall()
+        assert numbers == [(2,)]
 
 
 @pytest.mark.anyio
@@ -400,8 +480,9 @@ def _bulk_insert(conn: sqlite3.Connection, session_id: str, count: int) -> None:
     )
     conn.execute("BEGIN IMMEDIATE")
     conn.executemany(
-        "INSERT INTO timeline (session_id, seq, message_id, payload, is_user_message,"
-        " idempotency_key, prompt_digest) VALUES (?, ?, ?, ?, ?, ?, ?)",
+        "INSERT INTO timeline (session, seq, message_id, payload, is_user_message,"
+        " idempotency_key, prompt_digest)"
+        " VALUES ((SELECT number FROM sessions WHERE session_id = ?), ?, ?, ?, ?, ?, ?)",
         rows,
     )
     conn.execute("COMMIT")
@@ -419,9 +500,12 @@ async def test_find_key_is_an_index_lookup(tmp_path: Path) -> None:
 
         plan = conn.execute(f"EXPLAIN QUERY PLAN {FIND_KEY_SQL}", ("big", "key-1")).fetchall()
         details = [row[-1] for row in plan]
-        assert len(details) == 1, details
+        # one probe of the key index, and one of the sessions' id index for the number
+        assert len(details) == 3, details
         assert details[0].startswith("SEARCH timeline USING INDEX timeline_user_keys"), details
         assert "idempotency_key=?" in details[0], details
+        assert details[1] == "SCALAR SUBQUERY 1", details
+        assert details[2].startswith("SEARCH sessions USING COVERING INDEX"), details
 
         # Count SQLite VM steps (not time): a lookup costs the same in both sessions, while
         # a statement that does scan the session's rows costs thousands of times more.

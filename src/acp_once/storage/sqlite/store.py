@@ -1,10 +1,12 @@
 """The SQLite store: stdlib `sqlite3`, one connection, one worker thread at a time.
 
-Layout (see `schema.py`): a `sessions` table and a `timeline` table whose rows are the
-retained `session/update` objects of each session in `seq` order. **The idempotency key is a
-nullable column of the user-message row itself**, next to the prompt digest, guarded by the
-partial unique index `timeline_user_keys (session_id, idempotency_key) WHERE idempotency_key
-IS NOT NULL`. We chose this over a separate `user_keys` table because:
+Layout (see `schema.py`): a `sessions` table, each session with a number that is never
+given twice, and a `timeline` table whose rows are the retained `session/update` objects of
+each session in `seq` order, keyed by that number (`session`; the text id stays in
+`sessions`). **The idempotency key is a nullable column of the user-message row itself**,
+next to the prompt digest, guarded by the partial unique index `timeline_user_keys (session,
+idempotency_key) WHERE idempotency_key IS NOT NULL`. We chose this over a separate
+`user_keys` table because:
 
 * the key and its message are one row, written by one INSERT, so no crash, bug or missing
   transaction can ever store one without the other (R38, D14): "store the key in the same
@@ -99,6 +101,7 @@ from acp_once.storage.sqlite.writes import (
     BUMP_RESOLUTION,
     FIND_KEY_SQL,
     SESSION_EXISTS,
+    SESSION_NUMBER,
     Tail,
     Tails,
     append_rows,
@@ -132,19 +135,25 @@ _LIST_ORDER: Final = " ORDER BY updated_at DESC, session_id ASC LIMIT ?"
 _AFTER_CURSOR: Final = "(updated_at < ? OR (updated_at = ? AND session_id > ?))"
 _READ_TIMELINE: Final = (
     "SELECT seq, message_id, payload FROM timeline"
-    " WHERE session_id = ? AND seq > ? ORDER BY seq LIMIT ?"
+    f" WHERE session = {SESSION_NUMBER} AND seq > ? ORDER BY seq LIMIT ?"
 )
 _READ_TAIL: Final = (
-    "SELECT seq, message_id, payload FROM timeline WHERE session_id = ? ORDER BY seq DESC LIMIT ?"
+    "SELECT seq, message_id, payload FROM timeline"
+    f" WHERE session = {SESSION_NUMBER} ORDER BY seq DESC LIMIT ?"
 )
-_COUNT_USER: Final = "SELECT COUNT(*) FROM timeline WHERE session_id = ? AND is_user_message = 1"
-_COUNT_KEY: Final = "SELECT COUNT(*) FROM timeline WHERE session_id = ? AND idempotency_key = ?"
+_COUNT_USER: Final = (
+    f"SELECT COUNT(*) FROM timeline WHERE session = {SESSION_NUMBER} AND is_user_message = 1"
+)
+_COUNT_KEY: Final = (
+    f"SELECT COUNT(*) FROM timeline WHERE session = {SESSION_NUMBER} AND idempotency_key = ?"
+)
 # Keys (and digests, which belong to them) are deliberately not copied into a fork.
 _COPY_TIMELINE: Final = (
-    "INSERT INTO timeline (session_id, seq, message_id, payload, is_user_message)"
-    " SELECT ?, seq, message_id, payload, is_user_message FROM timeline"
-    " WHERE session_id = ? ORDER BY seq"
+    "INSERT INTO timeline (session, seq, message_id, payload, is_user_message)"
+    f" SELECT {SESSION_NUMBER}, seq, message_id, payload, is_user_message FROM timeline"
+    f" WHERE session = {SESSION_NUMBER} ORDER BY seq"
 )
+_DELETE_TIMELINE: Final = f"DELETE FROM timeline WHERE session = {SESSION_NUMBER}"
 
 _SessionRow = tuple[str, str, bytes, str | None, float, float, str | None, str | None]
 
@@ -176,13 +185,16 @@ def _from_row(row: _SessionRow) -> SessionRecord:
     )
 
 
-def _insert_session(conn: Connection, record: SessionRecord) -> None:
+def _insert_session(conn: Connection, record: SessionRecord) -> int:
+    """Insert the session's row; return its number (`sessions.number`)."""
     try:
-        conn.execute(_INSERT_SESSION, _to_row(record))
+        number = conn.execute(_INSERT_SESSION, _to_row(record)).lastrowid
     except sqlite3.IntegrityError as exc:
         if "UNIQUE" not in str(exc):
             raise
         raise SessionExists(record.session_id) from None
+    assert number is not None
+    return number
 
 
 def _find_key_call(conn: Connection, session_id: str, key: str) -> KeyRecord | None:
@@ -495,8 +507,9 @@ class SqliteStore(AsyncClosing):
         tails = self._tails
 
         def work(conn: Connection) -> None:
-            _insert_session(conn, record)
-            tails[record.session_id] = Tail(1, record.updated_at)  # its first write: no read
+            number = _insert_session(conn, record)
+            # its first write reads nothing
+            tails[record.session_id] = Tail(number, 1, record.updated_at)
 
         await self._call(functools.partial(db.write, work=work), inline=True)
 
@@ -545,7 +558,7 @@ class SqliteStore(AsyncClosing):
 
         def work(conn: Connection) -> bool:
             tails.pop(session_id, None)
-            conn.execute("DELETE FROM timeline WHERE session_id = ?", (session_id,))
+            conn.execute(_DELETE_TIMELINE, (session_id,))
             return (
                 conn.execute("DELETE FROM sessions WHERE session_id = ?", (session_id,)).rowcount
                 > 0

@@ -21,6 +21,7 @@ __all__ = [
     "BUMP_RESOLUTION",
     "FIND_KEY_SQL",
     "SESSION_EXISTS",
+    "SESSION_NUMBER",
     "Tail",
     "Tails",
     "append_rows",
@@ -30,6 +31,8 @@ __all__ = [
 ]
 
 SESSION_EXISTS: Final = "SELECT 1 FROM sessions WHERE session_id = ?"
+SESSION_NUMBER: Final = "(SELECT number FROM sessions WHERE session_id = ?)"
+"""The timeline's key of a session (`sessions.number`), as a subquery of its text id."""
 # A bump within a second of the last one is skipped: the session row and both of its indexes
 # stay clean (3 of the ~5 pages a turn's transaction would write), and nothing visible changes,
 # as `session/list` shows `updatedAt` in whole seconds.
@@ -37,38 +40,37 @@ BUMP_RESOLUTION: Final = 1.0
 """Seconds within which a write leaves `updated_at` as it is (see `_bump`)."""
 # Never moves `updated_at` back: another connection (or a clock that went back) may have
 # stored a later one than the store remembers.
-_BUMP_SESSION: Final = (
-    "UPDATE sessions SET updated_at = ?1 WHERE session_id = ?2 AND updated_at < ?1"
-)
-# The session's `updated_at` and its next `seq` in one statement (no row: no such session):
-# what the store remembers of a session it writes to (`Tail`), read on its first write and
-# after a conflict.
+_BUMP_SESSION: Final = "UPDATE sessions SET updated_at = ?1 WHERE number = ?2 AND updated_at < ?1"
+# The session's number, `updated_at` and next `seq` in one statement (no row: no such
+# session): what the store remembers of a session it writes to (`Tail`), read on its first
+# write and after a conflict.
 _SESSION_FOR_WRITE: Final = (
-    "SELECT updated_at,"
-    " (SELECT COALESCE(MAX(seq), 0) + 1 FROM timeline WHERE session_id = ?1)"
-    " FROM sessions WHERE session_id = ?1"
+    "SELECT number, updated_at,"
+    " (SELECT COALESCE(MAX(seq), 0) + 1 FROM timeline WHERE session = sessions.number)"
+    " FROM sessions WHERE session_id = ?"
 )
 
 
 FIND_KEY_SQL: Final = (
-    "SELECT message_id, prompt_digest FROM timeline WHERE session_id = ? AND idempotency_key = ?"
+    "SELECT message_id, prompt_digest FROM timeline"
+    f" WHERE session = {SESSION_NUMBER} AND idempotency_key = ?"
 )
 # One INSERT per shape, with the absent values as literals: the stdlib module binds `None` and
 # `bytes` parameters through its adaptation protocol, whose failed `__adapt__` lookup raises
 # and clears an AttributeError each time (~2,500 instructions per parameter on 3.11).
 _INSERT_KEYED_USER: Final = (
     "INSERT INTO timeline"
-    " (session_id, seq, message_id, payload, is_user_message, idempotency_key, prompt_digest)"
+    " (session, seq, message_id, payload, is_user_message, idempotency_key, prompt_digest)"
     " VALUES (?, ?, ?, ?, 1, ?, ?)"
 )
 _INSERT_USER: Final = (
-    "INSERT INTO timeline (session_id, seq, message_id, payload, is_user_message)"
+    "INSERT INTO timeline (session, seq, message_id, payload, is_user_message)"
     " VALUES (?, ?, ?, ?, 1)"
 )
 _INSERT_UPDATE: Final = (
-    "INSERT INTO timeline (session_id, seq, message_id, payload) VALUES (?, ?, ?, ?)"
+    "INSERT INTO timeline (session, seq, message_id, payload) VALUES (?, ?, ?, ?)"
 )
-_INSERT_ANONYMOUS_UPDATE: Final = "INSERT INTO timeline (session_id, seq, payload) VALUES (?, ?, ?)"
+_INSERT_ANONYMOUS_UPDATE: Final = "INSERT INTO timeline (session, seq, payload) VALUES (?, ?, ?)"
 _INSERT_UPDATES: dict[tuple[bool, ...], str] = {}
 """Multi-row INSERTs of retained updates, by which rows have a message id (`_append_sql`)."""
 _BLOB_COPY_LIMIT: Final = 4096
@@ -82,8 +84,8 @@ def _blob(data: bytes) -> bytes | bytearray:
 
 
 class Tail:
-    """What the store remembers of a session it writes to: the `seq` of its next entry and
-    the `updated_at` it last stored (or read).
+    """What the store remembers of a session it writes to: its number (the timeline's key),
+    the `seq` of its next entry and the `updated_at` it last stored (or read).
 
     Kept so that a write is one INSERT, with no SELECT before it. Read from the file on the
     session's first write (`_SESSION_FOR_WRITE`), and again whenever an INSERT fails: a second
@@ -92,14 +94,15 @@ class Tail:
     gaps, so the stale one is always taken), writes nothing, and runs again with the `seq` read
     in a write transaction. A remembered `seq` is never ahead of the file: each write advances
     it only after its INSERT succeeded, and every path that rolls back forgets all of them
-    (`SqliteStore._forget_tails`). One case is not detected: a session deleted and created
-    again under the same id by another connection (session ids are random, so the runtime
-    never does this).
+    (`SqliteStore._forget_tails`). A session deleted meanwhile (and perhaps created again under
+    the same id) fails the foreign key: numbers are never given twice (AUTOINCREMENT), so a
+    remembered number never names another session.
     """
 
-    __slots__ = ("next_seq", "updated_at")
+    __slots__ = ("next_seq", "number", "updated_at")
 
-    def __init__(self, next_seq: int, updated_at: float) -> None:
+    def __init__(self, number: int, next_seq: int, updated_at: float) -> None:
+        self.number = number
         self.next_seq = next_seq
         self.updated_at = updated_at
 
@@ -115,13 +118,13 @@ def _load_tail(cur: sqlite3.Cursor, tails: Tails, session_id: str) -> Tail:
     Raises:
         SessionMissing: no such session.
     """
-    row: tuple[float, int] | None = cur.execute(_SESSION_FOR_WRITE, (session_id,)).fetchone()
+    row: tuple[int, float, int] | None = cur.execute(_SESSION_FOR_WRITE, (session_id,)).fetchone()
     if row is None:
         tails.pop(session_id, None)
         raise SessionMissing(session_id)
     if len(tails) >= _TAILS_KEPT:
         tails.clear()
-    tail = tails[session_id] = Tail(row[1], row[0])
+    tail = tails[session_id] = Tail(row[0], row[2], row[1])
     return tail
 
 
@@ -137,19 +140,20 @@ def _after_conflict(
     """
     tails.pop(session_id, None)
     code = exc.sqlite_errorcode
-    if code == sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY and not fresh:
+    if code == sqlite3.SQLITE_CONSTRAINT_FOREIGNKEY:
+        if cur.execute(SESSION_EXISTS, (session_id,)).fetchone() is None:
+            raise SessionMissing(session_id) from None
+        # the remembered number is of a session deleted since, created again under this id
+        if not fresh:
+            return
+    elif code == sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY and not fresh:
         return
-    if (
-        code == sqlite3.SQLITE_CONSTRAINT_FOREIGNKEY
-        and cur.execute(SESSION_EXISTS, (session_id,)).fetchone() is None
-    ):
-        raise SessionMissing(session_id) from None
     raise exc
 
 
-def _bump(cur: sqlite3.Cursor, tail: Tail, session_id: str, now: float) -> None:
+def _bump(cur: sqlite3.Cursor, tail: Tail, now: float) -> None:
     """Store `now` as the session's `updated_at` (the caller checked `BUMP_RESOLUTION`)."""
-    cur.execute(_BUMP_SESSION, (now, session_id))
+    cur.execute(_BUMP_SESSION, (now, tail.number))
     tail.updated_at = now
 
 
@@ -195,11 +199,11 @@ def insert_user_row(
     payload = bytearray(update) if len(update) <= _BLOB_COPY_LIMIT else update
     try:
         if key is None:
-            cur.execute(_INSERT_USER, (session_id, seq, message_id, payload))
+            cur.execute(_INSERT_USER, (tail.number, seq, message_id, payload))
         else:
             blob_digest = None if digest is None else bytearray(digest)
             cur.execute(
-                _INSERT_KEYED_USER, (session_id, seq, message_id, payload, key, blob_digest)
+                _INSERT_KEYED_USER, (tail.number, seq, message_id, payload, key, blob_digest)
             )
     except sqlite3.IntegrityError as exc:
         if key is not None and exc.sqlite_errorcode == sqlite3.SQLITE_CONSTRAINT_UNIQUE:
@@ -214,12 +218,12 @@ def insert_user_row(
         return insert_user_row(conn, tails, session_id, message_id, update, key, digest, now, True)
     tail.next_seq = seq + 1
     if tail.updated_at <= now - BUMP_RESOLUTION:  # after the INSERT: a key recorded bumps nothing
-        _bump(cur, tail, session_id, now)
+        _bump(cur, tail, now)
     return InsertOutcome(message_id, True, digest)
 
 
 def _append_sql(shape: tuple[bool, ...]) -> str:
-    """One INSERT of len(shape) retained updates at seqs ?2, ?2 + 1, ... of session ?1; each
+    """One INSERT of len(shape) retained updates at seqs ?2, ?2 + 1, ... of session number ?1; each
     row takes its message id (when `shape` says it has one) and its payload, in order."""
     rows: list[str] = []
     n = 2
@@ -231,19 +235,20 @@ def _append_sql(shape: tuple[bool, ...]) -> str:
         else:
             rows.append(f"(?1, {seq}, NULL, ?{n + 1})")
             n += 1
-    return "INSERT INTO timeline (session_id, seq, message_id, payload) VALUES " + ", ".join(rows)
+    return "INSERT INTO timeline (session, seq, message_id, payload) VALUES " + ", ".join(rows)
 
 
 def _append_statement(
-    session_id: str, first: int, entries: Sequence[tuple[bytes, str | None]]
+    number: int, first: int, entries: Sequence[tuple[bytes, str | None]]
 ) -> tuple[str, tuple[object, ...]]:
-    """The one INSERT that appends `entries` from seq `first`, with its parameters."""
+    """The one INSERT that appends `entries` to session `number` from seq `first`, with its
+    parameters."""
     if len(entries) == 1:
         update, message_id = entries[0]
         if message_id is None:
-            return _INSERT_ANONYMOUS_UPDATE, (session_id, first, _blob(update))
-        return _INSERT_UPDATE, (session_id, first, message_id, _blob(update))
-    params: list[object] = [session_id, first]
+            return _INSERT_ANONYMOUS_UPDATE, (number, first, _blob(update))
+        return _INSERT_UPDATE, (number, first, message_id, _blob(update))
+    params: list[object] = [number, first]
     shape: list[bool] = []
     for update, message_id in entries:
         if message_id is None:
@@ -278,7 +283,7 @@ def append_rows(
     cur = conn.cur
     first = tail.next_seq
     try:
-        cur.execute(*_append_statement(session_id, first, entries))
+        cur.execute(*_append_statement(tail.number, first, entries))
     except sqlite3.IntegrityError as exc:
         _after_conflict(cur, tails, session_id, exc, fresh)
         if not conn.in_transaction:
@@ -286,7 +291,7 @@ def append_rows(
         return append_rows(conn, tails, session_id, entries, now, True)
     tail.next_seq = first + len(entries)
     if tail.updated_at <= now - BUMP_RESOLUTION:
-        _bump(cur, tail, session_id, now)
+        _bump(cur, tail, now)
     return first
 
 
