@@ -23,6 +23,12 @@ from acp_once.storage import (
     migrate_database,
 )
 from acp_once.storage.sqlite import FIND_KEY_SQL
+from acp_once.storage.sqlite.checkpoint import (
+    _RESTART_INTERVAL_S,  # pyright: ignore[reportPrivateUsage]
+    _WAL_RESTART_CAP,  # pyright: ignore[reportPrivateUsage]
+    _WAL_RESTART_PAGES,  # pyright: ignore[reportPrivateUsage]
+    _restart_due,  # pyright: ignore[reportPrivateUsage]
+)
 from acp_once.storage.sqlite.schema import LATEST_VERSION, apply_migrations, current_version
 from acp_once.support.sqlite import Connection, enable_wal
 
@@ -588,9 +594,9 @@ async def test_inline_write_waits_in_the_thread_while_another_connection_writes(
 async def test_inline_writes_are_checkpointed(tmp_path: Path) -> None:
     """Inline writes do not checkpoint themselves: every 250th call asks the checkpoint
     thread, and when a burst with no pause outruns it, the caller checkpoints itself, so the
-    write-ahead log does not grow without bound (10,000 appends write ~45,000 pages; a
-    restart when the log holds 3,000 frames after a passive checkpoint, and the lag limit,
-    keep it under ~4,500 pages)."""
+    write-ahead log does not grow without bound (10,000 appends write ~45,000 pages; restarts
+    (from 3,000 frames after a passive checkpoint, at once past the cap) and the lag limit
+    keep it near the cap at most)."""
     path = tmp_path / "wal.db"
     async with SqliteStore.open(path) as store:
         await store.create_session(_record())
@@ -600,10 +606,20 @@ async def test_inline_writes_are_checkpointed(tmp_path: Path) -> None:
             await store.append_update("sess_1", b'{"n":%d}' % i)
             if i % 100 == 0:
                 largest = max(largest, wal.stat().st_size // 4096)
-        assert largest < 6000, f"the WAL grew to {largest} pages"
+        assert largest < _WAL_RESTART_CAP + 1500, f"the WAL grew to {largest} pages"
         assert await store.count_user_messages("sess_1") == 0
         (last,) = await store.read_timeline_tail("sess_1")
         assert last.seq == 10_000 and last.update == b'{"n":9999}'
+
+
+def test_a_restart_is_due_past_the_threshold_once_the_interval_passed_or_past_the_cap() -> None:
+    interval = _RESTART_INTERVAL_S
+    assert not _restart_due(_WAL_RESTART_PAGES, since_last=10 * interval)
+    assert _restart_due(_WAL_RESTART_PAGES + 1, since_last=interval)
+    assert not _restart_due(_WAL_RESTART_PAGES + 1, since_last=interval / 2)
+    assert not _restart_due(_WAL_RESTART_CAP, since_last=0.0)
+    assert _restart_due(_WAL_RESTART_CAP + 1, since_last=0.0)
+    assert _restart_due(_WAL_RESTART_PAGES + 1, since_last=float("inf"))  # the first one
 
 
 def _two_checkpoints(checkpointer: Checkpointer) -> bool:
