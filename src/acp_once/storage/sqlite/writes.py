@@ -132,7 +132,9 @@ def _after_conflict(
     cur: sqlite3.Cursor, tails: Tails, session_id: str, exc: sqlite3.IntegrityError, fresh: bool
 ) -> None:
     """Return when the failed INSERT (which wrote nothing) met a stale `Tail` and should
-    run again with the `seq` read in a write transaction; raise otherwise.
+    run again with the tail read in a write transaction; raise otherwise. Stale: its `seq`
+    was taken by another writer (the primary key failed), or its number is of a session
+    deleted since and created again under this id (the foreign key failed).
 
     Raises:
         SessionMissing: the session does not exist (the foreign key failed).
@@ -140,13 +142,13 @@ def _after_conflict(
     """
     tails.pop(session_id, None)
     code = exc.sqlite_errorcode
-    if code == sqlite3.SQLITE_CONSTRAINT_FOREIGNKEY:
-        if cur.execute(SESSION_EXISTS, (session_id,)).fetchone() is None:
-            raise SessionMissing(session_id) from None
-        # the remembered number is of a session deleted since, created again under this id
-        if not fresh:
-            return
-    elif code == sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY and not fresh:
+    if (
+        code == sqlite3.SQLITE_CONSTRAINT_FOREIGNKEY
+        and cur.execute(SESSION_EXISTS, (session_id,)).fetchone() is None
+    ):
+        raise SessionMissing(session_id) from None
+    stale = code in (sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY, sqlite3.SQLITE_CONSTRAINT_FOREIGNKEY)
+    if stale and not fresh:
         return
     raise exc
 
