@@ -5,19 +5,31 @@ nothing to wait with until someone waits, and still wake whoever waits on them."
 from __future__ import annotations
 
 import collections
+import gc
 import json
+import weakref
 from pathlib import Path
 from typing import Any
 from unittest import mock
 
 import anyio
+import httpx
 import pytest
 
 from acp_once.server.http_protocol import LazyEvent, _DirectSseH11
+from acp_once.transports.http import CONNECTION_ID_HEADER
 from tests.remote.harness import Running, running
 from tests.remote.test_websocket import TIMEOUT
 
 pytestmark = pytest.mark.anyio
+
+
+_INIT = {
+    "jsonrpc": "2.0",
+    "id": 0,
+    "method": "initialize",
+    "params": {"protocolVersion": 2, "info": {"name": "t", "version": "1"}},
+}
 
 
 def _has_deque(event: LazyEvent) -> bool:
@@ -136,3 +148,38 @@ async def test_a_body_that_arrives_after_its_headers_wakes_the_request(tmp_path:
             result = json.loads(answer.split(b"\r\n\r\n", 1)[1])
             assert result["id"] == 0
             assert result["result"]["protocolVersion"] == 2
+
+
+async def test_an_sse_stream_whose_client_left_is_freed_without_the_cyclic_collector(
+    tmp_path: Path,
+) -> None:
+    """Once an SSE stream's socket is gone, its protocol (with its transport, request cycle and
+    scope) is freed by reference counting: the direct writer in the scope forms no cycle that
+    would wait for `acp-once serve`'s rare full collections."""
+    gc.disable()
+    try:
+        with anyio.fail_after(TIMEOUT):
+            async with running(tmp_path) as srv, httpx.AsyncClient() as http:
+                answer = await http.post(f"{srv.http}/acp", json=_INIT)
+                assert answer.status_code == 200, answer.text
+                cid = answer.headers[CONNECTION_ID_HEADER]
+                async with await anyio.connect_tcp("127.0.0.1", srv.port) as stream:
+                    await stream.send(
+                        "GET /acp HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: text/event-stream\r\n"
+                        f"{CONNECTION_ID_HEADER}: {cid}\r\n\r\n".encode()
+                    )
+                    head = await stream.receive()
+                    assert head.startswith(b"HTTP/1.1 200"), head
+                    (protocol,) = [
+                        p
+                        for p in srv.server.server_state.connections
+                        if isinstance(p, _DirectSseH11)
+                        and p.cycle is not None
+                        and p.cycle.scope["method"] == "GET"
+                    ]
+                    gone = weakref.ref(protocol)
+                    del protocol
+                while gone() is not None:  # noqa: ASYNC110 (polls for refcounting's work)
+                    await anyio.sleep(0.01)
+    finally:
+        gc.enable()

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Final, Literal, cast
 
 import anyio
@@ -210,6 +210,12 @@ class _DirectSseH11(_GuardedH11):
             if not cycle.more_body:
                 extensions[BODY_COMPLETE_EXTENSION] = {}
 
+    def on_response_complete(self) -> None:
+        cycle = self.cycle
+        if cycle is not None:  # (before super(), which may start the next request's cycle)
+            _release(cycle.scope)
+        super().on_response_complete()
+
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
         cycle = self.cycle
@@ -219,6 +225,20 @@ class _DirectSseH11(_GuardedH11):
             writer = offered.get("writer") if isinstance(offered, dict) else None
             if isinstance(writer, DirectSseWriter):
                 writer._connection_lost()
+            _release(cycle.scope)
+
+
+def _release(scope: Mapping[str, object]) -> None:
+    """Take the extensions that refer to the protocol out of a request's `scope` once its
+    response is complete or its socket gone: a writer holds the protocol and the request's
+    cycle, which holds the scope, and `ACCEPTED_EXTENSION` is the protocol itself. Left in,
+    each would be a reference cycle that only the cyclic garbage collector frees, and
+    `acp-once serve` runs it rarely (`tune_gc_for_serving`): the socket, protocol and cycle of
+    every SSE stream a client closed would stay in memory until then (~5 KiB each)."""
+    extensions = scope.get("extensions")
+    if isinstance(extensions, dict):
+        extensions.pop(SSE_EXTENSION, None)
+        extensions.pop(ACCEPTED_EXTENSION, None)
 
 
 def direct_http_protocol(guard: HalfOpenGuard) -> type[_GuardedH11]:
