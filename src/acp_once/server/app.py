@@ -240,6 +240,7 @@ class AcpServer:
         self._unopened_http: set[str] = set()
         """Ids of HTTP connections that may have opened no stream yet (`_unopened` prunes)."""
         self._http_tasks: set[asyncio.Task[None]] = set()
+        """The engine tasks of the live HTTP connections (`_initialize`)."""
         self._tg: TaskGroup | None = None
         self.accepted = 0
         """How many connections were accepted so far."""
@@ -333,9 +334,10 @@ class AcpServer:
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: object) -> AsyncIterator[None]:
-        """The app's lifespan: a task group that owns the HTTP connections' engine tasks, so
-        they end with the server (sessions stay resumable). Without a lifespan (an ASGI server
-        run with lifespan off) they run as plain tasks that end when their connection does."""
+        """The app's lifespan: a task group for the sweepers of idle connections; leaving it
+        closes every connection and ends the HTTP connections' engine tasks, so they end with
+        the server (sessions stay resumable). Without a lifespan (an ASGI server run with
+        lifespan off) those tasks end when their connection does."""
         async with anyio.create_task_group() as tg:
             self._tg = tg
             if self.idle_timeout is not None:
@@ -347,7 +349,18 @@ class AcpServer:
                 self._tg = None
                 with anyio.CancelScope(shield=True), anyio.move_on_after(5):
                     await self.close_all()
+                await self._end_http_tasks()
                 tg.cancel_scope.cancel()
+
+    async def _end_http_tasks(self) -> None:
+        """Cancel the HTTP connections' engine tasks still running and wait for them to end
+        (at most 5 s): what leaving a task group that owned them would do."""
+        tasks = list(self._http_tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            with anyio.CancelScope(shield=True):
+                await asyncio.wait(tasks, timeout=5)
 
     async def close_all(self, code: int = CLOSE_GOING_AWAY, reason: str = "") -> int:
         """Close every live connection (a drain before shutdown, or a test's injected fault);
@@ -622,13 +635,14 @@ class AcpServer:
         if credential is not None and tenant is not None:
             self._credentials[connection_id] = (credential, tenant)
         self.accepted += 1
-        if self._tg is not None:
-            self._tg.start_soon(self._run_http, connection_id, frames, tenant)
-        else:
-            running = self._run_http(connection_id, frames, tenant)
-            task = asyncio.get_running_loop().create_task(running)
-            self._http_tasks.add(task)
-            task.add_done_callback(self._http_tasks.discard)
+        # A plain asyncio task, not one of the lifespan's task group: the engine outlives the
+        # POST that starts it, and an anyio task costs ~2.6 KiB more for as long as it runs (a
+        # handle with an event and its queue of waiters, a wrapper coroutine, a task state),
+        # which an idle connection holds for its whole life. The lifespan ends those left
+        # (`_end_http_tasks`), as its task group would.
+        task = asyncio.get_running_loop().create_task(self._run_http(connection_id, frames, tenant))
+        self._http_tasks.add(task)
+        task.add_done_callback(self._http_tasks.discard)
         try:
             with anyio.fail_after(60):
                 answer = await frames.call(body, message)
@@ -648,8 +662,13 @@ class AcpServer:
     async def _run_http(
         self, connection_id: str, frames: ServerHttpFrames, tenant: str | None
     ) -> None:
+        name = f"http-{connection_id[:12]}"
         try:
-            await self._serve_frames(frames, f"http-{connection_id[:12]}", tenant)
+            if self._tg is not None:
+                # the lifespan's HTTP sweeper ends it when idle or never opened (`_sweep_http`)
+                await self._serve_connection(frames, name, tenant)
+            else:
+                await self._serve_frames(frames, name, tenant)
         except Exception:
             logger.exception("the HTTP connection %s failed", connection_id)
         finally:
@@ -665,10 +684,6 @@ class AcpServer:
         self._credentials.pop(connection_id, None)
 
     async def _serve_frames(self, frames: FrameStream, name: str, tenant: str | None) -> None:
-        if self._tg is not None and isinstance(frames, ServerHttpFrames):
-            # the lifespan's HTTP sweeper ends it when idle or never opened (`_sweep_http`)
-            await self._serve_connection(frames, name, tenant)
-            return
         if self._tg is not None and isinstance(frames, ServerWebSocketFrames):
             # the lifespan's sweeper closes it when idle: no watching task of its own (with
             # 10,000 connections, a task group and a task each are ~4 KB per connection)
