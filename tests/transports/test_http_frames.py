@@ -12,7 +12,7 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from acp_once.transports.http import Flag, ServerHttpFrames
+from acp_once.transports.http import SSE_EXTENSION, Flag, ServerHttpFrames
 
 pytestmark = pytest.mark.anyio
 
@@ -98,6 +98,14 @@ class DirectWriter:
         self.lost = callback
 
 
+def sse_scope(writer: DirectWriter | None = None) -> dict[str, Any]:
+    """A GET's ASGI scope, offering `writer` as the server's `SseWriter` when given."""
+    scope: dict[str, Any] = {"type": "http", "method": "GET", "headers": [(b"accept", b"x")]}
+    if writer is not None:
+        scope["extensions"] = {SSE_EXTENSION: {"writer": writer}}
+    return scope
+
+
 async def wait_for(predicate: Callable[[], bool]) -> None:
     """Until `predicate()`, checking at each turn of the event loop (bounded by the caller)."""
     while not predicate():
@@ -109,9 +117,11 @@ async def test_one_turns_messages_go_out_as_one_write_in_order_through_asgi() ->
     reader = AsgiReader()
     with anyio.fail_after(TIMEOUT):
         async with anyio.create_task_group() as tg:
-            tg.start_soon(frames.stream, "s1", reader.send, reader.receive)
+            scope = sse_scope()
+            tg.start_soon(frames.stream, "s1", scope, reader.receive, reader.send)
             await reader.started.wait()
             await wait_for(lambda: frames.reading("s1"))
+            assert scope["headers"] == []  # not held for the life of the stream
             prompt = {"jsonrpc": "2.0", "id": 7, "method": "session/prompt"}
             await frames.post(b"{}", {**prompt, "params": {"sessionId": "s1"}}, "s1")
             assert await frames.receive() == b"{}"
@@ -138,8 +148,8 @@ async def test_messages_of_several_scopes_in_one_turn_go_to_their_streams() -> N
     connection, session = AsgiReader(), AsgiReader()
     with anyio.fail_after(TIMEOUT):
         async with anyio.create_task_group() as tg:
-            tg.start_soon(frames.stream, None, connection.send, connection.receive)
-            tg.start_soon(frames.stream, "s1", session.send, session.receive)
+            tg.start_soon(frames.stream, None, sse_scope(), connection.receive, connection.send)
+            tg.start_soon(frames.stream, "s1", sse_scope(), session.receive, session.send)
             await wait_for(lambda: frames.reading(None) and frames.reading("s1"))
             frames.send_frames_nowait([update("s1", 1), response(3), update("s1", 2)])
             assert [m["params"]["update"]["n"] for m in await session.next_write()] == [1, 2]
@@ -153,7 +163,7 @@ async def test_a_direct_writer_gets_each_turn_as_one_write_without_the_reader_ta
     reader, writer = AsgiReader(), DirectWriter()
     with anyio.fail_after(TIMEOUT):
         async with anyio.create_task_group() as tg:
-            tg.start_soon(frames.stream, "s1", reader.send, reader.receive, writer)
+            tg.start_soon(frames.stream, "s1", sse_scope(writer), reader.receive, reader.send)
             # until the reader task waits for messages
             await wait_for(
                 lambda: writer.lost is not None and frames.outlet("s1").waiter is not None
@@ -188,7 +198,7 @@ async def test_a_stalled_direct_reader_ends_the_connection_after_write_timeout()
     reader, writer = AsgiReader(), DirectWriter()
     with anyio.fail_after(TIMEOUT):
         async with anyio.create_task_group() as tg:
-            tg.start_soon(frames.stream, "s1", reader.send, reader.receive, writer)
+            tg.start_soon(frames.stream, "s1", sse_scope(writer), reader.receive, reader.send)
             await wait_for(lambda: frames.reading("s1"))
             writer.full = True
             frames.send_frames_nowait([update("s1", 1)])
@@ -203,21 +213,21 @@ async def test_keepalive_comment_after_silence_only() -> None:
     reader = AsgiReader()
     with anyio.fail_after(TIMEOUT):
         async with anyio.create_task_group() as tg:
-            tg.start_soon(frames.stream, None, reader.send, reader.receive)
+            tg.start_soon(frames.stream, None, sse_scope(), reader.receive, reader.send)
             await reader.wrote.wait()
             assert reader.chunks == [b":\n\n"]
             reader.leave()
 
 
 async def test_keepalive_counts_silence_from_the_last_message() -> None:
-    """Messages more often than `keepalive` keep the stream free of comments (the timer armed
-    before them fires early and is armed again for what is left); the comment comes a whole
+    """Messages more often than `keepalive` keep the stream free of comments (the alarm set
+    before them rings early and is set again for what is left); the comment comes a whole
     `keepalive` after the last message."""
     frames = ServerHttpFrames("c1", keepalive=1.0)
     reader = AsgiReader()
     with anyio.fail_after(TIMEOUT):
         async with anyio.create_task_group() as tg:
-            tg.start_soon(frames.stream, "s1", reader.send, reader.receive)
+            tg.start_soon(frames.stream, "s1", sse_scope(), reader.receive, reader.send)
             await reader.started.wait()
             for n in range(15):  # 1.5 s of messages, 0.1 s apart: the scenario's pace
                 frames.send_frames_nowait([update("s1", n)])

@@ -482,7 +482,8 @@ class AcpServer:
             answer = await self._post(request.headers, request.scope, request.receive, tenant)
             return _ACCEPTED if answer is None else answer
         if request.method == "GET":
-            return self._get(request.headers, tenant)
+            found = self._get(request.headers, tenant)
+            return found if isinstance(found, Response) else SseResponse(*found)
         if request.method == "DELETE":
             return await self._delete(request, tenant)
         return _error(405, "use POST, GET or DELETE", {"Allow": "GET, POST, DELETE"})
@@ -513,16 +514,24 @@ class AcpServer:
             if key not in headers:  # the first of repeated headers, as Starlette's `Headers`
                 headers[key] = value.decode("latin-1")
         answer = self._refusal(headers, scope)
+        stream: tuple[ServerHttpFrames, str | None] | None = None
         if answer is None:
             tenant = self._authenticate(headers)
             if isinstance(tenant, _Refused):
                 answer = _unauthorized()
             elif scope["method"] == "GET":
-                answer = self._get(headers, tenant)
+                found = self._get(headers, tenant)
+                if isinstance(found, Response):
+                    answer = found
+                else:
+                    stream = found
             else:
                 answer = await self._post(headers, scope, receive, tenant)
         del headers  # not held for the life of an SSE stream
-        if answer is None:
+        if stream is not None:
+            # served from this frame, without an `SseResponse` and the frame of its call
+            await stream[0].stream(stream[1], scope, receive, send)
+        elif answer is None:
             if not send_accepted(scope, _ACCEPTED.raw_headers):
                 await send(_ACCEPTED_START)
                 await send(_EMPTY_BODY)
@@ -783,7 +792,10 @@ class AcpServer:
         else:
             await frames.aclose()
 
-    def _get(self, headers: Mapping[str, str], tenant: str | None) -> Response:
+    def _get(
+        self, headers: Mapping[str, str], tenant: str | None
+    ) -> Response | tuple[ServerHttpFrames, str | None]:
+        """The refusal of a GET, or the connection and scope of the stream it opens."""
         if "text/event-stream" not in headers.get("accept", ""):
             return _error(406, "GET needs Accept: text/event-stream (or a WebSocket upgrade)")
         found = self._connection(headers, tenant)
@@ -792,7 +804,7 @@ class AcpServer:
         session_id = headers.get(_SESSION_ID) or None
         if found.reading(session_id):
             return _error(409, "this stream already has a reader")
-        return SseResponse(found, session_id)
+        return found, session_id
 
     async def _delete(self, request: Request, tenant: str | None) -> Response:
         found = self._connection(request.headers, tenant)

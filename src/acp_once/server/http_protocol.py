@@ -3,13 +3,14 @@ direct writer beside ASGI.
 
 A `POST` whose whole body arrived with its headers says so (`BODY_COMPLETE_EXTENSION`).
 Every `GET` gets a `DirectSseWriter` in its scope's extensions
-(`acp_once.transports.http.SSE_EXTENSION`). An SSE response that takes it (`SseResponse` does,
-once its response has started through ASGI) writes the events of its stream as the engine
-sends them, from the engine's own turn of the event loop, instead of waking a task per batch
-that then sends one ASGI event; and it learns that the socket is gone from the protocol, with
-no task waiting on ASGI `receive` for the disconnect. The response's start and end, keep-alive
-and flow control stay uvicorn's: the writer refuses to write while the transport's buffer is
-above its high-water mark (`writable`), as uvicorn's own `send` would wait.
+(`acp_once.transports.http.SSE_EXTENSION`). An SSE response that takes it
+(`ServerHttpFrames.stream` does, once its response has started through ASGI) writes the events
+of its stream as the engine sends them, from the engine's own turn of the event loop, instead
+of waking a task per batch that then sends one ASGI event; and it learns that the socket is
+gone from the protocol, with no task waiting on ASGI `receive` for the disconnect. The
+response's start and end, keep-alive and flow control stay uvicorn's: the writer refuses to
+write while the transport's buffer is above its high-water mark (`writable`), as uvicorn's own
+`send` would wait.
 
 An app that ignores the extension (any ASGI app) sees plain uvicorn behaviour. Used by
 `uvicorn_config` on the uvicorn versions in `acp_once.server.listen.VERIFIED_UVICORN` only: it

@@ -31,11 +31,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import json
 import logging
 import time
+import weakref
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import anyio
 import anyio.abc
@@ -117,10 +119,6 @@ def _wake(waiter: asyncio.Future[None] | None) -> None:
         waiter.set_result(None)
 
 
-def _wake_reader(outlet: _Outlet) -> None:
-    _wake(outlet.waiter)
-
-
 def _sse(frames: Iterable[bytes]) -> bytes:
     """`frames` as SSE events, one `data:` line each (a frame holds no newline)."""
     return b"".join([b"data: " + frame + b"\n\n" for frame in frames])
@@ -191,16 +189,99 @@ class _Outlet:
     With a reader that writes directly (`direct`), messages are written as they are sent, and
     wait here only while its socket's buffer is full."""
 
-    __slots__ = ("direct", "frames", "reading", "waiter", "written")
+    __slots__ = ("direct", "due", "ended", "frames", "reading", "scope", "waiter", "written")
 
     def __init__(self) -> None:
         self.frames: list[bytes] = []  # always taken whole: a list is smaller than a deque
         self.reading = False
+        self.ended = False
+        """Set when the attached reader is to end (`end`)."""
         self.waiter: asyncio.Future[None] | None = None
         """Set while the reader task waits for messages (a direct reader may be written to)."""
+        self.scope: anyio.CancelScope | None = None
+        """Set while the reader waits on anything else (`end` cancels it)."""
         self.direct: SseWriter | None = None
         self.written = 0.0
         """`time.monotonic()` of the last write to the reader (for the keep-alive comment)."""
+        self.due = 0.0
+        """When the reader's keep-alive alarm rings (`_Alarms`); 0.0: none is set."""
+
+    def end(self) -> None:
+        """End the attached reader: it leaves its wait for messages, or is cancelled out of
+        any other wait, and writes nothing more."""
+        self.ended = True
+        if self.scope is not None:
+            self.scope.cancel()
+        _wake(self.waiter)
+
+    def __lt__(self, other: _Outlet) -> bool:
+        """Any order: for alarms due at the same time (`_Alarms`)."""
+        return id(self) < id(other)
+
+
+class _Alarms:
+    """The keep-alive alarms of the SSE readers of one event loop, on one timer: a heap of
+    (due, outlet) and a timer armed for the earliest. Each idle stream holds a tuple in the
+    heap, not a timer handle of its own (with uvloop, a handle, its context and a libuv
+    timer: ~0.6 KiB). An alarm whose outlet's `due` has changed since (its reader ended, or
+    set another) is dropped when it rings."""
+
+    __slots__ = ("_at", "_heap", "_timer")
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, _Outlet]] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self._at = 0.0
+
+    def set(self, outlet: _Outlet, due: float) -> None:
+        """Wake `outlet`'s reader at `due` (`time.monotonic()`), unless its `due` changes."""
+        outlet.due = due
+        heapq.heappush(self._heap, (due, outlet))
+        if self._timer is None or due < self._at:
+            self._arm(due)
+
+    def _arm(self, due: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._at = due
+        delay = max(0.0, due - time.monotonic())
+        self._timer = asyncio.get_running_loop().call_later(delay, self._ring)
+
+    def _ring(self) -> None:
+        self._timer = None
+        heap = self._heap
+        now = time.monotonic()
+        while heap and heap[0][0] <= now:
+            due, outlet = heapq.heappop(heap)
+            if outlet.due == due:
+                outlet.due = 0.0
+                _wake(outlet.waiter)
+        if heap:
+            self._arm(heap[0][0])
+
+
+_ALARMS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Alarms] = weakref.WeakKeyDictionary()
+
+
+def _alarms(loop: asyncio.AbstractEventLoop) -> _Alarms:
+    """The `_Alarms` of `loop`."""
+    alarms = _ALARMS.get(loop)
+    if alarms is None:
+        alarms = _ALARMS[loop] = _Alarms()
+    return alarms
+
+
+def _sse_writer(scope: Scope) -> SseWriter | None:
+    """The `SseWriter` a server offers in `scope` (`SSE_EXTENSION`), if any."""
+    extensions = scope.get("extensions")
+    offered = extensions.get(SSE_EXTENSION) if extensions else None
+    writer = offered.get("writer") if isinstance(offered, dict) else None
+    return cast("SseWriter | None", writer)
+
+
+_UNWATCHED = contextlib.nullcontext()
+"""What a direct reader enters instead of the task group of a reader that watches ASGI's
+`receive` for the peer's disconnect (a `nullcontext` may be entered any number of times)."""
 
 
 class ServerHttpFrames:
@@ -248,7 +329,8 @@ class ServerHttpFrames:
         self._outlets: dict[str | None, _Outlet] = {}
         self._session_requests: dict[str, str] = {}
         self._calls: dict[str, asyncio.Future[bytes | None]] = {}
-        self._readers: set[anyio.CancelScope] = set()
+        self._readers: set[_Outlet] = set()
+        """The outlets with a reader attached."""
         self.closed = Flag()
         self.overflowed = False
         self.opened = Flag()
@@ -442,8 +524,8 @@ class ServerHttpFrames:
         for outlet in self._outlets.values():
             outlet.frames.clear()
             _wake(outlet.waiter)
-        for scope in list(self._readers):
-            scope.cancel()
+        for outlet in list(self._readers):
+            outlet.end()
 
     async def aclose(self) -> None:
         """`close`, for the `FrameStream` interface."""
@@ -453,52 +535,76 @@ class ServerHttpFrames:
         """End every attached SSE stream without ending the connection (a test's injected
         fault: what a proxy timing out a long-lived GET does); returns how many."""
         readers = list(self._readers)
-        for scope in readers:
-            scope.cancel()
+        for outlet in readers:
+            outlet.end()
         return len(readers)
 
     async def stream(
-        self,
-        session_id: str | None,
-        send: Send,
-        receive: Receive,
-        direct: SseWriter | None = None,
-        started: Callable[[], object] | None = None,
+        self, session_id: str | None, scope: Scope, receive: Receive, send: Send
     ) -> None:
-        """Serve one SSE reader of a scope until the connection ends or the peer leaves.
-        The caller has checked `outlet(session_id).reading` (409). `started` is called once
-        the response has started (to drop the request's data).
+        """Serve one SSE reader of a scope (the GET of `scope`) until the connection ends or
+        the peer leaves. The caller has checked `reading(session_id)` (409). The request's
+        headers are cleared once the response has started: nobody reads them after.
 
-        Through the server's `SseWriter` (`direct`) when it offers one: messages are then
-        written as the engine sends them, and the end of the socket is reported by the server;
-        else through ASGI events, by this task, with a second one watching for the peer's
-        disconnect."""
+        Through the server's `SseWriter` (`SSE_EXTENSION` in `scope`) when it offers one:
+        messages are then written as the engine sends them, and the end of the socket is
+        reported by the server; else through ASGI events, by this task, with a second one
+        watching for the peer's disconnect. One frame (this one) waits for the life of a
+        direct stream, with no cancel scope and no timer of its own: there are as many as
+        idle clients.
+
+        Raises:
+            anyio.BrokenResourceError: the socket was found gone while writing to it.
+        """
+        direct = _sse_writer(scope)
         outlet = self.outlet(session_id)
         outlet.reading = True
+        outlet.ended = self.closed.is_set()
         self.opened.set()
-        cancel = anyio.CancelScope()
-        self._readers.add(cancel)
+        self._readers.add(outlet)
+        watch = anyio.create_task_group() if direct is None else None
         try:
-            with cancel:
-                if self.closed.is_set():
-                    cancel.cancel()
+            async with watch or _UNWATCHED:
+                if watch is not None:
+                    outlet.scope = watch.cancel_scope
+                    watch.start_soon(_watch_disconnect, receive, outlet)
+                elif (
+                    direct is not None
+                    and not direct.writable
+                    and not await self._writable(outlet, direct)
+                ):
+                    return  # the start could not be written either
                 await send(_SSE_START)
-                if started is not None:
-                    started()
+                headers = scope.get("headers")
+                if isinstance(headers, list):
+                    headers.clear()
+                loop = asyncio.get_running_loop()
+                keepalive = self.keepalive
+                frames = outlet.frames
                 if direct is not None:
-                    direct.on_lost(cancel.cancel)
-                    await self._pump(outlet, send, direct)
-                else:
-                    async with anyio.create_task_group() as tg:
-
-                        async def watch_disconnect() -> None:
-                            while (await receive())["type"] != "http.disconnect":
-                                pass
-                            tg.cancel_scope.cancel()
-
-                        tg.start_soon(watch_disconnect)
-                        await self._pump(outlet, send, None)
-                        tg.cancel_scope.cancel()
+                    direct.on_lost(outlet.end)
+                    outlet.direct = direct
+                outlet.written = time.monotonic()
+                while not outlet.ended:
+                    if frames:
+                        data = _sse(frames)
+                        frames.clear()
+                    elif keepalive is not None and (time.monotonic() - outlet.written >= keepalive):
+                        data = b":\n\n"
+                    else:
+                        if keepalive is not None and not outlet.due:
+                            _alarms(loop).set(outlet, outlet.written + keepalive)
+                        waiter = outlet.waiter = loop.create_future()
+                        try:
+                            await waiter
+                        finally:
+                            outlet.waiter = None
+                        continue
+                    if not await self._write(outlet, send, direct, data):
+                        break
+                    outlet.written = time.monotonic()
+                if watch is not None:
+                    watch.cancel_scope.cancel()
             if not self.stalled:  # else the end could not be written either
                 with contextlib.suppress(OSError, RuntimeError):
                     await send(_SSE_END)
@@ -506,7 +612,9 @@ class ServerHttpFrames:
             if direct is not None:
                 direct.on_lost(None)
             outlet.direct = None
-            self._readers.discard(cancel)
+            outlet.scope = None
+            outlet.due = 0.0  # its alarm, if set, is dropped when it rings
+            self._readers.discard(outlet)
             outlet.reading = False
             # an entry ends with its reader unless messages wait in it: session ids are the
             # client's to choose, so entries for any number of them must not accumulate, and
@@ -514,64 +622,59 @@ class ServerHttpFrames:
             if self._outlets.get(session_id) is outlet and not outlet.frames:
                 del self._outlets[session_id]
 
-    async def _pump(self, outlet: _Outlet, send: Send, direct: SseWriter | None) -> None:
-        """Write `outlet`'s messages until the connection ends (or this reader is cancelled),
-        a comment line after `keepalive` seconds of silence."""
-        loop = asyncio.get_running_loop()
-        keepalive = self.keepalive
-        frames = outlet.frames
-        outlet.direct = direct
-        outlet.written = time.monotonic()
-        # One keep-alive timer at a time, kept across waits: it fires at or before the
-        # silence would reach `keepalive` (writes only push that later), wakes whichever wait
-        # is current, and is armed again for what is left (not replaced on every message).
-        timer: asyncio.TimerHandle | None = None
-        timer_at = 0.0
-        try:
-            while not self.closed.is_set():
-                if frames:
-                    data = _sse(frames)
-                    frames.clear()
-                    await self._write(send, direct, data)
-                    outlet.written = time.monotonic()
-                    continue
-                if keepalive is not None:
-                    now = time.monotonic()
-                    silent = now - outlet.written
-                    if silent >= keepalive:
-                        await self._write(send, direct, b":\n\n")
-                        outlet.written = time.monotonic()
-                        continue
-                    if timer is None or now >= timer_at:
-                        timer_at = now + keepalive - silent
-                        timer = loop.call_later(keepalive - silent, _wake_reader, outlet)
-                outlet.waiter = loop.create_future()
-                try:
-                    await outlet.waiter
-                finally:
-                    outlet.waiter = None
-        finally:
-            if timer is not None:
-                timer.cancel()
+    async def _writable(self, outlet: _Outlet, direct: SseWriter) -> bool:
+        """Wait until `direct` is writable (or its socket is gone). False when the reader
+        ended meanwhile, or `write_timeout` passed first: the connection is then closed
+        (`stalled`)."""
+        with anyio.move_on_after(self.write_timeout) as waiting:
+            outlet.scope = waiting
+            try:
+                await direct.wait_writable()
+            finally:
+                outlet.scope = None
+        if outlet.ended:
+            return False
+        if waiting.cancelled_caught:
+            self._stall()
+            return False
+        return True
 
-    async def _write(self, send: Send, direct: SseWriter | None, data: bytes) -> None:
-        """Write SSE events; a reader that takes nothing for `write_timeout` seconds ends the
-        connection (the ASGI server's send waits while the socket's buffer is full)."""
+    async def _write(
+        self, outlet: _Outlet, send: Send, direct: SseWriter | None, data: bytes
+    ) -> bool:
+        """Write SSE events; False, having written nothing, when the reader ended meanwhile or
+        a reader that takes nothing for `write_timeout` seconds ended the connection (the ASGI
+        server's send waits while the socket's buffer is full).
+
+        Raises:
+            anyio.BrokenResourceError: the direct writer's socket is gone.
+        """
+        if direct is not None:
+            if not direct.writable and not await self._writable(outlet, direct):
+                return False
+            direct.write(data)
+            return True
         try:
-            if direct is not None:
-                if not direct.writable:
-                    with anyio.fail_after(self.write_timeout):
-                        await direct.wait_writable()
-                direct.write(data)
-                return
             with anyio.fail_after(self.write_timeout):
                 await send({"type": "http.response.body", "body": data, "more_body": True})
         except TimeoutError:
-            logger.warning(
-                "HTTP connection %s: an SSE reader stopped reading; closing it", self.connection_id
-            )
-            self.stalled = True
-            self.close()  # cancels this reader too
+            self._stall()
+            return False
+        return True
+
+    def _stall(self) -> None:
+        logger.warning(
+            "HTTP connection %s: an SSE reader stopped reading; closing it", self.connection_id
+        )
+        self.stalled = True
+        self.close()  # ends this reader too
+
+
+async def _watch_disconnect(receive: Receive, outlet: _Outlet) -> None:
+    """End `outlet`'s reader once ASGI's `receive` says the peer has left."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    outlet.end()
 
 
 _SSE_START: dict[str, Any] = {
@@ -591,12 +694,7 @@ class SseResponse(Response):
         self.session_id = session_id
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        offered = scope.get("extensions", {}).get(SSE_EXTENSION)
-        direct = offered.get("writer") if isinstance(offered, dict) else None
-        headers = scope.get("headers")
-        # read by nobody once the response has started: not kept for the life of the stream
-        forget = headers.clear if isinstance(headers, list) else None
-        await self.frames.stream(self.session_id, send, receive, direct, forget)
+        await self.frames.stream(self.session_id, scope, receive, send)
 
 
 class HttpRejected(ConnectionError):
