@@ -568,11 +568,7 @@ class ServerHttpFrames:
                 if watch is not None:
                     outlet.scope = watch.cancel_scope
                     watch.start_soon(_watch_disconnect, receive, outlet)
-                elif (
-                    direct is not None
-                    and not direct.writable
-                    and not await self._writable(outlet, direct)
-                ):
+                elif direct is not None and not await self._writable(outlet, direct):
                     return  # the start could not be written either
                 await send(_SSE_START)
                 headers = scope.get("headers")
@@ -623,9 +619,11 @@ class ServerHttpFrames:
                 del self._outlets[session_id]
 
     async def _writable(self, outlet: _Outlet, direct: SseWriter) -> bool:
-        """Wait until `direct` is writable (or its socket is gone). False when the reader
-        ended meanwhile, or `write_timeout` passed first: the connection is then closed
-        (`stalled`)."""
+        """Return at once when `direct` is writable, else wait until it is (or its socket is
+        gone). False when the reader ended meanwhile, or `write_timeout` passed first: the
+        connection is then closed (`stalled`)."""
+        if direct.writable:
+            return True
         with anyio.move_on_after(self.write_timeout) as waiting:
             outlet.scope = waiting
             try:
@@ -650,7 +648,7 @@ class ServerHttpFrames:
             anyio.BrokenResourceError: the direct writer's socket is gone.
         """
         if direct is not None:
-            if not direct.writable and not await self._writable(outlet, direct):
+            if not await self._writable(outlet, direct):
                 return False
             direct.write(data)
             return True
